@@ -1,13 +1,14 @@
-"""Record a Chainer Chain's method once, replay it as a static schedule."""
-import functools
+"""Record a Chainer Chain's method once, replay it as a static schedule.
 
+    from static_graph import static_graph
 
-def static_graph(method=None, **options):
-    # Placeholder pass-through while the core is written.
-    if method is None:
-        return lambda m: static_graph(m, **options)
+    class MLP(chainer.Chain):
+        @static_graph
+        def forward(self, x):
+            ...
+"""
+from static_graph.diagnostics import StaticGraphWarning  # NOQA
+from static_graph.diagnostics import logger  # NOQA
+from static_graph.decorator import static_graph  # NOQA
 
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        return method(self, *args, **kwargs)
-    return wrapper
+__all__ = ['static_graph', 'StaticGraphWarning', 'logger']

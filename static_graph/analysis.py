@@ -1,0 +1,138 @@
+"""From a finished Recording to schedules: classify arrays, find captures.
+
+Two questions decide how replay treats a buffer:
+
+* What is an array that no recorded op produced? A parameter or persistent
+  value of the chain (looked up by identity), a view of a recorded buffer, or
+  a constant. In the forward pass a constant that is not uniform (all
+  elements equal) was most likely computed from data outside Chainer
+  functions, so the call falls back instead of freezing it.
+* Is a buffer *captured*: does any recorded node hold a reference to it (a
+  backward node built with ``self.mask``, ``self.y``, ``self.indexes``...)?
+  Captured buffers become static: replay writes into the recorded array, so
+  every holder sees the current iteration's values. All other buffers are
+  rebound to fresh results at no cost.
+"""
+import numpy
+
+import chainer
+from chainer import function_node
+
+from schedules import ir
+from static_graph import recorder
+
+_SCAN_DEPTH = 4
+_SKIP_TYPES = (type, type(numpy), type(len), chainer.Link)
+
+
+def chain_arrays(chain):
+    """id(array) -> (role, path, owner, attr) for params and persistents."""
+    found = {}
+    for path, param in chain.namedparams():
+        if param.array is not None:
+            found[id(param.array)] = (ir.PARAM, path, param, None)
+    for path, link in chain.namedlinks():
+        for name in getattr(link, '_persistent', ()):
+            value = link.__dict__.get(name)
+            if recorder.is_array(value):
+                full = (path.rstrip('/') + '/' + name)
+                found[id(value)] = (ir.PERSIST, full, link, name)
+    return found
+
+
+def _uniform(a):
+    if a.size <= 1:
+        return True
+    flat = a.reshape(-1)
+    return bool((flat == flat[0]).all())
+
+
+def classify_unknown(rec, chain_map):
+    """Settle the role of every array no op produced. Returns param buffers
+    as [(buffer id, path, Parameter)] and persist as [(id, path, array)]."""
+    params, persists = [], []
+    unknown, rec.unknown = rec.unknown, []
+    for bid, phase, kind, source in unknown:
+        buf = rec.buffers[bid]
+        a = buf.storage
+        hit = chain_map.get(id(a))
+        if hit is not None:
+            role, path, owner, attr = hit
+            buf.role = role
+            buf.name = path
+            if role == ir.PARAM:
+                params.append((bid, path, owner))
+            else:
+                persists.append((bid, path, a))
+            continue
+        root = recorder.root_of(a)
+        rbid = rec.by_id.get(id(root)) if root is not a else None
+        if rbid is not None and rec.buffers[rbid].role not in (
+                ir.CONST, ir.PARAM, ir.PERSIST):
+            # A view of a recorded buffer: keep the recorded view, make its
+            # base static so the view always shows current values.
+            rec.buffers[rbid].static = True
+            buf.name = 'view of %%%d' % rbid
+            continue
+        if phase == 'forward' and not _uniform(a):
+            rec.add_reason(
+                'an array not produced by a Chainer function enters %s at %s; '
+                'replay would freeze its recorded value' % (kind, source))
+        buf.name = buf.name or 'const'
+    return params, persists
+
+
+def _scan(obj, depth, arrays, nodes):
+    if recorder.is_array(obj):
+        arrays.append(obj)
+        return
+    if depth == 0 or obj is None or isinstance(obj, (str, bytes, int, float)):
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for o in obj:
+            _scan(o, depth - 1, arrays, nodes)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _scan(o, depth - 1, arrays, nodes)
+    elif isinstance(obj, function_node.FunctionNode):
+        nodes.append(obj)
+    elif isinstance(obj, chainer.Variable):
+        arrays.append(obj.raw_array)
+    elif isinstance(obj, chainer.variable.VariableNode):
+        data = getattr(obj, '_data', None)
+        if data is not None:
+            arrays.append(data)
+    elif isinstance(obj, _SKIP_TYPES) or callable(obj) and not hasattr(
+            obj, '__dict__'):
+        return
+    elif hasattr(obj, '__dict__'):
+        _scan(vars(obj), depth - 1, arrays, nodes)
+
+
+def mark_captured(rec):
+    """Mark static every buffer some recorded node holds a reference to."""
+    ops = rec.forward_ops + rec.backward_ops
+    by_node = {id(op.node): op for op in ops}
+    for op in ops:
+        own = set(op.inputs) | set(op.outputs)
+        arrays, nodes = [], []
+        for k, v in op.node.__dict__.items():
+            if k not in recorder._APPLY_KEYS:
+                _scan(v, _SCAN_DEPTH, arrays, nodes)
+        for a in arrays:
+            if a is None:
+                continue
+            bid = rec.by_id.get(id(a))
+            if bid is None:
+                bid = rec.by_id.get(id(recorder.root_of(a)))
+            if bid is None or bid in own:
+                continue
+            buf = rec.buffers[bid]
+            if buf.role in (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT):
+                buf.static = True
+        for node in nodes:
+            other = by_node.get(id(node))
+            if other is not None and other is not op:
+                # It may read the other node's state live: keep it static.
+                for _, bid in other.state:
+                    rec.buffers[bid].static = True

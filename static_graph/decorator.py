@@ -1,0 +1,413 @@
+"""``@static_graph``: record a Chain method once per key, replay afterwards."""
+import collections
+import functools
+import inspect
+import threading
+import weakref
+
+import numpy
+
+import chainer
+
+from schedules import ir
+from static_graph import analysis
+from static_graph import compat
+from static_graph import diagnostics
+from static_graph import entry as entry_module
+from static_graph import recorder
+from static_graph import signature
+
+_caches = weakref.WeakKeyDictionary()   # chain -> {method name: Cache}
+_caches_lock = threading.Lock()
+
+DEFAULT_CACHE_SIZE = 16
+DEFAULT_WARN_RETRACE = 8
+
+
+class Cache(object):
+    """The entries of one method of one chain, least recently used first."""
+
+    def __init__(self, owner_name, size, warn_retrace):
+        self.owner_name = owner_name
+        self.size = size
+        self.warn_retrace = warn_retrace
+        self.entries = collections.OrderedDict()
+        self.lock = threading.RLock()
+        self.recordings = 0
+        self.replays = 0
+        self.fallback_calls = 0
+        self.last_recorded_key = None
+
+    def get(self, key):
+        with self.lock:
+            e = self.entries.get(key)
+            if e is not None:
+                self.entries.move_to_end(key)
+            return e
+
+    def put(self, key, e):
+        with self.lock:
+            self.entries[key] = e
+            self.entries.move_to_end(key)
+            while len(self.entries) > self.size:
+                old_key, _ = self.entries.popitem(last=False)
+                diagnostics.logger.info('%s: evicted a cached schedule',
+                                        self.owner_name)
+
+    def discard(self, key, e):
+        with self.lock:
+            if self.entries.get(key) is e:
+                del self.entries[key]
+
+
+def _cache_for(chain, name, options):
+    with _caches_lock:
+        per_chain = _caches.get(chain)
+        if per_chain is None:
+            per_chain = {}
+            _caches[chain] = per_chain
+        cache = per_chain.get(name)
+        if cache is None:
+            cache = Cache('%s.%s' % (type(chain).__name__, name),
+                          options['cache_size'], options['warn_retrace'])
+            per_chain[name] = cache
+        return cache
+
+
+def caches_of(chain):
+    """{method name: Cache} of a chain (empty if it never recorded)."""
+    with _caches_lock:
+        return dict(_caches.get(chain, {}))
+
+
+def _arg_names(method):
+    names = []
+    for p in list(inspect.signature(method).parameters.values())[1:]:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    return names
+
+
+def static_graph(method=None, **options):
+    """Make a Chain method record its first call and replay it afterwards.
+
+    Usable bare (``@static_graph``) or with options
+    (``@static_graph(cache_size=4)``). Options:
+
+    cache_size: how many keys (argument shapes/dtypes/values, config flags)
+        are kept per chain and method, least recently used out (default 16).
+    warn_retrace: warn when a chain has recorded this many times (default 8).
+    """
+    unknown = set(options) - {'cache_size', 'warn_retrace'}
+    if unknown:
+        raise TypeError('static_graph got unknown option(s): %s'
+                        % ', '.join(sorted(unknown)))
+    opts = {'cache_size': DEFAULT_CACHE_SIZE,
+            'warn_retrace': DEFAULT_WARN_RETRACE}
+    opts.update(options)
+    if not isinstance(opts['cache_size'], int) or opts['cache_size'] < 1:
+        raise ValueError('cache_size must be a positive int, got %r'
+                         % (opts['cache_size'],))
+    if method is None:
+        return lambda m: static_graph(m, **options)
+    if not callable(method):
+        raise TypeError('static_graph decorates a method, got %r' % (method,))
+
+    if compat.UNSUPPORTED is not None:
+        diagnostics.warn_once(
+            ('unsupported',),
+            'static_graph is a pass-through here: %s; methods run '
+            'define-by-run' % compat.UNSUPPORTED, stacklevel=3)
+        return method
+
+    name = method.__name__
+    arg_names = _arg_names(method)
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not getattr(chainer.config, 'use_static_graph', True):
+            return method(self, *args, **kwargs)
+        if recorder.current() is not None:
+            diagnostics.logger.debug(
+                '%s.%s called while another static chain records: inlined '
+                'into that recording', type(self).__name__, name)
+            return method(self, *args, **kwargs)
+        try:
+            spec, leaves, paths = signature.flatten(arg_names, args, kwargs)
+        except signature.Unsupported as e:
+            diagnostics.warn_once(
+                (type(self), name, str(e)),
+                '%s.%s runs define-by-run: %s' % (type(self).__name__, name,
+                                                  e))
+            return method(self, *args, **kwargs)
+        key = (spec, signature.config_key())
+        cache = _cache_for(self, name, opts)
+        e = cache.get(key)
+        if e is not None:
+            if e.state == 'fallback':
+                cache.fallback_calls += 1
+                return method(self, *args, **kwargs)
+            if e.state == 'complete' and e.matches(self):
+                cache.replays += 1
+                return _replay(e, leaves)
+        return _record(self, method, name, cache, key, args, kwargs, leaves,
+                       paths)
+
+    wrapper.__static_graph__ = True
+    return wrapper
+
+
+# -- replay ---------------------------------------------------------------------
+def _replay(e, leaves):
+    node = entry_module.ReplayNode(e)
+    outs = node.apply(list(leaves) + e.params)
+    exposed = node.exposed
+    node.exposed = None
+    vals = []
+    for v, kind in zip(outs, e.out_kinds):
+        vals.append(v if kind == 'V' else v.raw_array)
+    _side_effects(e, exposed, outs)
+    return signature.unflatten_outputs(e.out_spec, vals)
+
+
+def _side_effects(e, exposed, outs):
+    """Repeat the recorded reports and attribute writes."""
+    if not e.reports and not e.attr_writes:
+        return
+    values = dict(zip(e.expose, exposed or ()))
+    by_out = {}
+    for b, v in zip(e.forward.outputs, outs):
+        by_out.setdefault(b, v)
+
+    def var(b):
+        if b in by_out:
+            return by_out[b]
+        return chainer.Variable(values[b], requires_grad=False)
+
+    for observer_ref, items in e.reports:
+        observer = observer_ref() if observer_ref is not None else None
+        if observer_ref is not None and observer is None:
+            continue
+        report = {}
+        for k, how, v in items:
+            report[k] = var(v) if how == 'buffer' else v
+        chainer.reporter.report(report, observer)
+    for d, k, b in e.attr_writes:
+        d[k] = var(b)
+
+
+# -- recording ------------------------------------------------------------------
+_SAFE_ATTR_TYPES = (type(None), bool, int, float, str)
+
+
+def _snapshot_links(chain):
+    return [(link.__dict__, dict(link.__dict__)) for link in chain.links()]
+
+
+def _attr_changes(rec, snapshot):
+    writes = []
+    for d, before in snapshot:
+        for k, v in list(d.items()):
+            old = before.get(k, recorder.MISSING)
+            if old is v:
+                continue
+            if isinstance(v, chainer.Variable) or recorder.is_array(v):
+                a = v.raw_array if isinstance(v, chainer.Variable) else v
+                if a is None:
+                    continue
+                writes.append((d, k, rec.buffer_of(a, 'attribute ' + k)))
+            elif isinstance(v, _SAFE_ATTR_TYPES) and old == v:
+                continue
+            else:
+                rec.add_reason('the method sets attribute %r (%s), which '
+                               'replay would not repeat'
+                               % (k, type(v).__name__))
+    return writes
+
+
+def _record(chain, method, name, cache, key, args, kwargs, leaves, paths):
+    rec = recorder.Recording(chain)
+    inner, leaf_bids = [], []
+    for leaf, path in zip(leaves, paths):
+        if isinstance(leaf, chainer.Variable):
+            a = leaf.raw_array.copy()
+            leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+            inner.append(chainer.Variable(a, requires_grad=leaf.requires_grad))
+        else:
+            a = leaf.copy()
+            leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+            inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
+    new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
+    snapshot = _snapshot_links(chain)
+    with rec:
+        out = method(chain, *new_args, **new_kwargs)
+        out_spec, out_leaves = signature.flatten_outputs(out)
+        out_bids, out_kinds, inner_outs = [], [], []
+        for o in out_leaves:
+            if isinstance(o, chainer.Variable):
+                out_kinds.append('V')
+                inner_outs.append(o)
+                a = o.raw_array
+            else:
+                out_kinds.append('A')
+                a = rec._untrace(o, 'the return value')
+                inner_outs.append(chainer.Variable(a, requires_grad=False))
+            out_bids.append(rec.buffer_of(a, 'the return value'))
+        attr_writes = _attr_changes(rec, snapshot)
+    rec.phase = 'done'
+    cache.recordings += 1
+    _maybe_warn_retrace(cache, key)
+    chain_map = analysis.chain_arrays(chain)
+    params, persists = analysis.classify_unknown(rec, chain_map)
+
+    e = entry_module.Entry(key, name)
+    need_backward = chainer.config.enable_backprop and any(
+        v.requires_grad and v.creator is not None for v in inner_outs)
+    param_objs = [p for _, _, p in params]
+
+    def fall_back(reason):
+        e.state = 'fallback'
+        e.reason = reason
+        cache.put(key, e)
+        diagnostics.warn_once(
+            (type(chain), name, reason),
+            '%s.%s falls back to define-by-run for this call signature: %s'
+            % (type(chain).__name__, name, reason), stacklevel=5)
+
+    reports = [(weakref.ref(obs) if obs is not None else None, items)
+               for obs, items in rec.reports]
+
+    def build(**backward):
+        analysis.mark_captured(rec)
+        e.build(rec, chain, len(leaves), leaf_bids, out_bids, out_kinds,
+                out_spec, params, persists, attr_writes=attr_writes,
+                reports=reports, **backward)
+        e.verify()
+
+    if not need_backward:
+        if rec.reasons:
+            fall_back(rec.reasons[0])
+            return out
+        try:
+            build()
+        except Exception as err:   # never replay what did not verify
+            fall_back('could not build a schedule (%s: %s)'
+                      % (type(err).__name__, err))
+            return out
+        cache.put(key, e)
+        return _outputs_after_recording(e, out_spec, inner_outs, out_kinds)
+
+    if rec.reasons:
+        fall_back(rec.reasons[0])
+    else:
+        cache.put(key, e)   # pending until its backward is recorded
+
+    targets = [i for i, leaf in enumerate(leaves)
+               if isinstance(leaf, chainer.Variable) and leaf.requires_grad]
+    targets += [len(leaves) + j for j in range(len(param_objs))]
+    target_vars = [inner[i] if i < len(leaves) else
+                   param_objs[i - len(leaves)] for i in targets]
+
+    def finish(grad_outputs):
+        recording = e.state == 'recording'
+        gys, outs_for_grad, grad_out_bids = [], [], []
+        labels = {id(op.node): op.source for op in rec.forward_ops}
+        for o, g in zip(inner_outs, grad_outputs):
+            if g is None or not o.requires_grad:
+                grad_out_bids.append(None)
+                continue
+            ga = g.raw_array.copy()
+            grad_out_bids.append(rec.new_buffer(ga, ir.GRAD_OUT,
+                                                name='grad'))
+            gys.append(chainer.Variable(ga))
+            outs_for_grad.append(o)
+        if recording:
+            rec.phase = 'backward'
+            with rec, recorder.BackwardLabeler(rec, labels):
+                grads = chainer.grad(outs_for_grad, target_vars,
+                                     grad_outputs=gys)
+        else:
+            grads = chainer.grad(outs_for_grad, target_vars, grad_outputs=gys)
+        arrays = [g.raw_array if g is not None else None for g in grads]
+        result = [None] * (len(leaves) + len(param_objs))
+        for pos, a in zip(targets, arrays):
+            result[pos] = a
+        if recording:
+            rec.phase = 'done'
+            grad_in = [rec.buffer_of(a, 'a gradient') if a is not None
+                       else None for a in arrays]
+            more_params, more_persists = analysis.classify_unknown(
+                rec, chain_map)
+            if more_params:
+                rec.add_reason('a parameter is used only in backward')
+            if rec.reasons:
+                fall_back(rec.reasons[0])
+            else:
+                try:
+                    build(grad_in=grad_in, grad_targets=targets,
+                          grad_out_bids=grad_out_bids)
+                    cache.put(key, e)
+                except Exception as err:
+                    fall_back('could not build a schedule (%s: %s)'
+                              % (type(err).__name__, err))
+            if e.state == 'complete':
+                bufs = rec.buffers
+                result = [None] * len(result)
+                for pos, a, b in zip(targets, arrays, grad_in):
+                    if a is not None and (bufs[b].static or bufs[b].role in
+                                          entry_module._ESCAPE_ROLES):
+                        a = a.copy()
+                    result[pos] = a
+        return [chainer.Variable(a) if a is not None else None
+                for a in result]
+
+    node = entry_module.RecordNode(
+        finish, [v.raw_array for v in inner_outs])
+    outs = node.apply(list(leaves) + param_objs)
+    vals = [v if k == 'V' else v.raw_array for v, k in zip(outs, out_kinds)]
+    by_inner = {id(v): o for v, o in zip(inner_outs, outs)}
+    for d, k, b in attr_writes:
+        cur = d.get(k)
+        if id(cur) in by_inner:
+            d[k] = by_inner[id(cur)]
+    return signature.unflatten_outputs(out_spec, vals)
+
+
+def _outputs_after_recording(e, out_spec, inner_outs, out_kinds):
+    vals = []
+    for v, k, copy in zip(inner_outs, out_kinds, e.out_copy):
+        if copy:
+            v = chainer.Variable(v.raw_array.copy(),
+                                 requires_grad=v.requires_grad)
+        vals.append(v if k == 'V' else v.raw_array)
+    return signature.unflatten_outputs(out_spec, vals)
+
+
+def _maybe_warn_retrace(cache, key):
+    last = cache.last_recorded_key
+    cache.last_recorded_key = key
+    if cache.recordings < cache.warn_retrace or last is None:
+        return
+    diagnostics.warn_once(
+        ('retrace', cache.owner_name, cache.recordings // cache.warn_retrace),
+        '%s has recorded %d times; each new argument shape, dtype, value or '
+        'config flag records again. Last change: %s'
+        % (cache.owner_name, cache.recordings, describe_key_change(last, key)))
+
+
+def describe_key_change(old, new):
+    """A short text naming what differs between two cache keys."""
+    (old_spec, old_flags), (new_spec, new_flags) = old, new
+    diffs = []
+    for name, a, b in zip(signature.CONFIG_FLAGS, old_flags, new_flags):
+        if a != b:
+            diffs.append('config.%s %r -> %r' % (name, a, b))
+    if old_spec != new_spec:
+        diffs.append('arguments %s -> %s' % (_spec_text(old_spec),
+                                             _spec_text(new_spec)))
+    return '; '.join(diffs) or 'parameters were replaced'
+
+
+def _spec_text(spec):
+    text = repr(spec)
+    return text if len(text) < 200 else text[:197] + '...'

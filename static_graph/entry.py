@@ -1,0 +1,300 @@
+"""A cache entry: the schedules of one key, and how a call replays them.
+
+Replay is one FunctionNode (``ReplayNode``) per call. Its inputs are the
+call's arrays followed by the parameters the recording used, so Chainer's own
+gradient accumulation, optimizers and hooks see ordinary gradients. Its
+forward runs the compiled forward schedule, its backward the compiled
+backward schedule.
+
+Static buffers (see analysis.py) are shared by every call of an entry. When a
+chain is called again before the previous call's backward ran, the previous
+call's static values are copied aside and put back when its backward runs.
+"""
+import threading
+import weakref
+
+import numpy
+
+import chainer
+from chainer import backend
+from chainer import function_node
+
+from schedules import executor
+from schedules import ir
+from static_graph import analysis
+from static_graph import recorder
+from static_graph import signature
+
+_ESCAPE_ROLES = (ir.CONST, ir.PARAM, ir.PERSIST, ir.GRAD_OUT, ir.INPUT)
+
+
+def _copyto_for(arrays):
+    xp = backend.get_array_module(*arrays) if arrays else numpy
+    return xp.copyto
+
+
+def make_kernel(rop, static_attrs):
+    """The callable an op runs at replay: the node's own forward, with its
+    pre-forward attributes restored first and its hidden state returned."""
+    forward = rop.node.forward
+    restore = tuple(rop.restore)
+    state_keys = tuple(k for k, _ in rop.state)
+    if not restore and not state_keys:
+        return forward
+    d = rop.node.__dict__
+    missing = recorder.MISSING
+
+    def kernel(inputs):
+        for k, v in restore:
+            if v is missing:
+                d.pop(k, None)
+            else:
+                d[k] = v
+        out = forward(inputs)
+        if state_keys:
+            out = tuple(out) + tuple(d[k] for k in state_keys)
+            for k, storage in static_attrs:
+                d[k] = storage   # live readers see the refreshed storage
+        return out
+
+    return kernel
+
+
+def _ir_ops(rec, rops):
+    ops = []
+    for rop in rops:
+        static_attrs = [(k, rec.buffers[b].storage) for k, b in rop.state
+                        if rec.buffers[b].static]
+        ops.append(ir.Op(rop.kind, rop.inputs, rop.outputs, rop.attrs,
+                         rop.source, make_kernel(rop, static_attrs),
+                         rop.select))
+    return ops
+
+
+class Entry(object):
+    """Schedules and bookkeeping for one cache key."""
+
+    def __init__(self, key, method_name):
+        self.key = key
+        self.method_name = method_name
+        self.state = 'recording'     # -> 'complete' | 'fallback'
+        self.reason = None
+        self.forward = None
+        self.backward = None
+        self.lock = threading.RLock()
+        self.owner = None            # weakref to the ReplayNode whose values
+        self.replays = 0             # are in the static buffers
+
+    # -- building -------------------------------------------------------------
+    def build(self, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
+              params, persists, grad_in=None, grad_targets=None,
+              grad_out_bids=None, attr_writes=(), reports=()):
+        """Turn a finished recording into compiled schedules."""
+        bufs = rec.buffers
+        self.n_leaves = n_leaves
+        self.params = [p for _, _, p in params]
+        self.param_ids = tuple(id(p.array) for p in self.params)
+        # Every persistent array of the chain: nodes may hold them by
+        # reference (BatchNorm's running statistics), so replacing one needs
+        # a new recording.
+        self.persist_check = []
+        for _, link in chain.namedlinks():
+            d = link.__dict__
+            for name in getattr(link, '_persistent', ()):
+                if recorder.is_array(d.get(name)):
+                    self.persist_check.append((d, name, id(d[name])))
+        self.out_spec = out_spec
+        self.out_kinds = out_kinds
+        self.reports = reports
+        self.attr_writes = attr_writes
+        param_bids = [b for b, _, _ in params]
+        f_inputs = list(leaf_bids) + param_bids
+        fops = _ir_ops(rec, rec.forward_ops)
+        fwd_written = set(b for op in fops for b in op.outputs)
+        forward_defined = set(f_inputs) | fwd_written
+        saved = []
+        if grad_targets is not None:
+            bops = _ir_ops(rec, rec.backward_ops)
+            needed = []
+            for op in bops:
+                needed.extend(op.inputs)
+            needed.extend(b for b in grad_in if b is not None)
+            seen = set()
+            for b in needed:
+                if b in forward_defined and b not in seen and \
+                        not bufs[b].static and b not in param_bids:
+                    saved.append(b)
+                    seen.add(b)
+        self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids)
+        self.saved = tuple(saved)
+        self.out_copy = tuple(
+            bufs[b].static or bufs[b].role in (ir.CONST, ir.PARAM,
+                                               ir.PERSIST, ir.STATE)
+            for b in out_bids)
+        copyto = _copyto_for([bufs[b].storage for b in f_inputs] or [])
+        self._copyto = copyto
+        expose = []
+        for _, items in reports:
+            expose.extend(v for _, how, v in items if how == 'buffer')
+        expose.extend(b for _, _, b in attr_writes)
+        self.expose = tuple(sorted(set(expose)))
+        self.run_forward = executor.compile_schedule(
+            self.forward, copyto, extra_outputs=self.saved + self.expose,
+            copy_outputs=set(b for b in self.expose if bufs[b].static))
+        self.static_storages = [bufs[b].storage for b in bufs
+                                if bufs[b].static and b in forward_defined]
+        if grad_targets is not None:
+            gouts = [b for b in grad_out_bids if b is not None]
+            b_inputs = gouts + list(self.saved) + param_bids
+            grad_bids = [b for b in grad_in if b is not None]
+            self.backward = ir.Schedule('backward', bufs, bops, b_inputs,
+                                        grad_bids)
+            copy_set = set(b for b in grad_bids
+                           if bufs[b].static or bufs[b].role in _ESCAPE_ROLES)
+            self.run_backward = executor.compile_schedule(
+                self.backward, copyto, copy_outputs=copy_set)
+            self.grad_slots = tuple(grad_in)        # per target; None = none
+            self.grad_targets = tuple(grad_targets)  # outer input positions
+            self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
+        self._rec_arrays = rec.arrays   # keep storages' ids unique & alive
+        self.state = 'complete'
+
+    def verify(self):
+        self.forward.verify()
+        if self.backward is not None:
+            self.backward.verify(preset=set(self.forward.inputs) | set(
+                b for op in self.forward.ops for b in op.outputs))
+        return True
+
+    # -- replay -----------------------------------------------------------------
+    def matches(self, chain):
+        """True if the chain's parameters and persistents are the recorded
+        arrays (``W.array = ...`` or ``to_gpu`` need a new recording)."""
+        for p, i in zip(self.params, self.param_ids):
+            if id(p.array) != i:
+                return False
+        for d, name, i in self.persist_check:
+            if id(d.get(name)) != i:
+                return False
+        return True
+
+    def replay(self, leaves):
+        inputs = list(leaves) + self.params
+        node = ReplayNode(self)
+        outs = node.apply(inputs)
+        return outs
+
+
+class ReplayNode(function_node.FunctionNode):
+    """One call of a static chain: forward and backward schedules."""
+
+    def __init__(self, entry):
+        self.entry = entry
+        self.saved = None
+        self.exposed = None
+        self.snapshot = None
+        self.done = False
+
+    def _check_data_type_forward(self, in_data):
+        pass   # checked by the cache key
+
+    @property
+    def label(self):
+        return 'StaticGraph(%s)' % self.entry.method_name
+
+    def forward(self, inputs):
+        entry = self.entry
+        with entry.lock:
+            if entry.static_storages:
+                if entry.owner is not None:
+                    owner = entry.owner()
+                    if owner is not None and not owner.done:
+                        owner.snapshot = [s.copy()
+                                          for s in entry.static_storages]
+                entry.owner = weakref.ref(self)
+            result = entry.run_forward.run(inputs)
+        n = len(entry.forward.outputs)
+        m = n + len(entry.saved)
+        outs = result[:n]
+        self.exposed = result[m:]
+        if entry.backward is not None and chainer.config.enable_backprop:
+            self.saved = result[n:m]
+        else:
+            self.done = True
+        return tuple(o.copy() if c else o
+                     for o, c in zip(outs, entry.out_copy))
+
+    def backward(self, indexes, grad_outputs):
+        entry = self.entry
+        if chainer.config.enable_backprop:
+            raise NotImplementedError(
+                'double backpropagation through a replayed static graph is '
+                'not supported; run this chain with '
+                'chainer.config.use_static_graph = False')
+        gys = []
+        for g, has in zip(grad_outputs, entry.grad_out_mask):
+            if not has:
+                continue
+            if g is None:
+                raise RuntimeError(
+                    'the static graph was recorded with a gradient for this '
+                    'output, but none was given; call it with '
+                    'use_static_graph=False for this pattern')
+            gys.append(g.raw_array)
+        with entry.lock:
+            if entry.static_storages:
+                owner = entry.owner() if entry.owner is not None else None
+                if owner is not self:
+                    if self.snapshot is None:
+                        raise RuntimeError(
+                            'backward ran again through a replayed call whose '
+                            'buffers were reused by a later call')
+                    if owner is not None and not owner.done:
+                        owner.snapshot = [s.copy()
+                                          for s in entry.static_storages]
+                    for s, v in zip(entry.static_storages, self.snapshot):
+                        entry._copyto(s, v)
+                    self.snapshot = None
+                    entry.owner = weakref.ref(self)
+            grads = entry.run_backward.run(
+                tuple(gys) + tuple(self.saved) +
+                tuple(p.array for p in entry.params))
+        self.done = True
+        self.saved = None
+        by_input = {}
+        it = iter(grads)
+        for target, slot in zip(entry.grad_targets, entry.grad_slots):
+            by_input[target] = next(it) if slot is not None else None
+        return tuple(
+            chainer.Variable(by_input[i]) if by_input.get(i) is not None
+            else None for i in indexes)
+
+
+class RecordNode(function_node.FunctionNode):
+    """The recording call: forward already ran define-by-run; backward runs
+    the inner graph's backward while recording it, then builds the entry."""
+
+    def __init__(self, finish, out_arrays):
+        self.finish = finish
+        self.out_arrays = out_arrays
+
+    def _check_data_type_forward(self, in_data):
+        pass
+
+    @property
+    def label(self):
+        return 'StaticGraphRecording'
+
+    def forward(self, inputs):
+        return tuple(a.copy() for a in self.out_arrays)
+
+    def backward(self, indexes, grad_outputs):
+        finish, self.finish = self.finish, None
+        if finish is None:
+            raise RuntimeError('backward ran twice through a recording call')
+        grads = finish(grad_outputs)
+        return tuple(grads[i] for i in indexes)
+
+
+def flatten_out(out):
+    return signature.flatten_outputs(out)

@@ -1,0 +1,301 @@
+"""See every FunctionNode application of a call, forward and backward.
+
+While a thread records, ``FunctionNode.apply`` is wrapped: each application
+becomes a ``RecordedOp`` over buffers (arrays identified by object identity),
+together with the node's hidden state (arrays the forward left on ``self``)
+and the attributes the forward changed (restored before each replay, so a
+node such as Dropout draws a fresh mask instead of reusing the old one).
+The wrappers are installed only while some thread records; other threads
+pass straight through.
+"""
+import sys
+import threading
+
+import numpy
+
+import chainer
+from chainer import function_node
+from chainer import reporter as reporter_module
+from chainer import variable as variable_module
+
+from schedules import ir
+from static_graph import describe as describe_module
+from static_graph import traced
+
+_local = threading.local()
+traced._active = _local
+
+_orig_apply = function_node.FunctionNode.apply
+_orig_get_array = variable_module.Variable._get_array
+_orig_report = reporter_module.Reporter.report
+_VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
+
+_install_lock = threading.Lock()
+_install_count = 0
+
+MISSING = object()
+
+# Attributes FunctionNode.apply manages itself; never state, never restored.
+_APPLY_KEYS = frozenset((
+    '_input_indexes_to_retain', '_output_indexes_to_retain',
+    '_retained_output_data', 'inputs', 'outputs', 'rank', '_input_layouts',
+    '_output_layouts', 'stack', 'chainerx_device',
+    '_is_chainerx_fallback_mode', 'lazy_grad_sum', '_n_local_function_hooks',
+    '_local_function_hooks',
+))
+
+
+def current():
+    """The recording active in this thread, or None."""
+    return getattr(_local, 'recording', None)
+
+
+def is_array(v):
+    return isinstance(v, numpy.ndarray) or (
+        type(v).__name__ == 'ndarray' and hasattr(v, '__cuda_array_interface__'))
+
+
+def root_of(a):
+    while getattr(a, 'base', None) is not None and is_array(a.base):
+        a = a.base
+    return a
+
+
+def op_kind(node):
+    fn = getattr(node, '_function', None)   # old-style chainer.Function
+    return type(fn if fn is not None else node).__name__
+
+
+def _patched_apply(self, inputs):
+    rec = getattr(_local, 'recording', None)
+    if rec is None or rec.depth:
+        return _orig_apply(self, inputs)
+    return rec.on_apply(self, inputs)
+
+
+def _patched_get_array(self):
+    a = _orig_get_array(self)
+    rec = getattr(_local, 'recording', None)
+    if rec is None or rec.depth or type(a) is not numpy.ndarray:
+        return a
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
+        f = f.f_back
+    if f is None or f.f_code.co_filename.startswith(traced.INTERNAL_DIRS):
+        return a
+    return rec.trace(a)
+
+
+def _patched_report(self, values, observer=None):
+    rec = getattr(_local, 'recording', None)
+    if rec is not None and not rec.depth:
+        rec.on_report(values, observer)
+    return _orig_report(self, values, observer)
+
+
+def install():
+    global _install_count
+    with _install_lock:
+        if _install_count == 0:
+            function_node.FunctionNode.apply = _patched_apply
+            variable_module.Variable._get_array = _patched_get_array
+            reporter_module.Reporter.report = _patched_report
+        _install_count += 1
+
+
+def uninstall():
+    global _install_count
+    with _install_lock:
+        _install_count -= 1
+        if _install_count == 0:
+            function_node.FunctionNode.apply = _orig_apply
+            variable_module.Variable._get_array = _orig_get_array
+            reporter_module.Reporter.report = _orig_report
+
+
+class RecordedOp(object):
+    __slots__ = ('node', 'kind', 'inputs', 'outputs', 'select', 'state',
+                 'restore', 'source', 'attrs')
+
+    def __init__(self, node, kind, inputs, outputs, select, state, restore,
+                 source, attrs):
+        self.node = node
+        self.kind = kind
+        self.inputs = inputs      # buffer ids
+        self.outputs = outputs    # buffer ids (arrays returned, then state)
+        self.select = select      # positions in the (results + state) tuple
+        self.state = state        # [(attr, buffer id)] hidden state
+        self.restore = restore    # [(attr, value before forward)]
+        self.source = source
+        self.attrs = attrs
+
+
+class Recording(object):
+    """Buffers and ops of one call, forward then backward."""
+
+    def __init__(self, chain):
+        self.chain = chain
+        self.buffers = {}
+        self.by_id = {}
+        self.arrays = []          # keeps recorded arrays alive (ids unique)
+        self.forward_ops = []
+        self.backward_ops = []
+        self.phase = 'forward'
+        self.depth = 0
+        self.reasons = []
+        self.unknown = []         # (buffer id, phase, kind, source)
+        self.traced_views = {}    # id(view) -> plain array
+        self.reports = []         # (observer, [(key, buffer id | const)])
+        self.backward_label = None
+
+    # -- buffers ------------------------------------------------------------
+    def new_buffer(self, array, role, name=None):
+        bid = len(self.buffers)
+        shape = getattr(array, 'shape', ())
+        dtype = getattr(array, 'dtype', numpy.dtype('float32'))
+        self.buffers[bid] = ir.Buffer(bid, shape, dtype, role, name=name,
+                                      storage=array)
+        self.by_id[id(array)] = bid
+        self.arrays.append(array)
+        return bid
+
+    def buffer_of(self, array, kind=None):
+        bid = self.by_id.get(id(array))
+        if bid is None:
+            bid = self.new_buffer(array, ir.CONST)
+            self.unknown.append((bid, self.phase, kind, self._source()))
+        return bid
+
+    def add_reason(self, reason):
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def _source(self):
+        if self.phase == 'forward':
+            return traced.user_location(3)
+        return self.backward_label
+
+    # -- tracing of raw arrays handed to user code ----------------------------
+    def trace(self, array):
+        view = array.view(traced.TracedArray)
+        self.traced_views[id(view)] = array
+        self.arrays.append(view)
+        return view
+
+    def _untrace(self, a, kind):
+        if not isinstance(a, traced.TracedArray):
+            return a
+        base = self.traced_views.get(id(a))
+        if base is None:
+            self.add_reason(
+                'an array computed with NumPy from input or Variable values '
+                'enters %s at %s; replay would freeze it (use Chainer '
+                'functions instead)' % (kind, traced.user_location(3)))
+            return traced.plain(a)
+        return base
+
+    # -- hooks ----------------------------------------------------------------
+    def on_apply(self, node, inputs):
+        kind = op_kind(node)
+        inputs = tuple(inputs)
+        fixed = []
+        for x in inputs:
+            if isinstance(x, chainer.Variable):
+                a = x.raw_array
+                if isinstance(a, traced.TracedArray):
+                    x.array = self._untrace(a, kind)
+                fixed.append(x)
+            else:
+                fixed.append(self._untrace(x, kind))
+        inputs = tuple(fixed)
+        pre = node.__dict__.copy()
+        self.depth += 1
+        try:
+            outs = _orig_apply(node, inputs)
+        finally:
+            self.depth -= 1
+        self._record(node, kind, inputs, outs, pre)
+        return outs
+
+    def _record(self, node, kind, inputs, outs, pre):
+        in_arrays = [x.raw_array if isinstance(x, chainer.Variable) else x
+                     for x in inputs]
+        for a in in_arrays:
+            if not is_array(a):
+                self.add_reason('%s got a %s input' % (kind, type(a).__name__))
+                return
+        out_arrays = [y.raw_array for y in outs]
+        in_ids = tuple(self.buffer_of(a, kind) for a in in_arrays)
+        out_ids = [self.new_buffer(a, ir.TEMP) for a in out_arrays]
+        select = list(range(len(out_ids)))
+        post = node.__dict__
+        seen = set(id(a) for a in in_arrays) | set(id(a) for a in out_arrays)
+        state = []
+        restore = []
+        for k, v in post.items():
+            if k in _APPLY_KEYS:
+                continue
+            before = pre.get(k, MISSING)
+            if before is v:
+                continue
+            restore.append((k, before))
+            if is_array(v) and id(v) not in seen:
+                bid = self.new_buffer(v, ir.STATE, name='%s.%s' % (kind, k))
+                state.append((k, bid))
+                out_ids.append(bid)
+                select.append(len(out_arrays) + len(state) - 1)
+        for k in pre:
+            if k not in post and k not in _APPLY_KEYS:
+                restore.append((k, pre[k]))
+        try:
+            attrs = describe_module.describe(node)
+        except Exception:   # describe never decides correctness
+            attrs = {}
+        op = RecordedOp(node, kind, in_ids, tuple(out_ids), tuple(select),
+                        state, restore, self._source(), attrs)
+        if self.phase == 'forward':
+            self.forward_ops.append(op)
+        else:
+            self.backward_ops.append(op)
+
+    def on_report(self, values, observer):
+        if self.phase != 'forward':
+            return
+        items = []
+        for k, v in values.items():
+            if isinstance(v, chainer.Variable):
+                v = v.raw_array
+            if isinstance(v, traced.TracedArray):
+                v = self._untrace(v, 'chainer.report')
+            if is_array(v):
+                items.append((k, 'buffer', self.buffer_of(v, 'report')))
+            else:
+                items.append((k, 'const', v))
+        self.reports.append((observer, items))
+
+    # -- activation -----------------------------------------------------------
+    def __enter__(self):
+        if current() is not None:
+            raise RuntimeError('a recording is already active in this thread')
+        install()
+        _local.recording = self
+        return self
+
+    def __exit__(self, *exc):
+        _local.recording = None
+        uninstall()
+        return False
+
+
+class BackwardLabeler(chainer.FunctionHook):
+    """Labels backward ops with the forward op whose backward made them."""
+
+    name = 'static_graph_backward_labeler'
+
+    def __init__(self, recording, labels):
+        self.recording = recording
+        self.labels = labels   # id(forward node) -> label
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        self.recording.backward_label = self.labels.get(
+            id(function), 'backward of %s' % op_kind(function))

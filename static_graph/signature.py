@@ -1,0 +1,171 @@
+"""Cache keys: what a recording depended on, and where the arrays are.
+
+``flatten`` walks the call's arguments (positional and keyword, nested in
+tuples, lists and dicts) and returns a hashable spec plus the array leaves in
+order; ``rebuild`` puts other arrays back in their places.
+"""
+import numpy
+
+import chainer
+from chainer import backend
+
+# chainer.config flags that change what a function computes.
+CONFIG_FLAGS = (
+    'train', 'enable_backprop', 'dtype', 'use_cudnn', 'cudnn_deterministic',
+    'cudnn_fast_batch_normalization', 'use_cudnn_tensor_core', 'use_ideep',
+    'lazy_grad_sum', 'autotune', 'in_recomputing', 'compute_mode',
+    'keep_graph_on_report',
+)
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic)
+
+
+class Unsupported(Exception):
+    """The call cannot be recorded; the message says why."""
+
+
+def _cupy_ndarray():
+    cuda = getattr(chainer.backends, 'cuda', None)
+    if cuda is not None and getattr(cuda, 'available', False):
+        return cuda.ndarray
+    return ()
+
+
+def _foreign_array_reason(obj, path):
+    xp = backend.get_array_module(obj) if hasattr(obj, 'shape') else None
+    name = getattr(xp, '__name__', '')
+    if name == 'chainerx':
+        return 'argument %s is a ChainerX array' % path
+    if type(obj).__name__ == 'mdarray':
+        return 'argument %s is an iDeep array' % path
+    return None
+
+
+def device_tag(array):
+    """-1 for host arrays, the GPU id for CuPy arrays."""
+    if isinstance(array, numpy.ndarray):
+        return -1
+    device = getattr(array, 'device', None)
+    return getattr(device, 'id', repr(device))
+
+
+def flatten(arg_names, args, kwargs):
+    """Return (spec, leaves, paths) for a call.
+
+    leaves: the Variables and arrays, in order; paths: their names (``x``,
+    ``batch[1]``, ``inputs['t']``). Raises Unsupported for values that cannot
+    be part of a key.
+    """
+    leaves = []
+    paths = []
+    cupy_nd = _cupy_ndarray()
+
+    def walk(obj, path):
+        if isinstance(obj, chainer.Variable):
+            array = obj.raw_array
+            if array is None:
+                raise Unsupported('argument %s is an uninitialized Variable'
+                                  % path)
+            if obj.xp is not numpy and not (cupy_nd and
+                                            isinstance(array, cupy_nd)):
+                raise Unsupported(_foreign_array_reason(array, path) or
+                                  'argument %s holds a %s' % (
+                                      path, type(array).__name__))
+            leaves.append(obj)
+            paths.append(path)
+            return ('V', array.shape, array.dtype.str, device_tag(array),
+                    obj.requires_grad)
+        if isinstance(obj, numpy.ndarray) or (cupy_nd and
+                                              isinstance(obj, cupy_nd)):
+            leaves.append(obj)
+            paths.append(path)
+            return ('A', obj.shape, obj.dtype.str, device_tag(obj))
+        if isinstance(obj, _SCALARS):
+            return (type(obj), obj)
+        if isinstance(obj, (tuple, list)):
+            return (type(obj),
+                    tuple(walk(o, '%s[%d]' % (path, i))
+                          for i, o in enumerate(obj)))
+        if isinstance(obj, dict):
+            items = []
+            for k, v in obj.items():
+                if not isinstance(k, _SCALARS):
+                    raise Unsupported('argument %s has a dict key of type %s'
+                                      % (path, type(k).__name__))
+                items.append((k, walk(v, '%s[%r]' % (path, k))))
+            return (dict, tuple(items))
+        reason = _foreign_array_reason(obj, path)
+        if reason:
+            raise Unsupported(reason)
+        raise Unsupported('argument %s has type %s, which cannot be part of '
+                          'a cache key (use arrays, Variables, None, bool, '
+                          'int, float, str, or tuples/lists/dicts of them)'
+                          % (path, type(obj).__name__))
+
+    pos = []
+    for i, a in enumerate(args):
+        name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
+        pos.append(walk(a, name))
+    kw = tuple((k, walk(kwargs[k], k)) for k in sorted(kwargs))
+    return (tuple(pos), kw), leaves, paths
+
+
+def rebuild(args, kwargs, replacements):
+    """Return (args, kwargs) with the array leaves replaced, in order."""
+    it = iter(replacements)
+
+    def put(obj):
+        if isinstance(obj, chainer.Variable):
+            return next(it)
+        if isinstance(obj, _SCALARS):
+            return obj
+        if isinstance(obj, (tuple, list)):
+            return type(obj)(put(o) for o in obj)
+        if isinstance(obj, dict):
+            return {k: put(v) for k, v in obj.items()}
+        return next(it)   # an array
+
+    new_args = tuple(put(a) for a in args)
+    new_kwargs = {k: put(kwargs[k]) for k in sorted(kwargs)}
+    return new_args, new_kwargs
+
+
+def config_key():
+    config = chainer.config
+    return tuple(getattr(config, name, None) for name in CONFIG_FLAGS)
+
+
+def flatten_outputs(out):
+    """(spec, leaves) of a method's result; leaves are Variables/arrays."""
+    leaves = []
+
+    def walk(obj):
+        if isinstance(obj, chainer.Variable) or hasattr(obj, '__array_interface__') \
+                or hasattr(obj, '__cuda_array_interface__'):
+            if isinstance(obj, _SCALARS):
+                return ('K', obj)
+            leaves.append(obj)
+            return ('V' if isinstance(obj, chainer.Variable) else 'A',)
+        if isinstance(obj, (tuple, list)):
+            return (type(obj), tuple(walk(o) for o in obj))
+        if isinstance(obj, dict):
+            return (dict, tuple((k, walk(v)) for k, v in obj.items()))
+        return ('K', obj)
+
+    return walk(out), leaves
+
+
+def unflatten_outputs(spec, leaves):
+    it = iter(leaves)
+
+    def build(s):
+        tag = s[0]
+        if tag in ('V', 'A'):
+            return next(it)
+        if tag == 'K':
+            return s[1]
+        if tag is dict:
+            return {k: build(v) for k, v in s[1]}
+        return tag(build(o) for o in s[1])
+
+    return build(spec)

@@ -1,0 +1,95 @@
+"""Catch user code that reads array values while a call is recorded.
+
+Replay does not run the user's Python, so anything the method computes from
+array *values* outside Chainer functions (``if x.sum() > 0``, ``float(...)``,
+``x / 255`` in NumPy) would be frozen at its recorded value. While recording,
+raw input arrays and arrays read through ``Variable.array``/``.data`` from
+user code are handed out as ``TracedArray`` views: reading their values
+(``bool``, ``float``, ``int``, ``item``, ``tolist``, ...) records a fallback
+reason, and NumPy results computed from them stay traced so the recorder can
+tell them from true constants when they reach a Chainer function.
+"""
+import os
+import sys
+
+import numpy
+
+import chainer
+
+_CHAINER_DIR = os.path.dirname(chainer.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_NUMPY_DIR = os.path.dirname(numpy.__file__) + os.sep
+INTERNAL_DIRS = (_CHAINER_DIR, _OWN_DIR, _NUMPY_DIR)
+
+# The active recording of this thread is published here by the recorder.
+_active = None   # set to a threading.local by recorder
+
+
+def user_frame(depth=2):
+    """The innermost frame outside Chainer, NumPy and this package."""
+    f = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename.startswith(INTERNAL_DIRS):
+        f = f.f_back
+    return f
+
+
+def user_location(depth=2):
+    f = user_frame(depth + 1)
+    if f is None:
+        return None
+    return '%s:%d' % (f.f_code.co_filename, f.f_lineno)
+
+
+def _flag(what):
+    rec = getattr(_active, 'recording', None) if _active is not None else None
+    if rec is not None:
+        rec.add_reason('user code reads array values (%s) at %s; replay '
+                       'would freeze them' % (what, user_location(2)))
+
+
+class TracedArray(numpy.ndarray):
+    """An ndarray view whose value reads are reported to the recording."""
+
+    def __array_wrap__(self, obj, context=None, return_scalar=False):
+        # Keep 0-d results as traced arrays so `x.sum() > 0` stays traced.
+        if not isinstance(obj, numpy.ndarray):
+            obj = numpy.asarray(obj)
+        return obj.view(TracedArray)
+
+    def __bool__(self):
+        _flag('bool()')
+        return bool(self.view(numpy.ndarray))
+
+    def __float__(self):
+        _flag('float()')
+        return float(self.view(numpy.ndarray))
+
+    def __int__(self):
+        _flag('int()')
+        return int(self.view(numpy.ndarray))
+
+    def __index__(self):
+        _flag('index')
+        return self.view(numpy.ndarray).__index__()
+
+    def __complex__(self):
+        _flag('complex()')
+        return complex(self.view(numpy.ndarray))
+
+    def item(self, *args):
+        _flag('.item()')
+        return self.view(numpy.ndarray).item(*args)
+
+    def tolist(self):
+        _flag('.tolist()')
+        return self.view(numpy.ndarray).tolist()
+
+    def __iter__(self):
+        if self.ndim == 1:
+            _flag('iteration')
+        return super(TracedArray, self).__iter__()
+
+
+def plain(array):
+    """The plain ndarray view of a TracedArray."""
+    return array.view(numpy.ndarray)

@@ -133,6 +133,7 @@ def static_graph(method=None, **options):
                 'into that recording', type(self).__name__, name)
             return method(self, *args, **kwargs)
         try:
+            _check_backends()
             spec, leaves, paths = signature.flatten(arg_names, args, kwargs)
         except signature.Unsupported as e:
             diagnostics.warn_once(
@@ -155,6 +156,16 @@ def static_graph(method=None, **options):
 
     wrapper.__static_graph__ = True
     return wrapper
+
+
+def _check_backends():
+    use_ideep = getattr(chainer.config, 'use_ideep', 'never')
+    if use_ideep != 'never':
+        intel64 = getattr(chainer.backends, 'intel64', None)
+        if intel64 is not None and intel64.is_ideep_available():
+            raise signature.Unsupported(
+                'chainer.config.use_ideep is %r and iDeep is available'
+                % use_ideep)
 
 
 # -- replay ---------------------------------------------------------------------

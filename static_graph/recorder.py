@@ -66,6 +66,20 @@ def op_kind(node):
     return type(fn if fn is not None else node).__name__
 
 
+def _user_defined(node):
+    impl = getattr(node, '_function', None) or node
+    module = type(impl).__module__ or ''
+    return not (module == 'chainer' or module.startswith('chainer.'))
+
+
+def _changed(before, after):
+    if before.shape != after.shape:
+        return True
+    if before.dtype.kind in 'fc':
+        return not numpy.array_equal(before, after, equal_nan=True)
+    return not numpy.array_equal(before, after)
+
+
 def _patched_apply(self, inputs):
     rec = getattr(_local, 'recording', None)
     if rec is None or rec.depth:
@@ -208,12 +222,33 @@ class Recording(object):
             else:
                 fixed.append(self._untrace(x, kind))
         inputs = tuple(fixed)
+        impl = getattr(node, '_function', None) or node
+        if getattr(impl, 'static_graph_side_effects', False):
+            self.add_reason('%s declares side effects '
+                            '(static_graph_side_effects = True)' % kind)
+        # Ops defined outside Chainer are unknown: make sure they leave their
+        # inputs alone (a mutation would not be repeated faithfully).
+        check = None
+        if _user_defined(node) and not getattr(impl, 'static_graph_pure',
+                                               False):
+            check = []
+            for x in inputs:
+                a = x.raw_array if isinstance(x, chainer.Variable) else x
+                if isinstance(a, numpy.ndarray):
+                    check.append((a, a.copy()))
         pre = node.__dict__.copy()
         self.depth += 1
         try:
             outs = _orig_apply(node, inputs)
         finally:
             self.depth -= 1
+        if check:
+            for a, before in check:
+                if _changed(before, a):
+                    self.add_reason(
+                        '%s (defined outside Chainer) modifies its inputs '
+                        'in place at %s' % (kind, traced.user_location(2)))
+                    break
         self._record(node, kind, inputs, outs, pre)
         return outs
 

@@ -1,0 +1,333 @@
+"""Never silently wrong: what cannot be replayed falls back, once, loudly."""
+import logging
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph import StaticGraphWarning, diagnostics
+from static_graph.decorator import caches_of
+from tests.twins import assert_close, compare_chains
+
+rs = numpy.random.RandomState(0)
+
+
+def data(*shape):
+    return rs.standard_normal(shape).astype(numpy.float32)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    diagnostics.reset_warnings()
+    yield
+
+
+class Base(chainer.Chain):
+    def __init__(self):
+        super(Base, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(4, 4)
+            self.l2 = L.Linear(4, 4)
+
+
+def run_twins(body, inputs, **kw):
+    """Build dbr and static chains whose forward is ``body``; run each input
+    through both (forward+backward), compare; return (static chain, warnings).
+    """
+    plain = type('Plain', (Base,), {'forward': body})
+    static = type('Static', (Base,), {'forward': static_graph.static_graph(
+        body)})
+    a, b = plain(), static()
+    b.copyparams(a)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for x in inputs:
+            outs = []
+            for m in (a, b):
+                m.cleargrads()
+                y = m(x, **kw)
+                F.sum(y * y).backward()
+                outs.append(y.array)
+            assert_close(outs[0], outs[1], 'output')
+            compare_chains(a, b)
+    ours = [w for w in caught if issubclass(w.category, StaticGraphWarning)]
+    return b, ours
+
+
+def only_cache(chain):
+    caches = caches_of(chain)
+    assert len(caches) == 1
+    return list(caches.values())[0]
+
+
+def fell_back(chain):
+    cache = only_cache(chain)
+    return [e.reason for e in cache.entries.values() if e.state == 'fallback']
+
+
+def branchy_inputs():
+    # Alternate the sign so a frozen branch would give wrong numbers.
+    return [data(3, 4) * s for s in (1, -1, 1, -1)]
+
+
+@pytest.mark.parametrize('read', ['float', 'bool', 'int', 'item', 'tolist',
+                                  'compare'])
+def test_value_reads_on_variables_fall_back(read):
+    def body(self, x):
+        h = self.l1(x)
+        s = F.sum(h)
+        if read == 'float':
+            positive = float(s.array) > 0
+        elif read == 'bool':
+            positive = bool(s.array > 0)
+        elif read == 'int':
+            positive = int(s.array > 0) == 1
+        elif read == 'item':
+            positive = s.item() > 0
+        elif read == 'tolist':
+            positive = s.array.tolist() > 0
+        else:
+            positive = (s.array > 0).all()
+            if positive:
+                positive = True
+        return self.l2(h) if positive else -self.l2(h) * 3
+    b, ws = run_twins(body, branchy_inputs())
+    reasons = fell_back(b)
+    assert len(reasons) == 1 and 'reads array values' in reasons[0]
+    assert 'test_fallback.py' in reasons[0]
+    assert len(ws) == 1, [str(w.message) for w in ws]
+    assert 'test_fallback.py' in str(ws[0].message)
+
+
+def test_branch_on_raw_input_array_falls_back():
+    def body(self, x):
+        if x.sum() > 0:
+            return self.l1(x)
+        return self.l2(x)
+    b, ws = run_twins(body, branchy_inputs())
+    assert fell_back(b) and len(ws) == 1
+
+
+def test_loop_count_from_input_values_falls_back():
+    def body(self, x, n=None):
+        h = x
+        for _ in range(int(numpy.abs(x).max() * 2) % 3 + 1):
+            h = F.tanh(self.l1(h))
+        return h
+    b, ws = run_twins(body, [data(3, 4) * k for k in (0.2, 1.0, 0.6)])
+    assert fell_back(b)
+
+
+def test_numpy_preprocessing_of_inputs_falls_back():
+    def body(self, x):
+        return self.l1(x / 2.0 + 1.0)
+    b, ws = run_twins(body, [data(3, 4) for _ in range(3)])
+    reasons = fell_back(b)
+    assert reasons and 'NumPy' in reasons[0]
+
+
+def test_numpy_on_variable_array_falls_back():
+    def body(self, x):
+        h = self.l1(x)
+        return self.l2(numpy.tanh(h.array))
+    b, ws = run_twins(body, [data(3, 4) for _ in range(3)])
+    assert fell_back(b)
+
+
+def test_stop_gradient_through_array_is_replayed():
+    def body(self, x):
+        h = self.l1(x)
+        return self.l2(h.array) + h   # .array as a stop-gradient, no values
+    b, ws = run_twins(body, [data(3, 4) for _ in range(3)])
+    assert not fell_back(b) and not ws
+    assert only_cache(b).replays == 2
+
+
+def test_uniform_constant_is_replayed_but_data_constant_falls_back():
+    def uniform(self, x):
+        return self.l1(x) + self.xp.ones((3, 4), 'f')
+    b, ws = run_twins(uniform, [data(3, 4) for _ in range(3)])
+    assert not fell_back(b)
+
+    def varying(self, x):
+        return self.l1(x) + self.xp.arange(12, dtype='f').reshape(3, 4)
+    b, ws = run_twins(varying, [data(3, 4) for _ in range(3)])
+    assert fell_back(b)
+
+
+def test_attribute_side_effect_falls_back():
+    def body(self, x):
+        self.calls = getattr(self, 'calls', 0) + 1
+        return self.l1(x) * self.calls
+    b, ws = run_twins(body, [data(3, 4) for _ in range(3)])
+    assert fell_back(b)
+    assert b.calls == 3
+
+
+def test_variable_attribute_is_kept_current():
+    def body(self, x):
+        self.hidden = self.l1(x)
+        return self.l2(self.hidden)
+    b, ws = run_twins(body, [data(3, 4) for _ in range(3)])
+    assert not fell_back(b)
+    x = data(3, 4)
+    b(x)
+    with chainer.no_backprop_mode():
+        expected = b.l1(x).array
+    assert_close(b.hidden.array, expected, 'attribute')
+
+
+class Scale(chainer.FunctionNode):
+    """A user-defined pure op: replayed generically."""
+
+    def forward(self, inputs):
+        x, = inputs
+        self.retain_inputs(())
+        return x * 3.0,
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0] * 3.0,
+
+
+class InPlace(chainer.FunctionNode):
+    """A user-defined op that mutates its input."""
+
+    def forward(self, inputs):
+        x, = inputs
+        x *= 2.0
+        return x + 0,
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0] * 2.0,
+
+
+class Declared(Scale):
+    static_graph_side_effects = True
+
+
+def test_user_pure_op_is_replayed():
+    def body(self, x):
+        return Scale().apply((self.l1(x),))[0]
+    b, ws = run_twins(body, [data(3, 4) for _ in range(3)])
+    assert not fell_back(b) and not ws
+
+
+@pytest.mark.parametrize('op', [InPlace, Declared])
+def test_user_op_with_side_effects_falls_back(op):
+    def body(self, x):
+        return op().apply((self.l1(x),))[0]
+    b, ws = run_twins(body, [data(3, 4) for _ in range(3)])
+    reasons = fell_back(b)
+    assert reasons and op.__name__ in reasons[0]
+
+
+def test_nested_static_chains_are_inlined():
+    class Inner(chainer.Chain):
+        def __init__(self):
+            super(Inner, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(4, 4)
+
+        @static_graph.static_graph
+        def forward(self, x):
+            return F.relu(self.l(x))
+
+    class Outer(chainer.Chain):
+        def __init__(self):
+            super(Outer, self).__init__()
+            with self.init_scope():
+                self.inner = Inner()
+                self.l = L.Linear(4, 2)
+
+        def forward(self, x):
+            return self.l(self.inner(x))
+
+    class StaticOuter(Outer):
+        forward = static_graph.static_graph(Outer.forward)
+
+    a, b = Outer(), StaticOuter()
+    b.copyparams(a)
+    with chainer.using_config('use_static_graph', False):
+        pass
+    for i in range(3):
+        x = data(3, 4)
+        for m in (a, b):
+            m.cleargrads()
+            F.sum(m(x)).backward()
+        compare_chains(a, b)
+    assert caches_of(b)['forward'].replays == 2
+    assert 'forward' not in caches_of(b.inner)   # inlined, never cached
+
+
+def test_use_static_graph_flag_off_is_define_by_run():
+    class Net(Base):
+        @static_graph.static_graph
+        def forward(self, x):
+            return self.l1(x)
+    m = Net()
+    with chainer.using_config('use_static_graph', False):
+        for _ in range(3):
+            y = m(data(3, 4))
+            assert y.creator is not None
+            assert type(y.creator).__name__ == 'LinearFunction'
+    assert not caches_of(m)
+
+
+def test_unsupported_argument_type_falls_back_with_its_name():
+    class Net(Base):
+        @static_graph.static_graph
+        def forward(self, x, options):
+            return self.l1(x) * options.scale
+
+    class Options(object):
+        scale = 2.0
+
+    m = Net()
+    with pytest.warns(StaticGraphWarning, match="options has type Options"):
+        m(data(3, 4), Options())
+    y = m(data(3, 4), Options())   # still works, warns once only
+    assert y.shape == (3, 4)
+
+
+def test_fallback_logs_to_static_graph_logger(caplog):
+    def body(self, x):
+        return self.l1(x) if float(x.sum()) > 0 else self.l2(x)
+    with caplog.at_level(logging.WARNING, logger='static_graph'):
+        run_twins(body, branchy_inputs())
+    assert any('falls back' in r.getMessage() for r in caplog.records)
+
+
+def test_library_prints_nothing(capsys):
+    def body(self, x):
+        return self.l1(x) if float(x.sum()) > 0 else self.l2(x)
+    run_twins(body, branchy_inputs())
+
+    def good(self, x):
+        return F.relu(self.l1(x))
+    run_twins(good, [data(3, 4) for _ in range(3)])
+    out, err = capsys.readouterr()
+    assert out == ''
+
+
+def test_exception_while_recording_leaves_no_entry():
+    class Net(Base):
+        @static_graph.static_graph
+        def forward(self, x, fail=False):
+            h = self.l1(x)
+            if fail:
+                raise ValueError('boom')
+            return h
+
+    m = Net()
+    with pytest.raises(ValueError):
+        m(data(3, 4), fail=True)
+    cache = caches_of(m)['forward']
+    assert not cache.entries
+    F.sum(m(data(3, 4))).backward()
+    F.sum(m(data(3, 4))).backward()
+    assert cache.recordings == 1 and cache.replays == 1

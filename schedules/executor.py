@@ -27,6 +27,93 @@ class CompiledSchedule(object):
         return self.run(args)
 
 
+class TieredSchedule(object):
+    """Interpret the first ``threshold`` runs, then compile.
+
+    Compiling a long schedule costs milliseconds; a key that is used once or
+    twice (the last, shorter batch of an epoch) should not pay for it.
+    """
+
+    def __init__(self, schedule, copyto, threshold=2, **options):
+        self.schedule = schedule
+        self.copyto = copyto
+        self.options = options
+        self.left = threshold
+        self.compiled = None
+        self.run = self._interpret if threshold > 0 else self._compile_run
+        self._table = None
+
+    @property
+    def source(self):
+        return self._get_compiled().source
+
+    def _get_compiled(self):
+        if self.compiled is None:
+            self.compiled = compile_schedule(self.schedule, self.copyto,
+                                             **self.options)
+        return self.compiled
+
+    def _compile_run(self, args):
+        self.run = self._get_compiled().run
+        return self.run(args)
+
+    def _interpret(self, args):
+        self.left -= 1
+        if self.left <= 0:
+            self.run = self._compile_run
+        if self._table is None:
+            self._table = _table(self.schedule, **self.options)
+        return _interpret(self._table, args, self.copyto)
+
+    def __call__(self, args):
+        return self.run(args)
+
+
+def _table(schedule, extra_outputs=(), copy_outputs=(), preset=()):
+    bufs = schedule.buffers
+    slot = {}
+
+    def idx(b):
+        if b not in slot:
+            slot[b] = len(slot)
+        return slot[b]
+
+    bound = [(idx(b), bufs[b].storage if bufs[b].static else None)
+             for b in tuple(schedule.inputs) + tuple(preset)]
+    fixed = [(idx(b), bufs[b].storage) for b in bufs
+             if bufs[b].role in _LIVE_ROLES or bufs[b].static]
+    ops = []
+    for op in schedule.ops:
+        if op.fn is None:
+            continue
+        outs = [(idx(b), pos, bufs[b].storage if bufs[b].static else None)
+                for b, pos in zip(op.outputs, op.select)]
+        ops.append((op.fn, [idx(b) for b in op.inputs], outs))
+    rets = [(idx(b), b in copy_outputs)
+            for b in tuple(schedule.outputs) + tuple(extra_outputs)]
+    return len(slot), bound, fixed, ops, rets
+
+
+def _interpret(table, args, copyto):
+    n, bound, fixed, ops, rets = table
+    s = [None] * n
+    for i, storage in fixed:
+        s[i] = storage
+    for (i, storage), a in zip(bound, args):
+        if storage is None:
+            s[i] = a
+        else:
+            copyto(storage, a)
+    for fn, ins, outs in ops:
+        r = fn(tuple([s[i] for i in ins]))
+        for i, pos, storage in outs:
+            if storage is None:
+                s[i] = r[pos]
+            else:
+                copyto(storage, r[pos])
+    return tuple(s[i].copy() if c else s[i] for i, c in rets)
+
+
 def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                      preset=()):
     """Compile ``schedule``.
@@ -103,15 +190,23 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         args = ', '.join(ref(b) for b in op.inputs)
         if len(op.inputs) == 1:
             args += ','
-        lines.append('    _r = %s((%s))' % (fname, args))
-        for b, pos in zip(op.outputs, op.select):
-            if bufs[b].static:
-                lines.append('    copyto(%s, _r[%d])' % (ref(b), pos))
-            else:
-                lines.append('    %s = _r[%d]' % (ref(b), pos))
+        call = '%s((%s))' % (fname, args)
+        static = [bufs[b].static for b in op.outputs]
+        if not any(static) and op.select == tuple(range(len(op.outputs))):
+            # One line: unpack the result tuple (padding unused tails).
+            targets = [ref(b) for b in op.outputs]
+            lines.append('    %s, *_ = %s' % (', '.join(targets), call)
+                         if targets else '    %s' % call)
+        else:
+            lines.append('    _r = ' + call)
+            for b, pos in zip(op.outputs, op.select):
+                if bufs[b].static:
+                    lines.append('    copyto(%s, _r[%d])' % (ref(b), pos))
+                else:
+                    lines.append('    %s = _r[%d]' % (ref(b), pos))
         dead = [ref(b) for b in sorted(frees.get(i, ()))]
-        dead.append('_r')
-        lines.append('    del %s' % ', '.join(dead))
+        if dead:
+            lines.append('    del %s' % ', '.join(dead))
 
     outs = []
     for b in tuple(schedule.outputs) + tuple(extra_outputs):

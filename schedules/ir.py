@@ -111,16 +111,21 @@ class Schedule(object):
 
     ``buffers`` maps id -> Buffer and may be shared with another schedule (the
     forward and backward schedules of one recording share one table).
-    ``inputs`` are bound by the caller, ``outputs`` are returned, in order.
+    ``inputs`` are bound by the caller, ``outputs`` are returned, in order;
+    ``keep`` names buffers saved for a later schedule.
     """
 
-    def __init__(self, name, buffers, ops, inputs, outputs, notes=None):
+    def __init__(self, name, buffers, ops, inputs, outputs, notes=None,
+                 keep=()):
         self.name = name
         self.buffers = buffers
         self.ops = list(ops)
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
         self.notes = list(notes or [])
+        # Buffers a later schedule reads (activations saved for backward):
+        # alive until the end, returned after the outputs.
+        self.keep = tuple(keep)
 
     # -- checks -------------------------------------------------------------
     def verify(self, preset=()):
@@ -159,7 +164,7 @@ class Schedule(object):
                         % (i, op.kind, b))
                 writer[b] = i
                 defined.add(b)
-        for b in self.outputs:
+        for b in self.outputs + self.keep:
             self._known(b, 'schedule output')
             if b not in defined:
                 raise ScheduleError('output %%%d is never defined' % b)
@@ -179,7 +184,7 @@ class Schedule(object):
         for i, op in enumerate(self.ops):
             for b in op.inputs:
                 last[b] = i
-        keep = set(self.outputs)
+        keep = set(self.outputs) | set(self.keep)
         frees = {}
         for b, i in last.items():
             if b in keep or self.buffers[b].role in (PARAM, PERSIST, CONST):
@@ -248,6 +253,9 @@ class Schedule(object):
                     self._ref(b) for b in sorted(frees[i])))
         lines.append('  return (%s)' % ', '.join(
             self._ref(b) for b in self.outputs))
+        if self.keep:
+            lines.append('  save (%s)' % ', '.join(
+                self._ref(b) for b in self.keep))
         for note in self.notes:
             lines.append('  # ' + note)
         return '\n'.join(lines)

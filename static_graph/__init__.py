@@ -12,3 +12,6 @@ from static_graph.diagnostics import logger  # NOQA
 from static_graph.decorator import static_graph  # NOQA
 
 __all__ = ['static_graph', 'StaticGraphWarning', 'logger']
+from static_graph.inspect import cached, explain  # NOQA
+
+__all__ += ['cached', 'explain']

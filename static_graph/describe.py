@@ -117,7 +117,7 @@ def _tuple_or_none(v):
     return tuple(int(e) for e in v)
 
 
-# -- serialised indexing (GetItem) ---------------------------------------------
+# -- serialised indexing (GetItem) --------------------------------------------
 
 def encode_slices(slices):
     """Encode a NumPy index expression as a tuple of plain tuples.
@@ -158,7 +158,7 @@ def _opt_int(v):
     return int(v)
 
 
-# -- describers, one per kind ---------------------------------------------------
+# -- describers, one per kind -------------------------------------------------
 
 def _conv2d(n, out):
     _set(out, 'stride', lambda: _pair(n.sy, n.sx))
@@ -205,7 +205,8 @@ def _pool2d(n, out):
 
 def _avgpool2d(n, out):
     _pool2d(n, out)
-    out['count_include_pad'] = True   # chainer pads with zeros and divides by k
+    # chainer pads with zeros and always divides by the window size
+    out['count_include_pad'] = True
 
 
 def _poolnd(n, out):
@@ -293,8 +294,8 @@ def _cast(n, out):
 
 
 def _pad(n, out):
-    _set(out, 'pad_width', lambda: numpy.asarray(n.pad_width).astype(
-        numpy.int64).tolist())
+    _set(out, 'pad_width', lambda: _plain(numpy.asarray(n.pad_width).astype(
+        numpy.int64).tolist()))
     _attr(out, 'mode', n, 'mode')
     _set(out, 'constant_values',
          lambda: _plain(n.keywords.get('constant_values', 0)))

@@ -22,6 +22,7 @@ from chainer import function_node
 from schedules import executor
 from schedules import ir
 from static_graph import analysis
+from static_graph import lowering
 from static_graph import recorder
 from static_graph import signature
 
@@ -62,12 +63,20 @@ def make_kernel(rop, static_attrs):
 
 def _ir_ops(rec, rops):
     ops = []
+    bufs = rec.buffers
     for rop in rops:
-        static_attrs = [(k, rec.buffers[b].storage) for k, b in rop.state
-                        if rec.buffers[b].static]
-        ops.append(ir.Op(rop.kind, rop.inputs, rop.outputs, rop.attrs,
-                         rop.source, make_kernel(rop, static_attrs),
-                         rop.select))
+        static_attrs = [(k, bufs[b].storage) for k, b in rop.state
+                        if bufs[b].static]
+        kernel = lowering.fast_kernel(
+            rop, [bufs[b].storage for b in rop.inputs],
+            [bufs[b].storage for b in rop.outputs])
+        attrs = rop.attrs
+        if kernel is None:
+            kernel = make_kernel(rop, static_attrs)
+        else:
+            attrs = dict(attrs, kernel=kernel.__name__)
+        ops.append(ir.Op(rop.kind, rop.inputs, rop.outputs, attrs,
+                         rop.source, kernel, rop.select))
     return ops
 
 
@@ -125,7 +134,6 @@ class Entry(object):
                         not bufs[b].static and b not in param_bids:
                     saved.append(b)
                     seen.add(b)
-        self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids)
         self.saved = tuple(saved)
         self.out_copy = tuple(
             bufs[b].static or bufs[b].role in (ir.CONST, ir.PARAM,
@@ -138,8 +146,10 @@ class Entry(object):
             expose.extend(v for _, how, v in items if how == 'buffer')
         expose.extend(b for _, _, b in attr_writes)
         self.expose = tuple(sorted(set(expose)))
-        self.run_forward = executor.compile_schedule(
-            self.forward, copyto, extra_outputs=self.saved + self.expose,
+        self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids,
+                                   keep=self.saved + self.expose)
+        self.run_forward = executor.TieredSchedule(
+            self.forward, copyto, extra_outputs=self.forward.keep,
             copy_outputs=set(b for b in self.expose if bufs[b].static))
         self.static_storages = [bufs[b].storage for b in bufs
                                 if bufs[b].static and b in forward_defined]
@@ -151,7 +161,7 @@ class Entry(object):
                                         grad_bids)
             copy_set = set(b for b in grad_bids
                            if bufs[b].static or bufs[b].role in _ESCAPE_ROLES)
-            self.run_backward = executor.compile_schedule(
+            self.run_backward = executor.TieredSchedule(
                 self.backward, copyto, copy_outputs=copy_set)
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions

@@ -1,0 +1,121 @@
+"""Benchmark models, each in three variants built from one body:
+
+* ``dbr``: plain define-by-run,
+* ``chainer``: Chainer's own ``chainer.static_graph`` decorator,
+* ``ours``: this library's ``static_graph``.
+"""
+import contextlib
+import io
+import os
+import sys
+
+import numpy
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from static_graph import static_graph  # NOQA
+try:
+    from chainer import static_graph as chainer_static_graph
+except ImportError:   # older Chainer
+    chainer_static_graph = None
+
+VARIANTS = ('dbr', 'chainer', 'ours')
+
+
+def variants(base):
+    """{variant: class} with ``forward`` decorated per variant."""
+    out = {'dbr': base}
+    out['ours'] = type(base.__name__, (base,),
+                       {'forward': static_graph(base.forward)})
+    if chainer_static_graph is not None:
+        out['chainer'] = type(base.__name__, (base,),
+                              {'forward': chainer_static_graph(base.forward)})
+    return out
+
+
+@contextlib.contextmanager
+def quiet():
+    """chainer.static_graph prints to stdout; keep the report clean."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+class Tiny(chainer.Chain):
+    """200 tiny element-wise ops on a (2, 3) array."""
+
+    def __init__(self):
+        super(Tiny, self).__init__()
+        with self.init_scope():
+            self.p = chainer.Parameter(numpy.ones((2, 3), 'f'))
+
+    def forward(self, x):
+        h = x * self.p
+        for i in range(199):
+            h = h * 0.999 + x if i % 2 else F.tanh(h)
+        return F.sum(h)
+
+
+class MLP(chainer.Chain):
+    """784-1000-1000-10 with softmax cross-entropy inside."""
+
+    def __init__(self, n_units=1000):
+        super(MLP, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(784, n_units)
+            self.l2 = L.Linear(n_units, n_units)
+            self.l3 = L.Linear(n_units, 10)
+
+    def forward(self, x, t):
+        h = F.relu(self.l1(x))
+        h = F.relu(self.l2(h))
+        return F.softmax_cross_entropy(self.l3(h), t)
+
+
+class CNN(chainer.Chain):
+    """The small MNIST CNN of the examples (two conv + pool, two linear)."""
+
+    def __init__(self):
+        super(CNN, self).__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(1, 20, 5)
+            self.c2 = L.Convolution2D(20, 50, 5)
+            self.l1 = L.Linear(800, 500)
+            self.l2 = L.Linear(500, 10)
+
+    def forward(self, x, t):
+        h = F.max_pooling_2d(F.relu(self.c1(x)), 2)
+        h = F.max_pooling_2d(F.relu(self.c2(h)), 2)
+        h = F.relu(self.l1(h))
+        return F.softmax_cross_entropy(self.l2(h), t)
+
+
+def mnist_batch(n, rs, image=False):
+    shape = (n, 1, 28, 28) if image else (n, 784)
+    return (rs.rand(*shape).astype(numpy.float32),
+            rs.randint(0, 10, n).astype(numpy.int32))
+
+
+class Classify(chainer.Chain):
+    """Wraps an ImageNet-example architecture with its loss."""
+
+    def __init__(self, arch, insize):
+        super(Classify, self).__init__()
+        with self.init_scope():
+            self.net = arch()
+        self.insize = insize
+
+    def forward(self, x, t):
+        return F.softmax_cross_entropy(self.net(x), t)
+
+
+def imagenet_arch(name):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, 'examples', 'imagenet'))
+    import models
+    table = {'resnet50': 'ResNet50', 'googlenet': 'GoogLeNet',
+             'vgg16': 'VGG16', 'mobilenetv2': 'MobileNetV2'}
+    return getattr(models, table[name])

@@ -1,0 +1,332 @@
+"""Side-by-side benchmark: define-by-run, chainer.static_graph, this library.
+
+    .venv/bin/python benchmarks/run.py                 # every case
+    .venv/bin/python benchmarks/run.py --cases tiny mlp-b1 --rounds 9
+
+All variants of a case run in one process, interleaved round by round (these
+machines are noisy), from the same initial parameters on the same batches.
+Reported per variant: median time per training iteration (cleargrads,
+forward, backward, optimizer update), the ratio define-by-run / variant,
+whether its losses and parameters matched define-by-run over the first
+iterations, FunctionNodes applied per iteration, the recording iteration's
+time against a define-by-run iteration, and tracemalloc's peak increment over
+one iteration. Writes results.md and results.json next to this file (or to
+--out).
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import tracemalloc
+import warnings
+
+import numpy
+
+import chainer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import cases  # NOQA
+import numpy_mlp  # NOQA
+
+
+def _case(name, model, batch, n_iter, note=''):
+    return dict(name=name, model=model, batch=batch, n_iter=n_iter,
+                note=note)
+
+
+def all_cases():
+    rs = numpy.random.RandomState(0)
+    tiny_x = rs.randn(2, 3).astype(numpy.float32)
+    out = [_case('tiny', lambda: cases.Tiny(), lambda rs: (tiny_x,), 20,
+                 '200 element-wise ops on (2,3), forward+backward')]
+    for b in (1, 8, 100):
+        out.append(_case('mlp-b%d' % b, lambda: cases.MLP(),
+                         lambda rs, b=b: cases.mnist_batch(b, rs), 10,
+                         '784-1000-1000-10, batch %d' % b))
+    out.append(_case('cnn-b32', lambda: cases.CNN(),
+                     lambda rs: cases.mnist_batch(32, rs, image=True), 5,
+                     'MNIST CNN, batch 32'))
+    for arch, b, size, n in (('resnet50', 8, 64, 2), ('googlenet', 8, 64, 2),
+                             ('mobilenetv2', 8, 64, 2)):
+        out.append(_case(
+            '%s-b%d-%d' % (arch, b, size),
+            lambda arch=arch, size=size: cases.Classify(
+                cases.imagenet_arch(arch), size),
+            lambda rs, b=b, size=size: (
+                rs.rand(b, 3, size, size).astype(numpy.float32),
+                rs.randint(0, 10, b).astype(numpy.int32)),
+            n, '%s, %dx3x%dx%d' % (arch, b, size, size)))
+    return out
+
+
+class Counter(chainer.FunctionHook):
+    name = 'benchmark_counter'
+
+    def __init__(self):
+        self.n = 0
+
+    def forward_preprocess(self, function, in_data):
+        self.n += 1
+
+
+def build(case, seed=0):
+    """{variant: (model, optimizer)} with identical parameters."""
+    numpy.random.seed(seed)
+    proto = case['model']()
+    rs = numpy.random.RandomState(1)
+    with chainer.using_config('use_static_graph', False):
+        proto(*case['batch'](rs))      # initialize lazy parameters
+    built = {}
+    for name in cases.VARIANTS:
+        cls = cases.variants(type(proto)).get(name)
+        if cls is None:
+            continue
+        numpy.random.seed(seed)
+        m = case['model']()
+        m.__class__ = cls
+        with chainer.using_config('use_static_graph', False):
+            m(*case['batch'](numpy.random.RandomState(1)))
+        m.copyparams(proto)
+        opt = chainer.optimizers.SGD(lr=0.01)
+        opt.setup(m)
+        built[name] = (m, opt)
+    return built
+
+
+def step(model, opt, batch, variant):
+    model.cleargrads()
+    if variant == 'chainer':
+        with cases.quiet():
+            loss = model(*batch)
+            loss.backward()
+    else:
+        loss = model(*batch)
+        loss.backward()
+    opt.update()
+    return loss
+
+
+def check_match(case, n=3):
+    """Train every variant n iterations; compare to define-by-run."""
+    built = build(case)
+    rs = numpy.random.RandomState(2)
+    batches = [case['batch'](rs) for _ in range(n)]
+    losses = {v: [] for v in built}
+    for b in batches:
+        for v, (m, o) in built.items():
+            numpy.random.seed(3)
+            losses[v].append(float(step(m, o, b, v).array))
+    ref_m = built['dbr'][0]
+    result = {}
+    for v, (m, o) in built.items():
+        ok = numpy.allclose(losses[v], losses['dbr'], rtol=1e-4, atol=1e-6)
+        for (name, p), (_, q) in zip(sorted(m.namedparams()),
+                                     sorted(ref_m.namedparams())):
+            ok = ok and numpy.allclose(p.array, q.array, rtol=1e-3,
+                                       atol=1e-5)
+        result[v] = bool(ok)
+    return result
+
+
+def time_case(case, rounds):
+    built = build(case)
+    rs = numpy.random.RandomState(4)
+    batch = case['batch'](rs)
+    for v, (m, o) in built.items():
+        for _ in range(3):
+            step(m, o, batch, v)
+    times = {v: [] for v in built}
+    n = case['n_iter']
+    for _ in range(rounds):
+        for v, (m, o) in built.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                step(m, o, batch, v)
+            times[v].append((time.perf_counter() - t0) / n)
+    stats = {}
+    for v, (m, o) in built.items():
+        counter = Counter()
+        with counter:
+            step(m, o, batch, v)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        step(m, o, batch, v)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        stats[v] = dict(time=float(numpy.median(times[v])),
+                        function_nodes=counter.n, peak_bytes=int(peak))
+    return stats
+
+
+def recording_cost(case, trials=3):
+    """First iteration of a fresh static model vs define-by-run iterations."""
+    rs = numpy.random.RandomState(5)
+    batch = case['batch'](rs)
+    first = {v: [] for v in cases.VARIANTS}
+    steady = []
+    for _ in range(trials):
+        built = build(case)
+        for v, (m, o) in built.items():
+            t0 = time.perf_counter()
+            step(m, o, batch, v)
+            first[v].append(time.perf_counter() - t0)
+        m, o = built['dbr']
+        for _ in range(2):
+            step(m, o, batch, 'dbr')
+        t0 = time.perf_counter()
+        step(m, o, batch, 'dbr')
+        steady.append(time.perf_counter() - t0)
+    out = {'dbr_steady': float(numpy.median(steady))}
+    for v, ts in first.items():
+        if ts:
+            out[v + '_first'] = float(numpy.median(ts))
+    return out
+
+
+def mlp_numpy_reference(batch_sizes, rounds):
+    """Hand-written NumPy MLP step with preallocated buffers vs variants."""
+    out = {}
+    for b in batch_sizes:
+        case = [c for c in all_cases() if c['name'] == 'mlp-b%d' % b][0]
+        built = build(case)
+        ref = numpy_mlp.NumpyMLP.from_chain(built['dbr'][0], b, lr=0.01)
+        rs = numpy.random.RandomState(6)
+        x, t = case['batch'](rs)
+        # The reference must compute what Chainer computes.
+        m, o = built['ours']
+        ref.load(m)
+        loss_ref = ref.step(x, t)
+        loss = float(step(m, o, (x, t), 'ours').array)
+        agree = bool(numpy.isclose(loss_ref, loss, rtol=1e-5) and all(
+            numpy.allclose(a, p.array, rtol=1e-4, atol=1e-6)
+            for a, p in ref.params_against(m)))
+        for _ in range(3):
+            ref.step(x, t)
+            step(m, o, (x, t), 'ours')
+        times = {'numpy': [], 'ours': []}
+        n = case['n_iter']
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                ref.step(x, t)
+            times['numpy'].append((time.perf_counter() - t0) / n)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                step(m, o, (x, t), 'ours')
+            times['ours'].append((time.perf_counter() - t0) / n)
+        out['mlp-b%d' % b] = dict(
+            numpy=float(numpy.median(times['numpy'])),
+            ours=float(numpy.median(times['ours'])), matches=agree)
+    return out
+
+
+def fmt_time(s):
+    return '%.2f ms' % (s * 1e3) if s >= 1e-3 else '%.0f us' % (s * 1e6)
+
+
+def fmt_mb(n):
+    return '%.1f MB' % (n / 2.0 ** 20)
+
+
+def markdown(results):
+    lines = ['| case | define-by-run | chainer.static_graph | ours | '
+             'chainer speed-up | our speed-up | matches dbr (chainer / ours) '
+             '| FunctionNodes/iter (dbr / ours) | peak memory (dbr / chainer '
+             '/ ours) | ours/dbr memory |',
+             '|---|---|---|---|---|---|---|---|---|---|']
+    for name, r in results['cases'].items():
+        s = r['stats']
+        dbr = s['dbr']['time']
+        ch = s.get('chainer')
+        ours = s['ours']
+        lines.append('| %s | %s | %s | %s | %s | %.2fx | %s / %s | %d / %d '
+                     '| %s / %s / %s | %.2fx |' % (
+                         name, fmt_time(dbr),
+                         fmt_time(ch['time']) if ch else 'n/a',
+                         fmt_time(ours['time']),
+                         '%.2fx' % (dbr / ch['time']) if ch else 'n/a',
+                         dbr / ours['time'],
+                         r['matches'].get('chainer', 'n/a'),
+                         r['matches']['ours'],
+                         s['dbr']['function_nodes'],
+                         ours['function_nodes'],
+                         fmt_mb(s['dbr']['peak_bytes']),
+                         fmt_mb(ch['peak_bytes']) if ch else 'n/a',
+                         fmt_mb(ours['peak_bytes']),
+                         ours['peak_bytes'] / max(1, s['dbr']['peak_bytes'])))
+    rc = results.get('recording')
+    if rc:
+        lines += ['', '| case | dbr iteration | dbr first iteration | '
+                  'chainer recording | our recording | ours / dbr iteration |',
+                  '|---|---|---|---|---|---|']
+        for name, r in rc.items():
+            lines.append('| %s | %s | %s | %s | %s | %.2fx |' % (
+                name, fmt_time(r['dbr_steady']), fmt_time(r['dbr_first']),
+                fmt_time(r['chainer_first']) if 'chainer_first' in r
+                else 'n/a', fmt_time(r['ours_first']),
+                r['ours_first'] / r['dbr_steady']))
+    ref = results.get('numpy_reference')
+    if ref:
+        lines += ['', '| case | hand-written NumPy | ours | ours / numpy | '
+                  'reference matches Chainer |', '|---|---|---|---|---|']
+        for name, r in ref.items():
+            lines.append('| %s | %s | %s | %.2fx | %s |' % (
+                name, fmt_time(r['numpy']), fmt_time(r['ours']),
+                r['ours'] / r['numpy'], r['matches']))
+    lines += ['', 'Machine: %s, %s, %d cores, Python %s, chainer %s, '
+              'numpy %s.' % (platform.platform(), platform.processor() or
+                             platform.machine(), os.cpu_count(),
+                             platform.python_version(), chainer.__version__,
+                             numpy.__version__)]
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    names = [c['name'] for c in all_cases()]
+    parser.add_argument('--cases', nargs='*', default=names,
+                        help='cases to run (default: all): %s'
+                        % ' '.join(names))
+    parser.add_argument('--rounds', type=int, default=7)
+    parser.add_argument('--out', default=HERE)
+    parser.add_argument('--no-recording', action='store_true')
+    parser.add_argument('--no-numpy', action='store_true')
+    args = parser.parse_args(argv)
+    unknown = set(args.cases) - set(names)
+    if unknown:
+        parser.error('unknown case(s): %s' % ' '.join(sorted(unknown)))
+    warnings.simplefilter('ignore')
+    results = {'cases': {}, 'recording': {}}
+    for case in all_cases():
+        if case['name'] not in args.cases:
+            continue
+        sys.stderr.write('%s ...\n' % case['name'])
+        results['cases'][case['name']] = dict(
+            note=case['note'], matches=check_match(case),
+            stats=time_case(case, args.rounds))
+        if not args.no_recording and case['name'] in ('tiny', 'mlp-b1',
+                                                      'mlp-b8', 'mlp-b100',
+                                                      'cnn-b32'):
+            results['recording'][case['name']] = recording_cost(case)
+    mlp = [int(n.split('-b')[1]) for n in args.cases
+           if n.startswith('mlp-b')]
+    if mlp and not args.no_numpy:
+        results['numpy_reference'] = mlp_numpy_reference(mlp, args.rounds)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, 'results.json'), 'w') as f:
+        json.dump(results, f, indent=1)
+    table = markdown(results)
+    with open(os.path.join(args.out, 'results.md'), 'w') as f:
+        f.write(table)
+    sys.stdout.write(table)
+    return results
+
+
+if __name__ == '__main__':
+    main()

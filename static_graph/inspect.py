@@ -1,0 +1,91 @@
+"""Look inside a static chain: its cached schedules and why calls fell back.
+
+    for s in static_graph.cached(model):
+        print(s.key, s.state)
+        print(s.forward)          # the schedule, one op a line
+    print(static_graph.explain(model))
+"""
+import collections
+
+import numpy
+
+from schedules import ir
+from static_graph import decorator
+from static_graph import signature
+
+CachedSchedule = collections.namedtuple(
+    'CachedSchedule', ['method', 'key', 'state', 'reason', 'forward',
+                       'backward'])
+
+
+def _spec_text(spec):
+    tag = spec[0]
+    if tag == 'V':
+        _, shape, dtype, dev, rg = spec
+        return 'Variable %s[%s]%s%s' % (
+            ir.dtype_short(numpy.dtype(dtype)), ','.join(map(str, shape)),
+            '' if dev == -1 else ' @gpu%s' % dev,
+            '' if rg else ' requires_grad=False')
+    if tag == 'A':
+        _, shape, dtype, dev = spec
+        return '%s[%s]%s' % (ir.dtype_short(numpy.dtype(dtype)),
+                             ','.join(map(str, shape)),
+                             '' if dev == -1 else ' @gpu%s' % dev)
+    if tag in (tuple, list):
+        inner = ', '.join(_spec_text(s) for s in spec[1])
+        return '(%s)' % inner if tag is tuple else '[%s]' % inner
+    if tag is dict:
+        return '{%s}' % ', '.join('%r: %s' % (k, _spec_text(v))
+                                  for k, v in spec[1])
+    return repr(spec[1])
+
+
+def key_text(key):
+    """A cache key as text: ``x: f32[8,784], t=i32[8] | train=True ...``."""
+    (pos, kw), flags = key
+    parts = [_spec_text(s) for s in pos]
+    parts += ['%s=%s' % (k, _spec_text(s)) for k, s in kw]
+    shown = ('train', 'enable_backprop')
+    flag_text = ' '.join('%s=%s' % (n, v) for n, v in
+                         zip(signature.CONFIG_FLAGS, flags) if n in shown)
+    return '(%s) | %s' % (', '.join(parts), flag_text)
+
+
+def cached(chain, method=None):
+    """The chain's cache entries, least recently used first."""
+    out = []
+    for name, cache in sorted(decorator.caches_of(chain).items()):
+        if method is not None and name != method:
+            continue
+        for key, e in list(cache.entries.items()):
+            out.append(CachedSchedule(name, key_text(key), e.state, e.reason,
+                                      e.forward, e.backward))
+    return out
+
+
+def explain(chain):
+    """A report of every cached key, its state, and fallback reasons."""
+    lines = []
+    caches = decorator.caches_of(chain)
+    if not caches:
+        return '%s has no static-graph cache (never called, or the flag ' \
+               'use_static_graph was off)' % type(chain).__name__
+    for name, cache in sorted(caches.items()):
+        lines.append('%s: %d recordings, %d replays, %d define-by-run calls '
+                     'after a fallback, %d cached keys (at most %d)' % (
+                         cache.owner_name, cache.recordings, cache.replays,
+                         cache.fallback_calls, len(cache.entries),
+                         cache.size))
+        for key, e in cache.entries.items():
+            line = '  %s: %s' % (key_text(key), e.state)
+            if e.state == 'complete':
+                line += ' (forward %d ops%s)' % (
+                    len(e.forward.ops),
+                    ', backward %d ops' % len(e.backward.ops)
+                    if e.backward is not None else ', no backward')
+            elif e.state == 'recording':
+                line += ' (waiting for its first backward)'
+            if e.reason:
+                line += '\n    reason: %s' % e.reason
+            lines.append(line)
+    return '\n'.join(lines)

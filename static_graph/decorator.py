@@ -9,13 +9,17 @@ import numpy
 
 import chainer
 
-from schedules import ir
-from static_graph import analysis
 from static_graph import compat
 from static_graph import diagnostics
-from static_graph import entry as entry_module
-from static_graph import recorder
-from static_graph import signature
+
+if compat.UNSUPPORTED is None:
+    # The recorder needs Chainer internals of version 7; older Chainers get
+    # the pass-through decorator below and never import it.
+    from schedules import ir
+    from static_graph import analysis
+    from static_graph import entry as entry_module
+    from static_graph import recorder
+    from static_graph import signature
 
 _caches = weakref.WeakKeyDictionary()   # chain -> {method name: Cache}
 _caches_lock = threading.Lock()

@@ -4,6 +4,7 @@ import threading
 import warnings
 
 logger = logging.getLogger('static_graph')
+logger.addHandler(logging.NullHandler())   # a library leaves output to the app
 
 
 class StaticGraphWarning(UserWarning):

@@ -11,7 +11,6 @@ import numpy
 
 from schedules import ir
 from static_graph import decorator
-from static_graph import signature
 
 CachedSchedule = collections.namedtuple(
     'CachedSchedule', ['method', 'key', 'state', 'reason', 'forward',
@@ -45,6 +44,7 @@ def key_text(key):
     (pos, kw), flags = key
     parts = [_spec_text(s) for s in pos]
     parts += ['%s=%s' % (k, _spec_text(s)) for k, s in kw]
+    from static_graph import signature
     shown = ('train', 'enable_backprop')
     flag_text = ' '.join('%s=%s' % (n, v) for n, v in
                          zip(signature.CONFIG_FLAGS, flags) if n in shown)

@@ -15,7 +15,9 @@ class CompiledSchedule(object):
     """A schedule compiled to ``run(args) -> tuple``.
 
     ``args`` holds the values of ``schedule.inputs`` in order; the result the
-    values of ``schedule.outputs`` followed by ``extra_outputs``.
+    values of ``schedule.outputs`` followed by ``extra_outputs``. A list
+    ``args`` is emptied once bound (the schedule owns the values from then
+    on), a tuple is left alone.
     """
 
     def __init__(self, schedule, run, source):
@@ -104,6 +106,8 @@ def _interpret(table, args, copyto):
             s[i] = a
         else:
             copyto(storage, a)
+    if args.__class__ is list:
+        args.clear()
     for fn, ins, outs in ops:
         r = fn(tuple([s[i] for i in ins]))
         for i, pos, storage in outs:
@@ -158,6 +162,9 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
             else:
                 targets.append(ref(b))
         lines.append('    %s, = args' % ', '.join(targets))
+        # A list argument is handed over: clearing it lets each buffer die
+        # at its last use instead of when the caller lets go.
+        lines.append('    if args.__class__ is list: args.clear()')
         for i, b in enumerate(bound):
             if bufs[b].static:
                 lines.append('    copyto(%s, a%d)' % (ref(b), i))

@@ -263,6 +263,16 @@ class Schedule(object):
     def __str__(self):
         return self.format()
 
+    def export_onnx(self, path, values=None, **options):
+        """Write this (inference) schedule as an ONNX model; ``values`` maps
+        parameter/constant buffer ids to arrays (default: their storage).
+        Options as ``schedules.onnx_export.schedule_to_onnx``."""
+        from schedules import onnx_export
+        if values is None:
+            values = {b: buf.storage for b, buf in self.buffers.items()
+                      if buf.role in (PARAM, PERSIST, CONST)}
+        return onnx_export.export_schedule(self, values, path, **options)
+
     def __repr__(self):
         return '<Schedule %s: %d ops, %d inputs, %d outputs>' % (
             self.name, len(self.ops), len(self.inputs), len(self.outputs))

@@ -233,6 +233,7 @@ class _Context(object):
         self._batch_source = None
         self.op = None
         self.op_index = None
+        self.results = ()     # the current op's result buffers (or None)
 
     # -- naming ---------------------------------------------------------------
     def unique(self, hint):
@@ -326,19 +327,30 @@ class _Context(object):
         return self.shape(self.op.inputs[i])
 
     def out_shape(self, i=0):
-        return self.shape(self.op.outputs[i])
+        b = self.results[i] if i < len(self.results) else None
+        if b is None:
+            raise self.unsupported('result %d has no buffer' % i)
+        return self.shape(b)
+
+    def any_out_shape(self):
+        for b in self.results:
+            if b is not None:
+                return self.shape(b)
+        raise self.unsupported('no result has a buffer')
 
     def in_dtype(self, i=0):
         return self.dtype(self.op.inputs[i])
 
     def out_dtype(self, i=0):
-        return self.dtype(self.op.outputs[i])
+        return self.dtype(self.results[i])
 
     def in_batch(self, i):
         return self.batch.get(self.op.inputs[i])
 
     def set_batch(self, j, axis, factor=1):
-        b = self.op.outputs[j]
+        b = self.results[j] if j < len(self.results) else None
+        if b is None:
+            return
         if axis is None:
             self.batch[b] = None
         else:
@@ -389,10 +401,36 @@ class _Context(object):
             return parts[0]
         return self.emit1('Concat', parts, axis=0)
 
+    def _results(self, op):
+        """Buffers of the op's results by position (None: no buffer).
+
+        Hidden state an op keeps (STATE buffers, appended to its outputs by
+        the recorder) is not a result. ``op.select`` gives the result
+        position of each output when present.
+        """
+        select = getattr(op, 'select', None)
+        if select is None or len(select) != len(op.outputs):
+            select = range(len(op.outputs))
+        by_pos = {}
+        for b, pos in zip(op.outputs, select):
+            if self.buffers[b].role != ir.STATE:
+                by_pos[int(pos)] = b
+        if not by_pos:
+            return []
+        return [by_pos.get(j) for j in range(max(by_pos) + 1)]
+
+    def result_names(self, ys, n):
+        """``ys`` padded to ``n`` names (results after the last used one)."""
+        ys = list(ys)
+        while len(ys) < n:
+            ys.append(self.unique('%s_%d_unused%d'
+                                  % (self.op.kind, self.op_index, len(ys))))
+        return ys
+
     def _default_batch(self, op):
         """Outputs keep an input's batch axis when shapes agree there."""
-        for ob in op.outputs:
-            if ob in self.batch:
+        for ob in self.results:
+            if ob is None or ob in self.batch:
                 continue
             oshape = self.shape(ob)
             found = None
@@ -446,13 +484,15 @@ class _Context(object):
         sched = self.schedule
         bufs = self.buffers
 
-        # Inputs.
+        # Inputs: the INPUT buffers among the schedule's inputs (parameters
+        # bound as inputs become initializers).
+        in_bids = [b for b in sched.inputs if bufs[b].role == ir.INPUT]
         if input_names is not None:
             input_names = list(input_names)
-            if len(input_names) != len(sched.inputs):
+            if len(input_names) != len(in_bids):
                 raise ValueError(
                     'input_names has %d names, the schedule has %d inputs'
-                    % (len(input_names), len(sched.inputs)))
+                    % (len(input_names), len(in_bids)))
         if output_names is not None:
             output_names = list(output_names)
             if len(output_names) != len(sched.outputs):
@@ -462,12 +502,12 @@ class _Context(object):
             if len(set(output_names)) != len(output_names):
                 raise ValueError('output_names are not unique: %r'
                                  % (output_names,))
-        for i, b in enumerate(sched.inputs):
+        for i, b in enumerate(in_bids):
             shp = bufs[b].shape
             if self.batch_size is None and len(shp) >= 1:
                 self.batch_size = shp[0]
         graph_inputs = []
-        for i, b in enumerate(sched.inputs):
+        for i, b in enumerate(in_bids):
             buf = bufs[b]
             if input_names is not None:
                 want = str(input_names[i])
@@ -548,8 +588,13 @@ class _Context(object):
             self.op, self.op_index = op, i
             fn = CONVERTERS[op.kind]
             xs = [self.tensor_of(b) for b in op.inputs]
+            self.results = self._results(op)
             ys = []
-            for b in op.outputs:
+            for j, b in enumerate(self.results):
+                if b is None:    # a result without a buffer (unused)
+                    ys.append(self.unique('%s_%d_unused%d'
+                                          % (op.kind, i, j)))
+                    continue
                 if b not in self.tensor:
                     self.tensor[b] = self.unique('%s_%d' % (op.kind, b))
                 ys.append(self.tensor[b])
@@ -1335,7 +1380,17 @@ def _cv_vstack(ctx, xs, ys):
 
 
 def _split_sizes(ctx, axis):
-    return [int(ctx.out_shape(j)[axis]) for j in range(len(ctx.op.outputs))]
+    """Chunk sizes of SplitAxis along ``axis``, from its attrs."""
+    dim = int(ctx.in_shape(0)[axis])
+    indices = ctx.attr('indices')
+    sections = ctx.attr('sections')
+    if indices is not None:
+        bounds = [0] + [min(max(int(i) if i >= 0 else int(i) + dim, 0), dim)
+                        for i in indices] + [dim]
+        return [max(b - a, 0) for a, b in zip(bounds[:-1], bounds[1:])]
+    if sections is not None:
+        return [dim // int(sections)] * int(sections)
+    return [int(ctx.out_shape(j)[axis]) for j in range(len(ctx.results))]
 
 
 @converter('SplitAxis')
@@ -1343,6 +1398,7 @@ def _cv_split_axis(ctx, xs, ys):
     nd = len(ctx.in_shape(0))
     axis = _norm_axis(ctx.attr('axis', 0), nd)
     sizes = _split_sizes(ctx, axis)
+    ys = ctx.result_names(ys, len(sizes))
     if len(ys) == 1:
         ctx.emit('Identity', [xs[0]], ys)
         return
@@ -1353,7 +1409,8 @@ def _cv_split_axis(ctx, xs, ys):
 def _cv_separate(ctx, xs, ys):
     nd = len(ctx.in_shape(0))
     axis = _norm_axis(ctx.attr('axis', 0), nd)
-    n = len(ys)
+    n = int(ctx.in_shape(0)[axis])
+    ys = ctx.result_names(ys, n)
     if n == 1:
         parts = [xs[0]]
     else:
@@ -1412,7 +1469,8 @@ def _cv_broadcast_to(ctx, xs, ys):
 
 @converter('Broadcast')
 def _cv_broadcast(ctx, xs, ys):
-    out_shape = ctx.out_shape(0)
+    out_shape = ctx.any_out_shape()
+    ys = ctx.result_names(ys, len(xs))
     out_info = None
     for i in range(len(xs)):
         out_info = _broadcast_out_info(ctx, i, out_shape)

@@ -15,3 +15,6 @@ __all__ = ['static_graph', 'StaticGraphWarning', 'logger']
 from static_graph.inspect import cached, explain  # NOQA
 
 __all__ += ['cached', 'explain']
+from static_graph.export import export_onnx  # NOQA
+
+__all__ += ['export_onnx']

@@ -266,9 +266,11 @@ class ReplayNode(function_node.FunctionNode):
                         entry._copyto(s, v)
                     self.snapshot = None
                     entry.owner = weakref.ref(self)
-            grads = entry.run_backward.run(
-                tuple(gys) + tuple(self.saved) +
-                tuple(p.array for p in entry.params))
+            args = list(gys)
+            args.extend(self.saved)
+            self.saved = None   # the schedule frees each at its last use
+            args.extend(p.array for p in entry.params)
+            grads = entry.run_backward.run(args)
         self.done = True
         self.saved = None
         by_input = {}

@@ -187,7 +187,8 @@ class Schedule(object):
         keep = set(self.outputs) | set(self.keep)
         frees = {}
         for b, i in last.items():
-            if b in keep or self.buffers[b].role in (PARAM, PERSIST, CONST):
+            buf = self.buffers[b]
+            if b in keep or buf.static or buf.role in (PARAM, PERSIST, CONST):
                 continue
             frees.setdefault(i, []).append(b)
         return frees

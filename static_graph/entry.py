@@ -20,6 +20,7 @@ from chainer import backend
 from chainer import function_node
 
 from schedules import executor
+from schedules import planner
 from schedules import ir
 from static_graph import analysis
 from static_graph import lowering
@@ -168,6 +169,24 @@ class Entry(object):
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
         self._rec_arrays = rec.arrays   # keep storages' ids unique & alive
         self.state = 'complete'
+
+    def memory_plan(self, alignment=64):
+        """The liveness-based memory plan of one call (forward, then
+        backward): ``planner.Plan`` with ``arena_bytes`` against
+        ``total_bytes``. Computed on first request; it also sets the
+        buffers' arena offsets, which the printout then shows."""
+        if getattr(self, '_plan', None) is None:
+            scheds = [self.forward]
+            # Static buffers are read through references nodes hold, not
+            # only as op inputs: alive to the end.
+            keep = list(self.forward.outputs) + list(self.expose) + [
+                b for b, buf in self.forward.buffers.items() if buf.static]
+            if self.backward is not None:
+                scheds.append(self.backward)
+                keep += list(self.backward.outputs)
+            self._plan = planner.plan_schedules(scheds, keep=keep,
+                                                alignment=alignment)
+        return self._plan
 
     def verify(self):
         self.forward.verify()

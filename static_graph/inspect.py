@@ -12,9 +12,18 @@ import numpy
 from schedules import ir
 from static_graph import decorator
 
-CachedSchedule = collections.namedtuple(
-    'CachedSchedule', ['method', 'key', 'state', 'reason', 'forward',
-                       'backward'])
+class CachedSchedule(collections.namedtuple(
+        'CachedSchedule', ['method', 'key', 'state', 'reason', 'forward',
+                           'backward', 'entry'])):
+    """One cache entry: its key as text, state ('complete', 'recording' or
+    'fallback'), fallback reason, and schedules."""
+
+    def memory_plan(self):
+        """Liveness-based memory plan of forward+backward (``Plan``:
+        ``arena_bytes``, ``total_bytes``, ``offsets``, ``summary()``)."""
+        if self.state != 'complete':
+            return None
+        return self.entry.memory_plan()
 
 
 def _spec_text(spec):
@@ -59,7 +68,7 @@ def cached(chain, method=None):
             continue
         for key, e in list(cache.entries.items()):
             out.append(CachedSchedule(name, key_text(key), e.state, e.reason,
-                                      e.forward, e.backward))
+                                      e.forward, e.backward, e))
     return out
 
 

@@ -289,7 +289,12 @@ class ReplayNode(function_node.FunctionNode):
             args.extend(self.saved)
             self.saved = None   # the schedule frees each at its last use
             args.extend(p.array for p in entry.params)
-            grads = entry.run_backward.run(args)
+            if entry._copyto is numpy.copyto:
+                grads = entry.run_backward.run(args)
+            else:   # CuPy: run on the arrays' device, as apply does forward
+                with chainer.using_device(
+                        backend.get_device_from_array(*args)):
+                    grads = entry.run_backward.run(args)
         self.done = True
         self.saved = None
         by_input = {}

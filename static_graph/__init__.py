@@ -6,15 +6,24 @@
         @static_graph
         def forward(self, x):
             ...
+
+``explain(chain)`` and ``cached(chain)`` show what was recorded and why a
+call fell back; ``export_onnx(chain, args, path)`` writes the inference
+schedule as an ONNX model.
 """
+from static_graph import compat as _compat
+from static_graph.decorator import static_graph  # NOQA
 from static_graph.diagnostics import StaticGraphWarning  # NOQA
 from static_graph.diagnostics import logger  # NOQA
-from static_graph.decorator import static_graph  # NOQA
-
-__all__ = ['static_graph', 'StaticGraphWarning', 'logger']
 from static_graph.inspect import cached, explain  # NOQA
 
-__all__ += ['cached', 'explain']
-from static_graph.export import export_onnx  # NOQA
+if _compat.UNSUPPORTED is None:
+    from static_graph.export import export_onnx  # NOQA
+else:
+    def export_onnx(*args, **kwargs):
+        """Unavailable: this Chainer cannot be recorded."""
+        raise RuntimeError('export_onnx needs a recorded schedule: %s'
+                           % _compat.UNSUPPORTED)
 
-__all__ += ['export_onnx']
+__all__ = ['static_graph', 'StaticGraphWarning', 'logger', 'cached',
+           'explain', 'export_onnx']

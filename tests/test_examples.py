@@ -6,6 +6,7 @@ their ``main(argv)`` is called in-process with a few iterations.
 import importlib.util
 import math
 import os
+import re
 import sys
 
 import numpy
@@ -55,6 +56,8 @@ STATIC_FLAGS = [pytest.param('--static', id='static'),
 
 def _check_result(result, static_flag, iterations):
     assert result['static'] == (static_flag == '--static')
+    assert result['label'] == ('static graph' if static_flag == '--static'
+                               else 'define-by-run')
     assert result['iterations'] == iterations
     assert math.isfinite(result['main/loss'])
     assert math.isfinite(result['validation/main/loss'])
@@ -83,6 +86,33 @@ def test_train_mnist_compare(train_mnist, tmp_path):
     _check_result(results['static'], '--static', 3)
     _check_result(results['define_by_run'], '--no-static', 3)
     assert results['ratio'] > 0
+
+
+@pytest.mark.parametrize('static_flag, label', [
+    ('--static', 'static graph'), ('--no-static', 'define-by-run')])
+def test_train_mnist_label_is_truthful(train_mnist, tmp_path, capsys,
+                                       static_flag, label):
+    result = train_mnist.main([
+        '--model', 'mlp', static_flag, '--iterations', '2',
+        '--batchsize', '8', '--out', str(tmp_path)])
+    out = capsys.readouterr().out
+    assert result['label'] == label
+    out = re.sub(r'\x1b\[[0-9;]*[A-Za-z]', '', out)  # progress bar codes
+    finals = [line for line in out.splitlines() if 'final validation' in line]
+    assert len(finals) == 1 and finals[0].startswith('[%s] ' % label), out
+    other = 'define-by-run' if label == 'static graph' else 'static graph'
+    assert '[%s]' % other not in out
+
+
+def test_mode_label_without_static_graph_support(train_mnist, monkeypatch):
+    """Where the library is a pass-through, --static says define-by-run."""
+    import _compat    # on sys.path once an example script is loaded
+    assert _compat.mode_label(True) == 'static graph'
+    monkeypatch.setattr(_compat.compat, 'UNSUPPORTED', 'too old')
+    assert _compat.mode_label(False) == 'define-by-run'
+    assert _compat.mode_label(True) == (
+        'define-by-run: static_graph unavailable on chainer %s'
+        % chainer.__version__)
 
 
 @pytest.mark.parametrize('static_flag', STATIC_FLAGS)

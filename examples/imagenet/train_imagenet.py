@@ -16,8 +16,9 @@ import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(os.path.dirname(_HERE))
-for _p in (_ROOT, _HERE):
+_EXAMPLES = os.path.dirname(_HERE)
+_ROOT = os.path.dirname(_EXAMPLES)
+for _p in (_ROOT, _EXAMPLES, _HERE):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -28,6 +29,7 @@ import chainer.links as L  # NOQA
 from chainer import training  # NOQA
 from chainer.training import extensions  # NOQA
 
+import _compat  # NOQA
 import models  # NOQA
 
 # Per-channel RGB mean of ImageNet, in 0..255.
@@ -109,27 +111,28 @@ class PreprocessedDataset(chainer.dataset.DatasetMixin):
 
 
 class TimedUpdater(training.updaters.StandardUpdater):
-    """StandardUpdater that records the wall time of every training step."""
+    """StandardUpdater that records the wall time of every training step.
 
-    def __init__(self, *args, **kwargs):
-        super(TimedUpdater, self).__init__(*args, **kwargs)
+    ``device`` is an ``_compat.Device``; the updater gets what this Chainer
+    takes (a device object, a GPU id or ``None``).
+    """
+
+    def __init__(self, iterator, optimizer, device):
+        super(TimedUpdater, self).__init__(iterator, optimizer,
+                                           device=device.arg)
+        self.compat_device = device
         self.step_times = []
         self.losses = []
 
     def update_core(self):
-        _synchronize(self.device)
+        self.compat_device.synchronize()
         start = time.perf_counter()
         super(TimedUpdater, self).update_core()
-        _synchronize(self.device)
+        self.compat_device.synchronize()
         self.step_times.append(time.perf_counter() - start)
         loss = getattr(self.get_optimizer('main').target, 'loss', None)
         if loss is not None:
             self.losses.append(float(loss.array))
-
-
-def _synchronize(device):
-    if isinstance(device, chainer.backend.GpuDevice):
-        device.device.synchronize()
 
 
 def mean_step_time(step_times):
@@ -161,7 +164,10 @@ def get_datasets(args):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--arch', '-a', choices=sorted(models.ARCHS),
-                        default='resnet50')
+                        default='resnet50',
+                        help='all build on Chainer 4.5 to 7; mobilenetv2 '
+                             'is about 15x slower on CPU under Chainer 4 '
+                             '(its grouped convolution)')
     parser.add_argument('--train', default=None,
                         help='LabeledImageDataset list file for training '
                              '(default: synthetic data)')
@@ -182,13 +188,16 @@ def parse_args(argv=None):
     parser.add_argument('--n-val', type=int, default=64,
                         help='synthetic validation set size')
     parser.add_argument('--static', dest='static', action='store_true',
-                        default=True, help='use @static_graph (default)')
+                        default=True,
+                        help='use @static_graph (default; define-by-run '
+                             'where this Chainer cannot record: older '
+                             'than 7)')
     parser.add_argument('--no-static', dest='static', action='store_false',
                         help='plain define-by-run '
                              '(chainer.config.use_static_graph = False)')
     parser.add_argument('--device', '-d', default='@numpy',
                         help='Chainer device specifier, e.g. @numpy, '
-                             '@cupy:0')
+                             '@cupy:0 (Chainer < 6: only these two forms)')
     parser.add_argument('--batchsize', '-B', type=int, default=32)
     parser.add_argument('--val-batchsize', '-b', type=int, default=None)
     parser.add_argument('--epoch', '-E', type=int, default=10)
@@ -202,6 +211,10 @@ def parse_args(argv=None):
     parser.add_argument('--out', '-o', default='result')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args(argv)
+    try:
+        _compat.get_device(args.device)
+    except (ValueError, RuntimeError) as e:   # an unknown specifier
+        parser.error(str(e))
     if args.n_class is None:
         args.n_class = 1000 if args.train else 10
     return args
@@ -209,20 +222,20 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = chainer.get_device(args.device)
+    device = _compat.get_device(args.device)
     device.use()
     numpy.random.seed(args.seed)
     if device.xp is not numpy:
         device.xp.random.seed(args.seed)
 
+    label = _compat.mode_label(args.static)
     train_data, val_data, name = get_datasets(args)
     print('arch: %s, insize: %d, data: %s (%d train / %d val), device: %s, '
           '%s' % (args.arch, args.insize, name, len(train_data),
-                  len(val_data), args.device,
-                  'static graph' if args.static else 'define-by-run'))
+                  len(val_data), args.device, label))
 
     model = L.Classifier(models.ARCHS[args.arch](args.n_class, args.insize))
-    model.to_device(device)
+    device.send_link(model)
     optimizer = chainer.optimizers.MomentumSGD(lr=args.lr, momentum=0.9)
     optimizer.setup(model)
 
@@ -247,7 +260,7 @@ def main(argv=None):
         stop_trigger = (args.epoch, 'epoch')
         report_trigger = (1, 'epoch')
     trainer = training.Trainer(updater, stop_trigger, out=args.out)
-    evaluator = extensions.Evaluator(val_iter, model, device=device)
+    evaluator = extensions.Evaluator(val_iter, model, device=device.arg)
     trainer.extend(evaluator, trigger=report_trigger)
     trainer.extend(extensions.LogReport(trigger=report_trigger))
     trainer.extend(extensions.PrintReport(
@@ -269,6 +282,7 @@ def main(argv=None):
 
     result = {
         'static': args.static,
+        'label': label,
         'iterations': updater.iteration,
         'main/loss': updater.losses[-1] if updater.losses else float('nan'),
         'validation/main/loss': float(val['validation/main/loss']),
@@ -277,13 +291,14 @@ def main(argv=None):
         'first_iteration_time': (updater.step_times[0]
                                  if updater.step_times else float('nan')),
     }
-    print('final validation accuracy: %.4f (loss %.4f) after %d iterations'
-          % (result['validation/main/accuracy'],
-             result['validation/main/loss'], result['iterations']))
-    print('time per training iteration: %.2f ms (mean over iterations 2..%d; '
-          'iteration 1, %.2f ms, is excluded: under the static graph it is '
-          'the recording run)'
-          % (result['time_per_iteration'] * 1e3, result['iterations'],
+    print('[%s] final validation accuracy: %.4f (loss %.4f) after %d '
+          'iterations' % (label, result['validation/main/accuracy'],
+                          result['validation/main/loss'],
+                          result['iterations']))
+    print('[%s] time per training iteration: %.2f ms (mean over iterations '
+          '2..%d; iteration 1, %.2f ms, is excluded: under the static graph '
+          'it is the recording run)'
+          % (label, result['time_per_iteration'] * 1e3, result['iterations'],
              result['first_iteration_time'] * 1e3))
     return result
 

@@ -7,6 +7,10 @@
 
 Without network access and without ``--data``/a cached MNIST, the embedded
 scikit-learn digits (upsampled to 28x28) are used instead; see ``data.py``.
+
+Runs unchanged on Chainer 4.5 to 7.  Where ``@static_graph`` cannot record
+(Chainer older than 7) it is a pass-through: the run is define-by-run and the
+result lines say so.
 """
 import argparse
 import math
@@ -15,8 +19,9 @@ import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(os.path.dirname(_HERE))
-for _p in (_ROOT, _HERE):
+_EXAMPLES = os.path.dirname(_HERE)
+_ROOT = os.path.dirname(_EXAMPLES)
+for _p in (_ROOT, _EXAMPLES, _HERE):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -30,6 +35,7 @@ from chainer.training import extensions  # NOQA
 
 from static_graph import static_graph  # NOQA
 
+import _compat  # NOQA
 import data  # NOQA
 
 
@@ -77,28 +83,29 @@ MODELS = {'mlp': MLP, 'cnn': CNN}
 
 
 class TimedUpdater(training.updaters.StandardUpdater):
-    """StandardUpdater that records the wall time of every training step."""
+    """StandardUpdater that records the wall time of every training step.
 
-    def __init__(self, *args, **kwargs):
-        super(TimedUpdater, self).__init__(*args, **kwargs)
+    ``device`` is an ``_compat.Device``; the updater gets what this Chainer
+    takes (a device object, a GPU id or ``None``).
+    """
+
+    def __init__(self, iterator, optimizer, device):
+        super(TimedUpdater, self).__init__(iterator, optimizer,
+                                           device=device.arg)
+        self.compat_device = device
         self.step_times = []
         self.losses = []
 
     def update_core(self):
-        device = self.device
-        _synchronize(device)
+        device = self.compat_device
+        device.synchronize()
         start = time.perf_counter()
         super(TimedUpdater, self).update_core()
-        _synchronize(device)
+        device.synchronize()
         self.step_times.append(time.perf_counter() - start)
         loss = getattr(self.get_optimizer('main').target, 'loss', None)
         if loss is not None:
             self.losses.append(float(loss.array))
-
-
-def _synchronize(device):
-    if isinstance(device, chainer.backend.GpuDevice):
-        device.device.synchronize()
 
 
 def mean_step_time(step_times):
@@ -110,14 +117,14 @@ def mean_step_time(step_times):
 
 def train(args, train_data, test_data, static, out):
     """Run one training; return a dict of results."""
-    device = chainer.get_device(args.device)
+    device = _compat.get_device(args.device)
     device.use()
     numpy.random.seed(args.seed)
     if device.xp is not numpy:
         device.xp.random.seed(args.seed)
 
     model = L.Classifier(MODELS[args.model]())
-    model.to_device(device)
+    device.send_link(model)
     optimizer = chainer.optimizers.Adam()
     optimizer.setup(model)
 
@@ -133,7 +140,7 @@ def train(args, train_data, test_data, static, out):
         stop_trigger = (args.epoch, 'epoch')
         report_trigger = (1, 'epoch')
     trainer = training.Trainer(updater, stop_trigger, out=out)
-    evaluator = extensions.Evaluator(test_iter, model, device=device)
+    evaluator = extensions.Evaluator(test_iter, model, device=device.arg)
     trainer.extend(evaluator, trigger=report_trigger)
     trainer.extend(extensions.LogReport(trigger=report_trigger))
     trainer.extend(extensions.PrintReport(
@@ -151,6 +158,7 @@ def train(args, train_data, test_data, static, out):
             val = evaluator.evaluate()
     return {
         'static': static,
+        'label': _compat.mode_label(static),
         'iterations': updater.iteration,
         'main/loss': updater.losses[-1] if updater.losses else float('nan'),
         'validation/main/loss': float(val['validation/main/loss']),
@@ -163,21 +171,22 @@ def train(args, train_data, test_data, static, out):
 
 def warmup(args, train_data, n_iter=10):
     """A few untimed define-by-run updates of a throwaway model."""
-    device = chainer.get_device(args.device)
+    device = _compat.get_device(args.device)
     device.use()
     model = L.Classifier(MODELS[args.model]())
-    model.to_device(device)
+    device.send_link(model)
     optimizer = chainer.optimizers.Adam()
     optimizer.setup(model)
     batch = train_data[:args.batchsize]
-    x, t = chainer.dataset.concat_examples(batch, device)
+    x, t = chainer.dataset.concat_examples(batch, device.arg)
     with chainer.using_config('use_static_graph', False):
         for _ in range(n_iter):
             optimizer.update(model, x, t)
-    _synchronize(device)
+    device.synchronize()
 
 
-def _print_result(result, label):
+def _print_result(result):
+    label = result['label']
     print('[%s] final validation accuracy: %.4f (loss %.4f) after %d '
           'iterations' % (label, result['validation/main/accuracy'],
                           result['validation/main/loss'],
@@ -194,7 +203,9 @@ def parse_args(argv=None):
     parser.add_argument('--model', choices=sorted(MODELS), default='mlp')
     parser.add_argument('--static', dest='static', action='store_true',
                         default=True,
-                        help='use @static_graph (default)')
+                        help='use @static_graph (default; define-by-run '
+                             'where this Chainer cannot record: older '
+                             'than 7)')
     parser.add_argument('--no-static', dest='static', action='store_false',
                         help='plain define-by-run '
                              '(chainer.config.use_static_graph = False)')
@@ -203,7 +214,7 @@ def parse_args(argv=None):
                              'graph, and compare time per iteration')
     parser.add_argument('--device', '-d', default='@numpy',
                         help='Chainer device specifier, e.g. @numpy, '
-                             '@cupy:0')
+                             '@cupy:0 (Chainer < 6: only these two forms)')
     parser.add_argument('--epoch', '-e', type=int, default=5)
     parser.add_argument('--batchsize', '-b', type=int, default=100)
     parser.add_argument('--iterations', type=int, default=None,
@@ -214,7 +225,12 @@ def parse_args(argv=None):
                              'or Chainer\'s cached train.npz/test.npz')
     parser.add_argument('--out', '-o', default='result')
     parser.add_argument('--seed', type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        _compat.get_device(args.device)
+    except (ValueError, RuntimeError) as e:   # an unknown specifier
+        parser.error(str(e))
+    return args
 
 
 def main(argv=None):
@@ -225,9 +241,8 @@ def main(argv=None):
           % (args.model, name, len(train_data), len(test_data), args.device))
 
     if not args.compare:
-        label = 'static graph' if args.static else 'define-by-run'
         result = train(args, train_data, test_data, args.static, args.out)
-        _print_result(result, label)
+        _print_result(result)
         return result
 
     # The first training in a process is slower throughout (the allocator
@@ -235,22 +250,23 @@ def main(argv=None):
     # short untimed warm-up run removes that bias.
     warmup(args, train_data)
     results = {}
-    for static, label, sub in ((True, 'static graph', 'static'),
-                               (False, 'define-by-run', 'define_by_run')):
-        print('--- %s ---' % label)
+    for static, sub in ((True, 'static'), (False, 'define_by_run')):
+        print('--- %s ---' % _compat.mode_label(static))
         results[sub] = train(args, train_data, test_data, static,
                              os.path.join(args.out, sub))
-    for static, label, sub in ((True, 'static graph', 'static'),
-                               (False, 'define-by-run', 'define_by_run')):
-        _print_result(results[sub], label)
+    for sub in ('static', 'define_by_run'):
+        _print_result(results[sub])
     t_static = results['static']['time_per_iteration']
     t_dbr = results['define_by_run']['time_per_iteration']
     ratio = t_dbr / t_static if t_static > 0 else float('nan')
     if not math.isfinite(ratio):
         ratio = float('nan')
     print('time per iteration: static %.2f ms, define-by-run %.2f ms, '
-          'ratio define-by-run / static = %.2fx (>1 means static is faster)'
-          % (t_static * 1e3, t_dbr * 1e3, ratio))
+          'ratio define-by-run / static = %.2fx (>1 means static is faster)%s'
+          % (t_static * 1e3, t_dbr * 1e3, ratio,
+             '' if _compat.static_active() else
+             ' [both define-by-run: static_graph unavailable on chainer %s]'
+             % chainer.__version__))
     results['ratio'] = ratio
     return results
 

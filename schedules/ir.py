@@ -45,8 +45,9 @@ class Buffer(object):
         if role not in ROLES:
             raise ValueError('unknown buffer role %r' % (role,))
         self.id = id
-        self.shape = tuple(shape)
-        self.dtype = numpy.dtype(dtype)
+        self.shape = shape if type(shape) is tuple else tuple(shape)
+        self.dtype = dtype if isinstance(dtype, numpy.dtype) else \
+            numpy.dtype(dtype)
         self.role = role
         self.name = name
         self.static = static
@@ -80,7 +81,7 @@ class Op(object):
     work at replay (views computed once).
     """
 
-    __slots__ = ('kind', 'inputs', 'outputs', 'attrs', 'source', 'fn',
+    __slots__ = ('kind', 'inputs', 'outputs', '_attrs', 'source', 'fn',
                  'select')
 
     def __init__(self, kind, inputs, outputs, attrs=None, source=None,
@@ -88,7 +89,7 @@ class Op(object):
         self.kind = kind
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
-        self.attrs = dict(attrs or {})
+        self._attrs = attrs if callable(attrs) else dict(attrs or {})
         self.source = source
         self.fn = fn
         # Positions in fn's result tuple that the outputs take (results that
@@ -97,6 +98,16 @@ class Op(object):
             else tuple(select)
         if len(self.select) != len(self.outputs):
             raise ValueError('select and outputs differ in length')
+
+    @property
+    def attrs(self):
+        if callable(self._attrs):
+            self._attrs = dict(self._attrs())
+        return self._attrs
+
+    @attrs.setter
+    def attrs(self, value):
+        self._attrs = value
 
     def __repr__(self):
         return 'Op(%s %r -> %r)' % (self.kind, self.inputs, self.outputs)

@@ -10,6 +10,7 @@ Static buffers (see analysis.py) are shared by every call of an entry. When a
 chain is called again before the previous call's backward ran, the previous
 call's static values are copied aside and put back when its backward runs.
 """
+import functools
 import threading
 import weakref
 
@@ -22,7 +23,7 @@ from chainer import function_node
 from schedules import executor
 from schedules import planner
 from schedules import ir
-from static_graph import analysis
+from static_graph import describe
 from static_graph import lowering
 from static_graph import recorder
 from static_graph import signature
@@ -62,6 +63,10 @@ def make_kernel(rop, static_attrs):
     return kernel
 
 
+def _attrs_with_kernel(node, name):
+    return dict(describe.describe(node), kernel=name)
+
+
 def _ir_ops(rec, rops):
     ops = []
     bufs = rec.buffers
@@ -71,11 +76,12 @@ def _ir_ops(rec, rops):
         kernel = lowering.fast_kernel(
             rop, [bufs[b].storage for b in rop.inputs],
             [bufs[b].storage for b in rop.outputs])
-        attrs = rop.attrs
         if kernel is None:
             kernel = make_kernel(rop, static_attrs)
+            attrs = functools.partial(describe.describe, rop.node)
         else:
-            attrs = dict(attrs, kernel=kernel.__name__)
+            attrs = functools.partial(_attrs_with_kernel, rop.node,
+                                      kernel.__name__)
         ops.append(ir.Op(rop.kind, rop.inputs, rop.outputs, attrs,
                          rop.source, kernel, rop.select))
     return ops

@@ -19,7 +19,6 @@ from chainer import reporter as reporter_module
 from chainer import variable as variable_module
 
 from schedules import ir
-from static_graph import describe as describe_module
 from static_graph import traced
 
 _local = threading.local()
@@ -66,10 +65,20 @@ def op_kind(node):
     return type(fn if fn is not None else node).__name__
 
 
-def _user_defined(node):
-    impl = getattr(node, '_function', None) or node
-    module = type(impl).__module__ or ''
-    return not (module == 'chainer' or module.startswith('chainer.'))
+_Variable = chainer.Variable
+_type_info = {}   # FunctionNode class -> (kind, user defined, side effects,
+#                   declared pure); kind None for old-style Function adapters
+
+
+def _describe_type(impl):
+    if getattr(impl, '_function', None) is not None:
+        return (None, False, False, False)
+    cls = type(impl)
+    module = cls.__module__ or ''
+    user_defined = not (module == 'chainer' or module.startswith('chainer.'))
+    return (cls.__name__, user_defined,
+            bool(getattr(cls, 'static_graph_side_effects', False)),
+            bool(getattr(cls, 'static_graph_pure', False)))
 
 
 def _changed(before, after):
@@ -210,32 +219,44 @@ class Recording(object):
 
     # -- hooks ----------------------------------------------------------------
     def on_apply(self, node, inputs):
-        kind = op_kind(node)
-        inputs = tuple(inputs)
-        fixed = []
-        for x in inputs:
-            if isinstance(x, chainer.Variable):
-                a = x.raw_array
-                if isinstance(a, traced.TracedArray):
-                    x.array = self._untrace(a, kind)
-                fixed.append(x)
-            else:
-                fixed.append(self._untrace(x, kind))
-        inputs = tuple(fixed)
-        impl = getattr(node, '_function', None) or node
-        if getattr(impl, 'static_graph_side_effects', False):
+        cls = type(node)
+        info = _type_info.get(cls)
+        if info is None:
+            info = _type_info[cls] = _describe_type(node)
+        kind, user_defined, side_effects, pure = info
+        if kind is None:      # old-style Function: per wrapped class
+            impl = node._function
+            kind, user_defined, side_effects, pure = _describe_type(impl)
+        if side_effects:
             self.add_reason('%s declares side effects '
                             '(static_graph_side_effects = True)' % kind)
+        inputs = tuple(inputs)
+        in_arrays = []
+        traced_seen = False
+        for x in inputs:
+            a = x._data[0] if isinstance(x, _Variable) else x
+            if isinstance(a, traced.TracedArray):
+                traced_seen = True
+            in_arrays.append(a)
+        if traced_seen:
+            fixed = []
+            for x, a in zip(inputs, in_arrays):
+                if isinstance(a, traced.TracedArray):
+                    a = self._untrace(a, kind)
+                    if isinstance(x, _Variable):
+                        x.array = a
+                    else:
+                        x = a
+                fixed.append(x)
+            inputs = tuple(fixed)
+            in_arrays = [x._data[0] if isinstance(x, _Variable) else x
+                         for x in inputs]
         # Ops defined outside Chainer are unknown: make sure they leave their
         # inputs alone (a mutation would not be repeated faithfully).
         check = None
-        if _user_defined(node) and not getattr(impl, 'static_graph_pure',
-                                               False):
-            check = []
-            for x in inputs:
-                a = x.raw_array if isinstance(x, chainer.Variable) else x
-                if isinstance(a, numpy.ndarray):
-                    check.append((a, a.copy()))
+        if user_defined and not pure:
+            check = [(a, a.copy()) for a in in_arrays
+                     if isinstance(a, numpy.ndarray)]
         pre = node.__dict__.copy()
         self.depth += 1
         try:
@@ -249,45 +270,43 @@ class Recording(object):
                         '%s (defined outside Chainer) modifies its inputs '
                         'in place at %s' % (kind, traced.user_location(2)))
                     break
-        self._record(node, kind, inputs, outs, pre)
+        self._record(node, kind, in_arrays, outs, pre)
         return outs
 
-    def _record(self, node, kind, inputs, outs, pre):
-        in_arrays = [x.raw_array if isinstance(x, chainer.Variable) else x
-                     for x in inputs]
+    def _record(self, node, kind, in_arrays, outs, pre):
         for a in in_arrays:
             if not is_array(a):
                 self.add_reason('%s got a %s input' % (kind, type(a).__name__))
                 return
-        out_arrays = [y.raw_array for y in outs]
-        in_ids = tuple(self.buffer_of(a, kind) for a in in_arrays)
+        out_arrays = [y._data[0] for y in outs]
+        by_id = self.by_id
+        in_ids = tuple([by_id[id(a)] if id(a) in by_id else
+                        self.buffer_of(a, kind) for a in in_arrays])
         out_ids = [self.new_buffer(a, ir.TEMP) for a in out_arrays]
         select = list(range(len(out_ids)))
         post = node.__dict__
-        seen = set(id(a) for a in in_arrays) | set(id(a) for a in out_arrays)
+        changed = [k for k, v in post.items()
+                   if pre.get(k, MISSING) is not v and k not in _APPLY_KEYS]
         state = []
         restore = []
-        for k, v in post.items():
-            if k in _APPLY_KEYS:
-                continue
-            before = pre.get(k, MISSING)
-            if before is v:
-                continue
-            restore.append((k, before))
-            if is_array(v) and id(v) not in seen:
-                bid = self.new_buffer(v, ir.STATE, name='%s.%s' % (kind, k))
-                state.append((k, bid))
-                out_ids.append(bid)
-                select.append(len(out_arrays) + len(state) - 1)
-        for k in pre:
-            if k not in post and k not in _APPLY_KEYS:
-                restore.append((k, pre[k]))
-        try:
-            attrs = describe_module.describe(node)
-        except Exception:   # describe never decides correctness
-            attrs = {}
+        if changed:
+            seen = set(id(a) for a in in_arrays)
+            seen.update(id(a) for a in out_arrays)
+            for k in changed:
+                v = post[k]
+                restore.append((k, pre.get(k, MISSING)))
+                if is_array(v) and id(v) not in seen:
+                    bid = self.new_buffer(v, ir.STATE,
+                                          name='%s.%s' % (kind, k))
+                    state.append((k, bid))
+                    out_ids.append(bid)
+                    select.append(len(out_arrays) + len(state) - 1)
+        if len(pre) > len(post) - len(changed):
+            for k in pre:
+                if k not in post and k not in _APPLY_KEYS:
+                    restore.append((k, pre[k]))
         op = RecordedOp(node, kind, in_ids, tuple(out_ids), tuple(select),
-                        state, restore, self._source(), attrs)
+                        state, restore, self._source(), None)
         if self.phase == 'forward':
             self.forward_ops.append(op)
         else:

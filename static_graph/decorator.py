@@ -412,17 +412,13 @@ def _maybe_warn_retrace(cache, key):
 
 def describe_key_change(old, new):
     """A short text naming what differs between two cache keys."""
+    from static_graph.inspect import spec_text
     (old_spec, old_flags), (new_spec, new_flags) = old, new
     diffs = []
     for name, a, b in zip(signature.CONFIG_FLAGS, old_flags, new_flags):
         if a != b:
             diffs.append('config.%s %r -> %r' % (name, a, b))
     if old_spec != new_spec:
-        diffs.append('arguments %s -> %s' % (_spec_text(old_spec),
-                                             _spec_text(new_spec)))
+        diffs.append('arguments %s -> %s' % (spec_text(old_spec),
+                                             spec_text(new_spec)))
     return '; '.join(diffs) or 'parameters were replaced'
-
-
-def _spec_text(spec):
-    text = repr(spec)
-    return text if len(text) < 200 else text[:197] + '...'

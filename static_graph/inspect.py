@@ -48,16 +48,22 @@ def _spec_text(spec):
     return repr(spec[1])
 
 
-def key_text(key):
-    """A cache key as text: ``x: f32[8,784], t=i32[8] | train=True ...``."""
-    (pos, kw), flags = key
+def spec_text(spec):
+    """The argument part of a key as text: ``(f32[8,784], t=i32[8])``."""
+    pos, kw = spec
     parts = [_spec_text(s) for s in pos]
     parts += ['%s=%s' % (k, _spec_text(s)) for k, s in kw]
+    return '(%s)' % ', '.join(parts)
+
+
+def key_text(key):
+    """A cache key as text: ``(f32[8,784], t=i32[8]) | train=True ...``."""
+    spec, flags = key
     from static_graph import signature
     shown = ('train', 'enable_backprop')
     flag_text = ' '.join('%s=%s' % (n, v) for n, v in
                          zip(signature.CONFIG_FLAGS, flags) if n in shown)
-    return '(%s) | %s' % (', '.join(parts), flag_text)
+    return '%s | %s' % (spec_text(spec), flag_text)
 
 
 def cached(chain, method=None):

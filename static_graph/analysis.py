@@ -40,6 +40,12 @@ def chain_arrays(chain):
     return found
 
 
+def _shape_derived(a):
+    """Small integer vectors that Chainer's backward code builds from shapes
+    (split indices, sizes), not from values: treated as constants."""
+    return a.dtype.kind in 'iu' and a.ndim <= 1
+
+
 def _uniform(a):
     if a.size <= 1:
         return True
@@ -74,10 +80,14 @@ def classify_unknown(rec, chain_map):
             rec.buffers[rbid].static = True
             buf.name = 'view of %%%d' % rbid
             continue
-        if phase == 'forward' and not _uniform(a):
-            rec.add_reason(
-                'an array not produced by a Chainer function enters %s at %s; '
-                'replay would freeze its recorded value' % (kind, source))
+        if not _uniform(a):
+            if phase == 'forward':
+                rec.add_reason(
+                    'an array not produced by a Chainer function enters %s '
+                    'at %s; replay would freeze its recorded value'
+                    % (kind, source))
+            else:
+                rec.pending_backward_consts.append((a, kind, source))
         buf.name = buf.name or 'const'
     return params, persists
 
@@ -109,23 +119,49 @@ def _scan(obj, depth, arrays, nodes):
         _scan(vars(obj), depth - 1, arrays, nodes)
 
 
-def mark_captured(rec):
-    """Mark static every buffer some recorded node holds a reference to."""
+def mark_captured(rec, chain_map):
+    """Mark static every buffer some recorded node holds a reference to.
+
+    An array a backward node holds (or takes as input) that is no recorded
+    buffer, no parameter and no constant the forward already held was
+    computed by Python code in a ``backward()`` method (a mask such as
+    ``x1 >= x2``): replay would freeze it, so the recording falls back.
+    """
     ops = rec.forward_ops + rec.backward_ops
     by_node = {id(op.node): op for op in ops}
-    for op in ops:
+    n_forward = len(rec.forward_ops)
+    forward_consts = set()
+    for i, op in enumerate(ops):
+        # What the forward itself sets (self.x = x) is refreshed by every
+        # replay; what the node was constructed with (ctor arguments) is a
+        # reference that must see current values, even to its own input.
+        set_by_forward = set(k for k, _ in op.restore)
         own = set(op.inputs) | set(op.outputs)
         arrays, nodes = [], []
         for k, v in op.node.__dict__.items():
             if k not in recorder._APPLY_KEYS:
-                _scan(v, _SCAN_DEPTH, arrays, nodes)
-        for a in arrays:
+                found = []
+                _scan(v, _SCAN_DEPTH, found, nodes)
+                arrays.extend((a, k in set_by_forward) for a in found)
+        for a, refreshed in arrays:
             if a is None:
                 continue
             bid = rec.by_id.get(id(a))
             if bid is None:
                 bid = rec.by_id.get(id(recorder.root_of(a)))
-            if bid is None or bid in own:
+            if bid is None:
+                if id(a) in chain_map or id(recorder.root_of(a)) in chain_map:
+                    continue
+                if i < n_forward:
+                    forward_consts.add(id(a))
+                elif id(a) not in forward_consts and not _uniform(a) and \
+                        not _shape_derived(a):
+                    rec.add_reason(
+                        'the backward of %s computes an array in Python '
+                        '(held by %s) from values that replay would freeze'
+                        % (op.source or 'an op', op.kind))
+                continue
+            if refreshed and bid in own:
                 continue
             buf = rec.buffers[bid]
             if buf.role in (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT):
@@ -136,3 +172,8 @@ def mark_captured(rec):
                 # It may read the other node's state live: keep it static.
                 for _, bid in other.state:
                     rec.buffers[bid].static = True
+    for a, kind, source in rec.pending_backward_consts:
+        if id(a) not in forward_consts and not _shape_derived(a):
+            rec.add_reason(
+                'the backward of %s feeds %s an array computed in Python from '
+                'values that replay would freeze' % (source or 'an op', kind))

@@ -148,15 +148,23 @@ def static_graph(method=None, **options):
         key = (spec, signature.config_key())
         cache = _cache_for(self, name, opts)
         e = cache.get(key)
+        why = None
         if e is not None:
             if e.state == 'fallback':
                 cache.fallback_calls += 1
                 return method(self, *args, **kwargs)
-            if e.state == 'complete' and e.matches(self):
-                cache.replays += 1
-                return _replay(e, leaves)
+            if e.state == 'complete':
+                if e.matches(self):
+                    cache.replays += 1
+                    return _replay(e, leaves)
+                why = ('parameters or persistent arrays were replaced, or a '
+                       'link attribute changed')
+            else:
+                why = ('the earlier recording of this key got no backward; '
+                       'call forward-only evaluation under '
+                       'chainer.no_backprop_mode() to replay it')
         return _record(self, method, name, cache, key, args, kwargs, leaves,
-                       paths)
+                       paths, why)
 
     wrapper.__static_graph__ = True
     return wrapper
@@ -215,6 +223,25 @@ def _side_effects(e, exposed, outs):
 _SAFE_ATTR_TYPES = (type(None), bool, int, float, str)
 
 
+class _Unreplayable(Exception):
+    """Found while building: the recording cannot be replayed faithfully."""
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain_attrs(snapshot):
+    """(dict, name) pairs and values of the links' plain attributes as the
+    recording saw them: the method may read any (``self.temperature``)."""
+    pairs, values = [], []
+    for d, before in snapshot:
+        for k, v in before.items():
+            if type(v) in _PLAIN:
+                pairs.append((d, k))
+                values.append(v)
+    return pairs, tuple(values)
+
+
 def _snapshot_links(chain):
     return [(link.__dict__, dict(link.__dict__)) for link in chain.links()]
 
@@ -240,7 +267,8 @@ def _attr_changes(rec, snapshot):
     return writes
 
 
-def _record(chain, method, name, cache, key, args, kwargs, leaves, paths):
+def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
+            why=None):
     rec = recorder.Recording(chain)
     inner, leaf_bids = [], []
     for leaf, path in zip(leaves, paths):
@@ -271,7 +299,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths):
         attr_writes = _attr_changes(rec, snapshot)
     rec.phase = 'done'
     cache.recordings += 1
-    _maybe_warn_retrace(cache, key)
+    _maybe_warn_retrace(cache, key, why)
     chain_map = analysis.chain_arrays(chain)
     params, persists = analysis.classify_unknown(rec, chain_map)
 
@@ -293,10 +321,13 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths):
                for obs, items in rec.reports]
 
     def build(**backward):
-        analysis.mark_captured(rec)
+        analysis.mark_captured(rec, chain_map)
+        if rec.reasons:
+            raise _Unreplayable(rec.reasons[0])
         e.build(rec, chain, len(leaves), leaf_bids, out_bids, out_kinds,
                 out_spec, params, persists, attr_writes=attr_writes,
-                reports=reports, **backward)
+                reports=reports, link_attrs=_plain_attrs(snapshot),
+                **backward)
         e.verify()
 
     if not need_backward:
@@ -305,6 +336,9 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths):
             return out
         try:
             build()
+        except _Unreplayable as err:
+            fall_back(str(err))
+            return out
         except Exception as err:   # never replay what did not verify
             fall_back('could not build a schedule (%s: %s)'
                       % (type(err).__name__, err))
@@ -362,6 +396,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths):
                     build(grad_in=grad_in, grad_targets=targets,
                           grad_out_bids=grad_out_bids)
                     cache.put(key, e)
+                except _Unreplayable as err:
+                    fall_back(str(err))
                 except Exception as err:
                     fall_back('could not build a schedule (%s: %s)'
                               % (type(err).__name__, err))
@@ -385,6 +421,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths):
         cur = d.get(k)
         if id(cur) in by_inner:
             d[k] = by_inner[id(cur)]
+        else:   # replay may rewrite the recorded array in place
+            d[k] = recorder._detached_copy(cur)
     return signature.unflatten_outputs(out_spec, vals)
 
 
@@ -398,16 +436,17 @@ def _outputs_after_recording(e, out_spec, inner_outs, out_kinds):
     return signature.unflatten_outputs(out_spec, vals)
 
 
-def _maybe_warn_retrace(cache, key):
+def _maybe_warn_retrace(cache, key, why=None):
     last = cache.last_recorded_key
     cache.last_recorded_key = key
     if cache.recordings < cache.warn_retrace or last is None:
         return
+    change = why or describe_key_change(last, key)
     diagnostics.warn_once(
         ('retrace', cache.owner_name, cache.recordings // cache.warn_retrace),
         '%s has recorded %d times; each new argument shape, dtype, value or '
-        'config flag records again. Last change: %s'
-        % (cache.owner_name, cache.recordings, describe_key_change(last, key)))
+        'config flag records again. Why the last one recorded: %s'
+        % (cache.owner_name, cache.recordings, change))
 
 
 def describe_key_change(old, new):
@@ -415,10 +454,12 @@ def describe_key_change(old, new):
     from static_graph.inspect import spec_text
     (old_spec, old_flags), (new_spec, new_flags) = old, new
     diffs = []
-    for name, a, b in zip(signature.CONFIG_FLAGS, old_flags, new_flags):
+    old_f, new_f = dict(old_flags), dict(new_flags)
+    for name in sorted(set(old_f) | set(new_f)):
+        a, b = old_f.get(name), new_f.get(name)
         if a != b:
             diffs.append('config.%s %r -> %r' % (name, a, b))
     if old_spec != new_spec:
         diffs.append('arguments %s -> %s' % (spec_text(old_spec),
                                              spec_text(new_spec)))
-    return '; '.join(diffs) or 'parameters were replaced'
+    return '; '.join(diffs) or 'the same key recorded again'

@@ -63,6 +63,36 @@ def make_kernel(rop, static_attrs):
     return kernel
 
 
+# Ops whose outputs are views of their input: when the input's memory is
+# stable (a parameter, persistent or constant array, or a static buffer) the
+# recorded view stays valid, so replay skips the op.
+VIEW_KINDS = frozenset((
+    'Reshape', 'BroadcastTo', 'Transpose', 'GetItem', 'ExpandDims', 'Squeeze',
+    'Swapaxes', 'Moveaxis', 'Rollaxis'))
+_STABLE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
+
+
+def stable_roots(bufs):
+    """id(root array) -> buffer id, for memory that keeps its identity."""
+    out = {}
+    for b, buf in bufs.items():
+        if (buf.static or buf.role in _STABLE_ROLES) and \
+                buf.storage is not None:
+            out.setdefault(id(recorder.root_of(buf.storage)), b)
+    return out
+
+
+def _view_once(rop, bufs, roots):
+    if rop.kind not in VIEW_KINDS or rop.state:
+        return False
+    for b in rop.outputs:
+        a = bufs[b].storage
+        if a is recorder.root_of(a) or \
+                id(recorder.root_of(a)) not in roots:
+            return False
+    return True
+
+
 def _attrs_with_kernel(node, name):
     return dict(describe.describe(node), kernel=name)
 
@@ -70,7 +100,17 @@ def _attrs_with_kernel(node, name):
 def _ir_ops(rec, rops):
     ops = []
     bufs = rec.buffers
+    roots = stable_roots(bufs)
     for rop in rops:
+        if _view_once(rop, bufs, roots):
+            for b in rop.outputs:
+                bufs[b].static = True
+                bufs[b].view_of = roots[id(recorder.root_of(bufs[b].storage))]
+                roots.setdefault(id(bufs[b].storage), b)
+            ops.append(ir.Op(rop.kind, rop.inputs, rop.outputs,
+                             functools.partial(describe.describe, rop.node),
+                             rop.source, None, rop.select))
+            continue
         static_attrs = [(k, bufs[b].storage) for k, b in rop.state
                         if bufs[b].static]
         kernel = lowering.fast_kernel(
@@ -98,16 +138,19 @@ class Entry(object):
         self.forward = None
         self.backward = None
         self.lock = threading.RLock()
+        self._reused_roots = None
         self.owner = None            # weakref to the ReplayNode whose values
         self.replays = 0             # are in the static buffers
 
     # -- building -------------------------------------------------------------
     def build(self, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
               params, persists, grad_in=None, grad_targets=None,
-              grad_out_bids=None, attr_writes=(), reports=()):
+              grad_out_bids=None, attr_writes=(), reports=(),
+              link_attrs=((), ())):
         """Turn a finished recording into compiled schedules."""
         bufs = rec.buffers
         self.n_leaves = n_leaves
+        self.link_attr_pairs, self.link_attr_values = link_attrs
         self.params = [p for _, _, p in params]
         self.param_ids = tuple(id(p.array) for p in self.params)
         # Every persistent array of the chain: nodes may hold them by
@@ -142,10 +185,9 @@ class Entry(object):
                     saved.append(b)
                     seen.add(b)
         self.saved = tuple(saved)
-        self.out_copy = tuple(
-            bufs[b].static or bufs[b].role in (ir.CONST, ir.PARAM,
-                                               ir.PERSIST, ir.STATE)
-            for b in out_bids)
+        self.out_copy = tuple(self._reused(bufs, b) or
+                              bufs[b].role in (ir.PARAM, ir.PERSIST)
+                              for b in out_bids)
         copyto = _copyto_for([bufs[b].storage for b in f_inputs] or [])
         self._copyto = copyto
         expose = []
@@ -157,9 +199,16 @@ class Entry(object):
                                    keep=self.saved + self.expose)
         self.run_forward = executor.TieredSchedule(
             self.forward, copyto, extra_outputs=self.forward.keep,
-            copy_outputs=set(b for b in self.expose if bufs[b].static))
-        self.static_storages = [bufs[b].storage for b in bufs
-                                if bufs[b].static and b in forward_defined]
+            copy_outputs=set(b for b in self.expose
+                             if self._reused(bufs, b)))
+        # What a later call overwrites, and so what a pending call's backward
+        # needs put back: static buffers that own their memory (views follow
+        # their base; views of parameters are never written).
+        self.static_storages = [
+            bufs[b].storage for b in bufs
+            if bufs[b].static and b in forward_defined and
+            bufs[b].view_of is None and
+            recorder.root_of(bufs[b].storage) is bufs[b].storage]
         if grad_targets is not None:
             gouts = [b for b in grad_out_bids if b is not None]
             b_inputs = gouts + list(self.saved) + param_bids
@@ -167,7 +216,8 @@ class Entry(object):
             self.backward = ir.Schedule('backward', bufs, bops, b_inputs,
                                         grad_bids)
             copy_set = set(b for b in grad_bids
-                           if bufs[b].static or bufs[b].role in _ESCAPE_ROLES)
+                           if self._reused(bufs, b) or
+                           bufs[b].role in _ESCAPE_ROLES)
             self.run_backward = executor.TieredSchedule(
                 self.backward, copyto, copy_outputs=copy_set)
             self.grad_slots = tuple(grad_in)        # per target; None = none
@@ -175,6 +225,19 @@ class Entry(object):
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
         self._rec_arrays = rec.arrays   # keep storages' ids unique & alive
         self.state = 'complete'
+
+    def _reused(self, bufs, b):
+        """Is buffer b memory that a later call writes again (static, or a
+        view of static memory) or shares (a constant)? Then what is handed
+        out must be a copy."""
+        if self._reused_roots is None:
+            self._reused_roots = set(
+                id(recorder.root_of(buf.storage)) for buf in bufs.values()
+                if (buf.static or buf.role == ir.CONST) and
+                buf.storage is not None)
+        buf = bufs[b]
+        return buf.static or buf.role == ir.CONST or \
+            id(recorder.root_of(buf.storage)) in self._reused_roots
 
     def memory_plan(self, alignment=64):
         """The liveness-based memory plan of one call (forward, then
@@ -204,20 +267,43 @@ class Entry(object):
     # -- replay -----------------------------------------------------------------
     def matches(self, chain):
         """True if the chain's parameters and persistents are the recorded
-        arrays (``W.array = ...`` or ``to_gpu`` need a new recording)."""
+        arrays (``W.array = ...`` or ``to_gpu`` need a new recording) and
+        its links' plain attributes have the recorded values."""
         for p, i in zip(self.params, self.param_ids):
             if id(p.array) != i:
                 return False
         for d, name, i in self.persist_check:
             if id(d.get(name)) != i:
                 return False
-        return True
+        # Plain attributes of the links (a temperature, a flag) read by the
+        # method: a change needs a new recording.
+        return tuple([d.get(k) for d, k in self.link_attr_pairs]) == \
+            self.link_attr_values
 
     def replay(self, leaves):
         inputs = list(leaves) + self.params
         node = ReplayNode(self)
         outs = node.apply(inputs)
         return outs
+
+
+def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
+    """``backward_accumulate`` for our nodes. Chainer takes the gradients
+    accumulated so far out of the input variables before calling it; if our
+    backward fails (an exception, KeyboardInterrupt) they are put back, so
+    parameters keep their gradients."""
+    try:
+        gxs = node.backward(target_input_indexes, grad_outputs)
+    except BaseException:
+        for i, g in zip(target_input_indexes, grad_inputs):
+            if g is None:
+                continue
+            var = node.inputs[i].get_variable_or_none()
+            if var is not None and var.grad_var is None:
+                var.grad_var = g
+        raise
+    return tuple(gx if g is None else g if gx is None else gx + g
+                 for gx, g in zip(gxs, grad_inputs))
 
 
 class ReplayNode(function_node.FunctionNode):
@@ -248,19 +334,28 @@ class ReplayNode(function_node.FunctionNode):
                                           for s in entry.static_storages]
                 entry.owner = weakref.ref(self)
             result = entry.run_forward.run(inputs)
-        n = len(entry.forward.outputs)
+            n = len(entry.forward.outputs)
+            # Copy what later calls rewrite while no other thread can.
+            outs = tuple(o.copy() if c else o
+                         for o, c in zip(result[:n], entry.out_copy))
         m = n + len(entry.saved)
-        outs = result[:n]
         self.exposed = result[m:]
         if entry.backward is not None and chainer.config.enable_backprop:
             self.saved = result[n:m]
         else:
             self.done = True
-        return tuple(o.copy() if c else o
-                     for o, c in zip(outs, entry.out_copy))
+        return outs
+
+    backward_accumulate = accumulate
 
     def backward(self, indexes, grad_outputs):
         entry = self.entry
+        if self.saved is None and self.done:
+            raise RuntimeError(
+                'backward ran twice through one replayed call of %s; replay '
+                'frees saved activations after the first backward. Use '
+                'chainer.config.use_static_graph = False to backpropagate '
+                'twice' % entry.method_name)
         if chainer.config.enable_backprop:
             raise NotImplementedError(
                 'double backpropagation through a replayed static graph is '
@@ -326,6 +421,8 @@ class RecordNode(function_node.FunctionNode):
     @property
     def label(self):
         return 'StaticGraphRecording'
+
+    backward_accumulate = accumulate
 
     def forward(self, inputs):
         return tuple(a.copy() for a in self.out_arrays)

@@ -61,8 +61,8 @@ def key_text(key):
     spec, flags = key
     from static_graph import signature
     shown = ('train', 'enable_backprop')
-    flag_text = ' '.join('%s=%s' % (n, v) for n, v in
-                         zip(signature.CONFIG_FLAGS, flags) if n in shown)
+    flags = dict(flags)
+    flag_text = ' '.join('%s=%s' % (n, flags.get(n)) for n in shown)
     return '%s | %s' % (spec_text(spec), flag_text)
 
 

@@ -109,10 +109,25 @@ def _patched_get_array(self):
     return rec.trace(a)
 
 
+def _detached_copy(v):
+    if isinstance(v, chainer.Variable):
+        a = v.raw_array
+        return chainer.Variable(a if a is None else traced.plain(a).copy()
+                                if isinstance(a, traced.TracedArray)
+                                else a.copy(), requires_grad=False)
+    if is_array(v):
+        return v.copy()
+    return v
+
+
 def _patched_report(self, values, observer=None):
     rec = getattr(_local, 'recording', None)
-    if rec is not None and not rec.depth:
+    if rec is not None and not rec.depth and rec.phase == 'forward':
         rec.on_report(values, observer)
+        if not chainer.config.keep_graph_on_report:
+            # Which arrays replay will rewrite in place is known only once
+            # the backward is recorded: report copies.
+            values = {k: _detached_copy(v) for k, v in values.items()}
     return _orig_report(self, values, observer)
 
 
@@ -169,6 +184,7 @@ class Recording(object):
         self.unknown = []         # (buffer id, phase, kind, source)
         self.traced_views = {}    # id(view) -> plain array
         self.reports = []         # (observer, [(key, buffer id | const)])
+        self.pending_backward_consts = []   # checked once captures are known
         self.backward_label = None
 
     # -- buffers ------------------------------------------------------------
@@ -258,6 +274,11 @@ class Recording(object):
             check = [(a, a.copy()) for a in in_arrays
                      if isinstance(a, numpy.ndarray)]
         pre = node.__dict__.copy()
+        for k, v in pre.items():
+            if isinstance(v, traced.TracedArray):
+                # Handed to the constructor, not as an input (F.where's
+                # condition): a view of a buffer is fine, derived is not.
+                node.__dict__[k] = pre[k] = self._untrace(v, kind)
         self.depth += 1
         try:
             outs = _orig_apply(node, inputs)

@@ -9,7 +9,8 @@ import numpy
 import chainer
 from chainer import backend
 
-# chainer.config flags that change what a function computes.
+# chainer.config flags that change what a function computes (the key holds
+# every flag; these are the ones shown first when explaining a key).
 CONFIG_FLAGS = (
     'train', 'enable_backprop', 'dtype', 'use_cudnn', 'cudnn_deterministic',
     'cudnn_fast_batch_normalization', 'use_cudnn_tensor_core', 'use_ideep',
@@ -130,9 +131,25 @@ def rebuild(args, kwargs, replacements):
     return new_args, new_kwargs
 
 
+def _hashable(v):
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ('unhashable', type(v).__name__, id(v))
+
+
 def config_key():
+    """Every chainer.config flag of this thread, as sorted (name, value)
+    pairs: a method may read any of them, user-defined ones included."""
     config = chainer.config
-    return tuple(getattr(config, name, None) for name in CONFIG_FLAGS)
+    local = getattr(config, '_local', None)
+    glob = getattr(config, '_global', None)
+    if local is None or glob is None:    # not Chainer's LocalConfig
+        return tuple((n, getattr(config, n, None)) for n in CONFIG_FLAGS)
+    merged = dict(glob.__dict__)
+    merged.update(local.__dict__)
+    return tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
 
 
 def flatten_outputs(out):

@@ -1,0 +1,717 @@
+"""Ways replay could go wrong, one test each, against define-by-run.
+
+Every test builds a define-by-run chain and its static twin (same body, the
+static one decorated), feeds both the same calls with the same seed, and
+checks that what the user sees (outputs, reported values, gradients,
+parameters, running statistics, arrays handed out earlier) is the same, or
+that the static chain falls back / raises a clear error.
+"""
+import random
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph import StaticGraphWarning, diagnostics
+from static_graph.decorator import caches_of
+from tests.twins import assert_close, compare_chains
+
+rs = numpy.random.RandomState(7)
+
+
+def data(*shape, dtype=numpy.float32, scale=1.0):
+    return (rs.standard_normal(shape) * scale).astype(dtype)
+
+
+def labels(n, k):
+    return rs.randint(0, k, n).astype(numpy.int32)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    diagnostics.reset_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        yield
+
+
+def _mlp(self):
+    self.l1 = L.Linear(3, 4)
+    self.l2 = L.Linear(4, 2)
+
+
+def make_twins(body, init=_mlp, **options):
+    """(define-by-run chain, static chain) with ``body`` as forward."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                init(self)
+
+        forward = body
+
+    deco = static_graph.static_graph(**options) if options else \
+        static_graph.static_graph
+    static = type('Static' + body.__name__, (Net,), {'forward': deco(body)})
+    numpy.random.seed(0)
+    a = Net()
+    numpy.random.seed(0)
+    b = static()
+    b.copyparams(a)
+    return a, b
+
+
+def cache(chain):
+    caches = caches_of(chain)
+    assert len(caches) == 1
+    return list(caches.values())[0]
+
+
+def states(chain):
+    return [e.state for e in cache(chain).entries.values()]
+
+
+def both(models, fn, seed=None):
+    """Run ``fn(model)`` on both twins with the same NumPy seed."""
+    out = []
+    for i, m in enumerate(models):
+        if seed is not None:
+            numpy.random.seed(seed)
+        out.append(fn(m))
+    return out
+
+
+def train_step(m, *args, **kwargs):
+    m.cleargrads()
+    y = m(*args, **kwargs)
+    loss = y[0] if isinstance(y, tuple) else y
+    if loss.size != 1:
+        loss = F.sum(loss * loss)
+    loss.backward()
+    return y
+
+
+# -- what replay hands out is never overwritten later -------------------------
+def test_reported_values_not_overwritten_by_later_calls():
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        loss = F.sum(self.l2(h) ** 2)
+        chainer.report({'loss': loss, 'h': h, 'mean': F.mean(h)}, self)
+        return loss
+
+    models = make_twins(body)
+    observed = {m: [] for m in models}
+    for i in range(4):
+        x = data(5, 3)
+        for m in models:
+            reporter = chainer.Reporter()
+            reporter.add_observer('main', m)
+            obs = {}
+            with reporter.scope(obs):
+                train_step(m, x)
+            observed[m].append(obs)
+    a, b = models
+    for oa, ob in zip(observed[a], observed[b]):
+        assert sorted(oa) == sorted(ob)
+        for k in oa:
+            assert_close(oa[k].array, ob[k].array, 'reported ' + k)
+
+
+def test_returned_outputs_not_overwritten_by_later_calls():
+    def body(self, x):
+        h = F.relu(self.l1(x))        # static: ReLU's backward holds it
+        return F.sum(self.l2(h) ** 2), h
+
+    models = make_twins(body)
+    kept = {m: [] for m in models}
+    for i in range(4):
+        x = data(5, 3)
+        for m in models:
+            loss, h = train_step(m, x)
+            kept[m].append((loss, h))
+    a, b = models
+    for (la, ha), (lb, hb) in zip(kept[a], kept[b]):
+        assert_close(la.array, lb.array, 'kept loss')
+        assert_close(ha.array, hb.array, 'kept h')
+
+
+def test_returned_view_of_static_buffer_not_overwritten():
+    """An output that is a *view* (reshape, slice) of a buffer that replay
+    refreshes in place must not change when the chain is called again."""
+    def body(self, x):
+        h = F.relu(self.l1(x))        # static buffer
+        return F.sum(h * h), F.reshape(h, (-1,)), h[:, 1:]
+
+    models = make_twins(body)
+    kept = {m: [] for m in models}
+    for i in range(4):
+        x = data(5, 3)
+        for m in models:
+            out = train_step(m, x)
+            kept[m].append(out)
+    a, b = models
+    for i, (oa, ob) in enumerate(zip(kept[a], kept[b])):
+        for u, v in zip(oa, ob):
+            assert_close(u.array, v.array, 'output of call %d, kept' % i)
+
+
+def test_parameter_gradients_not_overwritten_by_next_replay():
+    def body(self, x, t):
+        return F.softmax_cross_entropy(self.l2(F.relu(self.l1(x))), t)
+
+    models = make_twins(body)
+    kept = {m: [] for m in models}
+    for i in range(4):
+        x, t = data(6, 3), labels(6, 2)
+        for m in models:
+            train_step(m, x, t)
+            kept[m].append([p.grad for _, p in sorted(m.namedparams())])
+    a, b = models
+    for ga, gb in zip(kept[a], kept[b]):
+        for u, v in zip(ga, gb):
+            assert_close(u, v, 'gradient kept from an earlier step')
+
+
+def test_input_gradients_not_overwritten_by_next_replay():
+    def body(self, x):
+        return F.sum(F.tanh(self.l1(x)) ** 2)
+
+    models = make_twins(body)
+    kept = {m: [] for m in models}
+    for i in range(4):
+        x = data(4, 3)
+        for m in models:
+            v = chainer.Variable(x.copy())
+            m(v).backward()
+            kept[m].append(v.grad)
+    a, b = models
+    for u, v in zip(kept[a], kept[b]):
+        assert_close(u, v, 'input gradient kept from an earlier call')
+
+
+# -- per-call state -----------------------------------------------------------
+def test_dropout_mask_drawn_afresh():
+    def body(self, x):
+        return F.sum(self.l2(F.dropout(F.relu(self.l1(x)), 0.5)) ** 2)
+
+    models = make_twins(body)
+    x = data(8, 3)   # the same input: only the mask changes
+    losses = {m: [] for m in models}
+    for i in range(5):
+        for m in models:
+            numpy.random.seed(i)
+            losses[m].append(float(train_step(m, x).array))
+        compare_chains(*models)
+    a, b = models
+    numpy.testing.assert_allclose(losses[a], losses[b], rtol=1e-6)
+    assert len(set(losses[b])) == 5
+    assert cache(b).replays == 4
+
+
+def _bn(self):
+    self.l1 = L.Linear(3, 4)
+    self.bn = L.BatchNormalization(4)
+    self.l2 = L.Linear(4, 2)
+
+
+def test_batchnorm_statistics_in_backward_two_calls_per_iteration():
+    """BatchNorm's backward uses the batch mean and inv_std of its own call:
+    with two calls before the first backward, the first call's backward must
+    not see the second call's statistics."""
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.bn(self.l1(x)))) ** 2)
+
+    models = make_twins(body, _bn)
+    for it in range(4):
+        x1, x2 = data(5, 3), data(5, 3) * 3 + 1
+        grads = []
+        for m in models:
+            m.cleargrads()
+            y1 = m(x1)
+            y2 = m(x2)
+            y1.backward()
+            g1 = [p.grad.copy() for _, p in sorted(m.namedparams())]
+            y2.backward()
+            grads.append((g1, y1.array, y2.array))
+        for u, v in zip(grads[0][0], grads[1][0]):
+            assert_close(u, v, 'first call gradient, iteration %d' % it)
+        assert_close(grads[0][1], grads[1][1], 'y1')
+        assert_close(grads[0][2], grads[1][2], 'y2')
+        compare_chains(*models)
+    assert cache(models[1]).replays >= 6
+
+
+def test_labels_as_keyword_not_frozen():
+    def body(self, x, t=None):
+        y = self.l2(F.relu(self.l1(x)))
+        if t is None:
+            return y
+        return F.softmax_cross_entropy(y, t)
+
+    models = make_twins(body)
+    x = data(6, 3)
+    for i in range(4):
+        t = labels(6, 2)   # same x, new labels: a frozen t shows at once
+        la, lb = both(models, lambda m: train_step(m, x, t=t))
+        assert_close(la.array, lb.array, 'loss with labels %d' % i)
+        compare_chains(*models)
+    assert cache(models[1]).replays == 3
+
+
+def test_train_false_not_ignored():
+    def body(self, x):
+        return F.sum(self.l2(F.dropout(F.relu(self.bn(self.l1(x))))) ** 2)
+
+    models = make_twins(body, _bn)
+    for i in range(3):
+        x = data(5, 3)
+        both(models, lambda m: train_step(m, x), seed=i)
+    for i in range(3):
+        x = data(5, 3)
+        with chainer.using_config('train', False):
+            ya, yb = both(models, lambda m: train_step(m, x), seed=i)
+        assert_close(ya.array, yb.array, 'eval output %d' % i)
+        compare_chains(*models)
+    # eval output is deterministic (no dropout) and uses running statistics
+    with chainer.using_config('train', False), chainer.no_backprop_mode():
+        x = data(5, 3)
+        y1, y2 = models[1](x).array, models[1](x).array
+        assert_close(y1, y2, 'eval is deterministic')
+        assert_close(models[0](x).array, y1, 'eval output')
+
+
+def test_data_dependent_branch_not_frozen():
+    def body(self, x):
+        h = self.l1(x)
+        if float(F.sum(h).array) > 0:
+            return F.sum(self.l2(h) ** 2)
+        return -3 * F.sum(self.l2(h))
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(4, 3) * (1 if i % 2 else -1)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+    assert states(models[1]) == ['fallback']
+
+
+def test_input_without_requires_grad_still_trains_parameters():
+    def body(self, x, t):
+        return F.softmax_cross_entropy(self.l2(F.relu(self.l1(x))), t)
+
+    models = make_twins(body)
+    opts = [chainer.optimizers.MomentumSGD(lr=0.1) for _ in models]
+    for o, m in zip(opts, models):
+        o.setup(m)
+    before = models[1].l1.W.array.copy()
+    for i in range(4):
+        x, t = data(6, 3), labels(6, 2)
+        for o, m in zip(opts, models):
+            train_step(m, chainer.Variable(x, requires_grad=False), t)
+            o.update()
+        compare_chains(*models)
+    assert not numpy.allclose(models[1].l1.W.array, before)
+
+
+def test_gradient_accumulation_over_micro_batches():
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    for it in range(3):
+        for m in models:
+            m.cleargrads()
+        for micro in range(3):
+            x = data(4, 3)
+            for m in models:
+                m(x).backward()
+            compare_chains(*models)
+
+
+def test_parameter_array_replacement_not_ignored():
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    x = data(4, 3)
+    both(models, lambda m: train_step(m, x))
+    both(models, lambda m: train_step(m, x))
+    for k in range(3):
+        w = data(*models[0].l1.W.shape)
+        for m in models:
+            m.l1.W.array = w.copy()          # a new array object
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss after W.array = ...')
+        compare_chains(*models)
+
+
+def test_persistent_replacement_not_ignored():
+    def body(self, x):
+        return F.sum(self.l2(self.bn(self.l1(x))) ** 2)
+
+    models = make_twins(body, _bn)
+    for i in range(2):
+        x = data(4, 3)
+        both(models, lambda m: train_step(m, x))
+    for k in range(2):
+        mean, var = data(4), numpy.abs(data(4)) + 0.5
+        for m in models:
+            m.bn.avg_mean = mean.copy()
+            m.bn.avg_var = var.copy()
+        x = data(4, 3)
+        both(models, lambda m: train_step(m, x))
+        compare_chains(*models)
+        with chainer.using_config('train', False):
+            ya, yb = both(models, lambda m: train_step(m, x))
+        assert_close(ya.array, yb.array, 'eval output with new statistics')
+
+
+def test_in_place_parameter_updates_keep_the_recording():
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    x = data(4, 3)
+    both(models, lambda m: train_step(m, x))
+    src = make_twins(body)[0]
+    src.l1.W.array[...] = 0.5
+    for m in models:
+        m.l1.copyparams(src.l1)        # in place
+        m.l2.W.array *= 2              # in place
+    for i in range(2):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss after in-place update')
+    assert cache(models[1]).recordings == 1
+
+
+def test_to_cpu_round_trip():
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    for i in range(2):
+        x = data(4, 3)
+        both(models, lambda m: train_step(m, x))
+    for m in models:
+        m.to_cpu()
+        m.to_device('@numpy')
+    for i in range(3):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss after to_cpu %d' % i)
+        compare_chains(*models)
+
+
+def test_input_array_mutated_in_place_between_calls():
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    x = data(4, 3)
+    for i in range(4):
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+        x[...] = data(4, 3)   # same object, new values
+
+
+def test_output_mutated_in_place_then_called_again():
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        return F.sum(self.l2(h) ** 2), h
+
+    models = make_twins(body)
+    x = data(4, 3)
+    for i in range(4):
+        outs = both(models, lambda m: train_step(m, x))
+        for (loss, h) in outs:
+            h.array[...] = 100.0       # the user scribbles on an output
+        assert_close(outs[0][0].array, outs[1][0].array, 'loss %d' % i)
+        compare_chains(*models)
+
+
+def test_output_view_of_a_constant_mutated_then_called_again():
+    """An output that is a view of a constant the method creates: DBR makes
+    a new constant every call; replay must not let the user's scribbles on
+    one call's output leak into the next call."""
+    def body(self, x):
+        c = self.xp.ones((4, 2), dtype=numpy.float32)
+        h = self.l2(F.relu(self.l1(x))) * c
+        return F.sum(h * h), F.reshape(c, (-1,))
+
+    models = make_twins(body)
+    x = data(4, 3)
+    for i in range(4):
+        outs = both(models, lambda m: train_step(m, x))
+        assert_close(outs[0][0].array, outs[1][0].array, 'loss %d' % i)
+        compare_chains(*models)
+        for (loss, c) in outs:
+            c.array[...] = 5.0
+
+
+def test_backward_twice_through_one_call():
+    """Define-by-run accumulates gradients again on a second backward.
+    Replay must do the same or raise a clear error (not an internal one)."""
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    x = data(4, 3)
+    both(models, lambda m: train_step(m, x))   # record
+    for i in range(2):
+        x = data(4, 3)
+        for m in models:
+            m.cleargrads()
+            loss = m(x)
+            loss.backward()
+            try:
+                loss.backward()
+            except Exception as e:
+                assert m is models[1]
+                assert isinstance(e, RuntimeError) and 'backward' in str(e), \
+                    'unclear error on a second backward: %r' % (e,)
+                return
+        compare_chains(*models)
+
+
+def test_same_array_passed_as_two_arguments():
+    def body(self, x, y):
+        return F.sum(self.l1(x) * self.l1(y * 2))
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+
+
+def test_non_contiguous_and_read_only_inputs():
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    for i in range(4):
+        big = data(4, 6)
+        x = big[:, ::2] if i % 2 else numpy.asfortranarray(big[:, :3])
+        x.flags.writeable = False
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+
+
+def test_two_static_chains_stacked():
+    def enc(self, x):
+        return F.relu(self.l1(x))
+
+    def dec(self, h):
+        return self.l2(h)
+
+    ea, eb = make_twins(enc)
+    da, db = make_twins(dec)
+    for i in range(4):
+        x = data(4, 3)
+        losses = []
+        for e, d in ((ea, da), (eb, db)):
+            e.cleargrads()
+            d.cleargrads()
+            loss = F.sum(d(e(x)) ** 2)
+            loss.backward()
+            losses.append(loss.array)
+        assert_close(losses[0], losses[1], 'loss %d' % i)
+        compare_chains(ea, eb)
+        compare_chains(da, db)
+    assert cache(eb).replays == 3 and cache(db).replays == 3
+
+
+def test_lazily_initialized_link():
+    """``L.Linear(None, n)``: the first (recording) call initializes W."""
+    def init(self):
+        self.l1 = L.Linear(None, 4)
+        self.l2 = L.Linear(None, 2)
+
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    a, b = make_twins(body, init)
+    assert b.l1.W.array is None
+    for i in range(3):
+        x = data(4, 3)
+        # same seed: the lazy initializers draw the same weights
+        la, lb = both((a, b), lambda m: train_step(m, x), seed=i)
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(a, b)
+    assert cache(b).replays == 2
+
+
+def test_forward_without_backward_in_train_mode_then_training():
+    def body(self, x):
+        return F.sum(self.l2(F.dropout(F.relu(self.l1(x)))) ** 2)
+
+    models = make_twins(body)
+    for i in range(6):
+        x = data(4, 3)
+        if i % 3 == 0:
+            ya, yb = both(models, lambda m: m(x), seed=i)   # no backward
+        else:
+            ya, yb = both(models, lambda m: train_step(m, x), seed=i)
+        assert_close(ya.array, yb.array, 'loss %d' % i)
+        compare_chains(*models)
+
+
+def test_nan_float_argument_records_again_and_stays_correct():
+    def body(self, x, scale):
+        return F.sum(self.l1(x) * scale)
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x, float('nan')))
+        assert numpy.isnan(la.array) and numpy.isnan(lb.array)
+    for i in range(3):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x, 0.5))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+
+
+# -- values the method reads from outside its arguments -----------------------
+def test_chain_attribute_read_by_the_method():
+    """A plain attribute the method reads (a temperature, a flag the user
+    flips between phases) is not an argument: replay must not freeze it."""
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) * self.temperature)
+
+    models = make_twins(body)
+    for i in range(4):
+        for m in models:
+            m.temperature = 1.0 + i
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss with temperature %d' % (1 + i))
+        compare_chains(*models)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    'documented limit (README, "Design limits"): a Python value computed in '
+    'the method from something other than its arguments, link attributes '
+    'or chainer.config (random.random(), time, a global) is frozen at '
+    'recording, as with tf.function; pass it as an argument'))
+def test_python_random_scalar_in_the_method():
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) * random.uniform(0.5, 1.5))
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(4, 3)
+        losses = []
+        for m in models:
+            random.seed(i)
+            losses.append(train_step(m, x).array)
+        assert_close(losses[0], losses[1], 'loss %d' % i)
+        compare_chains(*models)
+
+
+def test_user_config_flag_read_by_the_method():
+    def body(self, x):
+        scale = 2.0 if getattr(chainer.config, 'fuzz_double', False) else 1.0
+        return F.sum(self.l2(F.relu(self.l1(x)))) * scale
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(4, 3)
+        with chainer.using_config('fuzz_double', bool(i % 2)):
+            la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+
+
+def test_where_condition_computed_from_values():
+    """``F.where(h.array > 0, ...)``: the condition is a NumPy array computed
+    from a Variable's values and handed to the node's constructor, not as an
+    input: it must not be frozen."""
+    def body(self, x):
+        h = self.l1(x)
+        return F.sum(F.where(h.array > 0, h, h * 0.1) ** 2)
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(4, 3) * (1 if i % 2 else -1)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+
+
+# Functions whose backward computes a mask from the data outside any
+# FunctionNode (``cond = x1 >= x2`` in a node's __init__, ``xp.sign(...)``,
+# ``F.fix`` on raw arrays) or keeps its own input by reference.
+ELEMENTWISE = {
+    'relu': lambda h, p: F.relu(h),
+    'leaky_relu': lambda h, p: F.leaky_relu(h),
+    'absolute': lambda h, p: F.absolute(h),
+    'hard_sigmoid': lambda h, p: F.hard_sigmoid(h),
+    'clipped_relu': lambda h, p: F.clipped_relu(h, 1.0),
+    'minimum': lambda h, p: F.minimum(h, F.broadcast_to(p, h.shape)),
+    'max_pooling': lambda h, p: F.max_pooling_2d(
+        F.reshape(h, (1, 1) + h.shape), 2),
+    'elu': lambda h, p: F.elu(h),
+    'selu': lambda h, p: F.selu(h),
+    'maximum': lambda h, p: F.maximum(h, F.broadcast_to(p, h.shape)),
+    'clip': lambda h, p: F.clip(h, -0.5, 0.5),
+    'max': lambda h, p: F.max(h, axis=1),
+    'min': lambda h, p: F.min(h, axis=0),
+    'crelu': lambda h, p: F.crelu(h),
+    'maxout': lambda h, p: F.maxout(h, 2),
+    'mean_absolute_error': lambda h, p: F.mean_absolute_error(
+        h, F.broadcast_to(p, h.shape)),
+    'fmod': lambda h, p: F.fmod(h, F.broadcast_to(p + 0.7, h.shape)),
+}
+
+
+@pytest.mark.parametrize('name', sorted(ELEMENTWISE))
+def test_backward_masks_follow_the_data(name):
+    fn = ELEMENTWISE[name]
+
+    def init(self):
+        self.l1 = L.Linear(3, 4)
+        self.p = chainer.Parameter(numpy.zeros(4, numpy.float32))
+
+    def body(self, x):
+        y = fn(self.l1(x), self.p)
+        return F.sum(y * y)
+
+    models = make_twins(body, init)
+    for i in range(5):
+        # sign pattern and argmax move from call to call
+        x = data(4, 3) * (1 if i % 2 else -1) + i * 0.3
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, '%s: loss %d' % (name, i))
+        compare_chains(*models)
+
+
+def test_read_only_static_view_with_two_calls_per_iteration():
+    """A static buffer that is a read-only view (``broadcast_to`` of a
+    parameter, held by MinimumGrad): putting the first call's values back
+    before its backward must not crash."""
+    def init(self):
+        self.l1 = L.Linear(3, 4)
+        self.p = chainer.Parameter(numpy.zeros(4, numpy.float32))
+
+    def body(self, x):
+        h = F.minimum(self.l1(x), F.broadcast_to(self.p, (x.shape[0], 4)))
+        return F.sum(h * h)
+
+    models = make_twins(body, init)
+    both(models, lambda m: train_step(m, data(4, 3)))
+    for i in range(3):
+        x1, x2 = data(4, 3), data(4, 3)
+        for m in models:
+            m.cleargrads()
+            (m(x1) + 2 * m(x2)).backward()
+        compare_chains(*models)

@@ -1,0 +1,662 @@
+"""Robustness: cache guards, bad input, exceptions and threads.
+
+The promise is the same numbers as define-by-run, or an honest fallback /
+a clear error; every test here checks the static chain against its
+define-by-run twin.
+"""
+import sys
+import threading
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph import StaticGraphWarning, diagnostics
+from static_graph.decorator import caches_of
+from tests.twins import assert_close, compare_chains
+
+rs = numpy.random.RandomState(11)
+
+
+def data(*shape, dtype=numpy.float32):
+    return rs.standard_normal(shape).astype(dtype)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    diagnostics.reset_warnings()
+    yield
+
+
+class Base(chainer.Chain):
+    def __init__(self):
+        super(Base, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(3, 4)
+            self.l2 = L.Linear(4, 2)
+
+
+def make_twins(body, **options):
+    plain = type('Plain', (Base,), {'forward': body})
+    deco = static_graph.static_graph(**options) if options else \
+        static_graph.static_graph
+    static = type('Static', (Base,), {'forward': deco(body)})
+    numpy.random.seed(0)
+    a = plain()
+    b = static()
+    b.copyparams(a)
+    return a, b
+
+
+def mlp(self, x, t=None):
+    h = F.relu(self.l1(x))
+    y = self.l2(h)
+    if t is None:
+        return F.sum(y * y)
+    return F.softmax_cross_entropy(y, t)
+
+
+def cache(chain):
+    caches = caches_of(chain)
+    assert len(caches) == 1, caches
+    return list(caches.values())[0]
+
+
+def step(m, *args, **kwargs):
+    m.cleargrads()
+    loss = m(*args, **kwargs)
+    loss.backward()
+    return loss
+
+
+# -- cache guards -------------------------------------------------------------
+def test_cache_size_keeps_the_most_recently_used_keys():
+    a, b = make_twins(mlp, cache_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', StaticGraphWarning)
+        for n in (2, 3, 4):
+            step(b, data(n, 3))
+    keys = [s.key for s in static_graph.cached(b)]
+    assert len(keys) == 2, keys
+    assert not any('[2,3]' in k for k in keys), keys
+    assert any('[3,3]' in k for k in keys) and any('[4,3]' in k for k in keys)
+    # batch 3 becomes the most recent; a new key evicts batch 4
+    step(b, data(3, 3))
+    step(b, data(5, 3))
+    keys = [s.key for s in static_graph.cached(b)]
+    assert any('[3,3]' in k for k in keys) and any('[5,3]' in k for k in keys)
+    assert not any('[4,3]' in k for k in keys), keys
+    c = cache(b)
+    assert c.recordings == 4 and c.replays == 1
+    # an evicted key records again and is still correct
+    for n in (2, 4, 2):
+        x = data(n, 3)
+        la, lb = step(a, x), step(b, x)
+        assert_close(la.array, lb.array, 'loss, batch %d' % n)
+        compare_chains(a, b)
+    assert len(static_graph.cached(b)) == 2
+
+
+def test_eviction_while_a_backward_is_pending():
+    a, b = make_twins(mlp, cache_size=1)
+    for m in (a, b):
+        step(m, data(2, 3))
+        step(m, data(2, 3))
+    x2, x3 = data(2, 3), data(3, 3)
+    for m in (a, b):
+        m.cleargrads()
+        l2 = m(x2)          # replay of batch 2
+        l3 = m(x3)          # records batch 3 and evicts batch 2
+        (l2 + l3).backward()
+    compare_chains(a, b)
+    assert len(static_graph.cached(b)) == 1
+
+
+def test_warn_retrace_names_what_changed():
+    a, b = make_twins(mlp, warn_retrace=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for n in (2, 3):
+            step(b, data(n, 3))
+        assert not [w for w in caught
+                    if issubclass(w.category, StaticGraphWarning)]
+        step(b, data(4, 3))
+    ours = [str(w.message) for w in caught
+            if issubclass(w.category, StaticGraphWarning)]
+    assert len(ours) == 1, ours
+    msg = ours[0]
+    assert 'recorded 3 times' in msg
+    assert '[3,3]' in msg and '[4,3]' in msg, msg   # the shape that changed
+
+
+def test_warn_retrace_names_a_changed_config_flag():
+    a, b = make_twins(mlp, warn_retrace=2)
+    x = data(2, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        step(b, x)
+        with chainer.using_config('train', False):
+            step(b, x)
+    ours = [str(w.message) for w in caught
+            if issubclass(w.category, StaticGraphWarning)]
+    assert len(ours) == 1 and 'train' in ours[0], ours
+
+
+def test_explain_lists_keys_and_fallback_reasons():
+    def body(self, x, branch=False):
+        h = self.l1(x)
+        if branch and float(F.sum(h).array) > 0:
+            h = -h
+        return F.sum(self.l2(h) ** 2)
+
+    a, b = make_twins(body)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        step(b, data(2, 3))
+        step(b, data(2, 3))
+        step(b, data(2, 3), branch=True)
+    text = static_graph.explain(b)
+    assert '2 recordings' in text and '1 replays' in text
+    assert 'complete' in text and 'fallback' in text
+    assert 'reads array values' in text and 'float()' in text
+    assert 'test_robustness.py' in text
+    assert text.count('f32[2,3]') == 2, text
+    states = sorted(s.state for s in static_graph.cached(b))
+    assert states == ['complete', 'fallback']
+    fb = [s for s in static_graph.cached(b) if s.state == 'fallback'][0]
+    assert 'reads array values' in fb.reason
+
+
+def test_explain_on_a_chain_never_called():
+    a, b = make_twins(mlp)
+    assert 'no static-graph cache' in static_graph.explain(b)
+    assert static_graph.cached(b) == []
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(ValueError, match='cache_size'):
+        static_graph.static_graph(cache_size=0)
+    with pytest.raises(TypeError, match='unknown option'):
+        static_graph.static_graph(cache_sise=3)
+
+
+# -- bad input ----------------------------------------------------------------
+class Opaque(object):
+    scale = 2.0
+
+
+def scaled(self, x, opt=None):
+    y = F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+    if opt is not None:
+        y = y * len(opt) if hasattr(opt, '__len__') else y * opt.scale
+    return y
+
+
+@pytest.mark.parametrize('arg,typename', [
+    (Opaque(), 'Opaque'),
+    ({1, 2}, 'set'),
+    (frozenset([3]), 'frozenset'),
+    (range(3), 'range'),
+    ([1, Opaque()], 'Opaque'),
+])
+def test_unsupported_argument_type_warns_and_runs_define_by_run(arg,
+                                                                typename):
+    a, b = make_twins(scaled)
+    for i in range(2):
+        x = data(2, 3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            la, lb = step(a, x, arg), step(b, x, arg)
+        assert_close(la.array, lb.array, 'loss')
+        compare_chains(a, b)
+        ours = [str(w.message) for w in caught
+                if issubclass(w.category, StaticGraphWarning)]
+        if i == 0:
+            assert len(ours) == 1, ours
+            assert 'opt' in ours[0] and typename in ours[0], ours[0]
+            assert 'define-by-run' in ours[0]
+        else:
+            assert not ours, 'warned twice: %r' % ours
+    assert lb.creator is not None and 'StaticGraph' not in \
+        type(lb.creator).__name__
+
+
+def test_dict_with_unhashable_key_type_warns():
+    def body(self, x, d):
+        return F.sum(self.l1(x)) * len(d)
+
+    a, b = make_twins(body)
+    with pytest.warns(StaticGraphWarning, match=r"argument d has a dict key "
+                      r"of type Opaque"):
+        y = b(data(2, 3), {Opaque(): 1})
+    assert y.shape == ()
+
+
+def call_error(m, *args, **kwargs):
+    try:
+        m(*args, **kwargs)
+    except Exception as e:
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize('args,kwargs', [
+    ((), {}),                                   # missing x
+    ((1, 2, 3), {}),                            # too many
+    (('x',), {'x': 1}),                         # x twice
+    ((None,), {'u': 1}),                        # unknown keyword
+])
+def test_wrong_call_structure_raises_the_define_by_run_type_error(args,
+                                                                  kwargs):
+    a, b = make_twins(mlp)
+    ea, eb = call_error(a, *args, **kwargs), call_error(b, *args, **kwargs)
+    assert ea is not None and ea[0] is TypeError
+    assert ea == eb
+    assert all(not c.entries for c in caches_of(b).values())
+
+
+@pytest.mark.parametrize('dtype', [numpy.float64, numpy.float16,
+                                   numpy.int32])
+def test_input_dtype_mismatch_with_parameters(dtype):
+    """float64 input to float32 Linear: whatever define-by-run does, static
+    does the same, with the same message, before and after a recording."""
+    a, b = make_twins(mlp)
+    x = data(2, 3).astype(dtype)
+    ea, eb = call_error(a, x), call_error(b, x)
+    assert ea == eb, (ea, eb)
+    assert ea is not None and 'dtype' in ea[1]
+    # after a good recording, the bad call still fails the same way and
+    # leaves the cache usable
+    for m in (a, b):
+        step(m, data(2, 3))
+    ea, eb = call_error(a, x), call_error(b, x)
+    assert ea == eb
+    x = data(2, 3)
+    la, lb = step(a, x), step(b, x)
+    assert_close(la.array, lb.array, 'loss after the bad call')
+    c = cache(b)
+    assert c.recordings == 1 and c.replays == 1
+    assert [s.state for s in static_graph.cached(b)] == ['complete']
+
+
+def test_labels_of_the_wrong_dtype():
+    a, b = make_twins(mlp)
+    x, t = data(2, 3), numpy.array([0.0, 1.0])
+    ea, eb = call_error(a, x, t), call_error(b, x, t)
+    assert ea == eb and ea is not None
+
+
+def test_uninitialized_variable_argument():
+    a, b = make_twins(mlp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        ea, eb = call_error(a, chainer.Variable()), \
+            call_error(b, chainer.Variable())
+    assert ea == eb, (ea, eb)
+    ours = [str(w.message) for w in caught
+            if issubclass(w.category, StaticGraphWarning)]
+    assert len(ours) == 1 and 'argument x' in ours[0] and \
+        'uninitialized Variable' in ours[0], ours
+
+
+def test_wrong_input_shape_gives_the_define_by_run_error():
+    a, b = make_twins(mlp)
+    for m in (a, b):
+        step(m, data(2, 3))
+    ea, eb = call_error(a, data(2, 5)), call_error(b, data(2, 5))
+    assert ea == eb and ea is not None
+    x = data(2, 3)
+    assert_close(step(a, x).array, step(b, x).array, 'loss after')
+
+
+def test_list_and_python_scalars_as_input():
+    a, b = make_twins(mlp)
+    for arg in ([[0.1, 0.2, 0.3]], 1.5, numpy.float32(2.0)):
+        ea, eb = call_error(a, arg), call_error(b, arg)
+        assert ea == eb and ea is not None
+
+
+def test_nan_and_inf_inputs():
+    a, b = make_twins(mlp)
+    for m in (a, b):
+        step(m, data(2, 3))
+    for bad in (numpy.nan, numpy.inf):
+        x = data(2, 3)
+        x[0, 1] = bad
+        for m in (a, b):
+            m.cleargrads()
+        with numpy.errstate(all='ignore'):
+            la, lb = step(a, x), step(b, x)
+        assert_close(la.array, lb.array, 'loss with %r' % bad)
+        compare_chains(a, b)
+    x = data(2, 3)
+    assert_close(step(a, x).array, step(b, x).array, 'loss after NaN')
+    compare_chains(a, b)
+
+
+# -- exceptions ---------------------------------------------------------------
+class Fail(Exception):
+    pass
+
+
+def test_exception_in_user_code_while_recording_leaves_no_entry():
+    # the failing call and the good ones have the very same key
+    state = {'fail': True}
+
+    def body2(self, x):
+        h = F.relu(self.l1(x))
+        if state['fail']:
+            state['fail'] = False
+            raise Fail('boom')
+        return F.sum(self.l2(h) ** 2)
+
+    a, b = make_twins(body2)
+    with pytest.raises(Fail):
+        b(data(2, 3))
+    assert not cache(b).entries
+    assert static_graph.cached(b) == []
+    for i in range(3):
+        x = data(2, 3)
+        la, lb = step(a, x), step(b, x)
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(a, b)
+    c = cache(b)
+    assert c.recordings == 1 and c.replays == 2
+
+
+class MaybeRaise(chainer.FunctionNode):
+    """A pure user op whose forward or backward raises on demand."""
+
+    arm = {'forward': 0, 'backward': 0}
+    exc = KeyboardInterrupt
+
+    def forward(self, inputs):
+        if MaybeRaise.arm['forward']:
+            MaybeRaise.arm['forward'] -= 1
+            raise MaybeRaise.exc('interrupted in forward')
+        x, = inputs
+        return x * 2,
+
+    def backward(self, indexes, grad_outputs):
+        return MaybeRaiseGrad().apply(grad_outputs)
+
+
+class MaybeRaiseGrad(chainer.FunctionNode):
+    def forward(self, inputs):
+        if MaybeRaise.arm['backward']:
+            MaybeRaise.arm['backward'] -= 1
+            raise MaybeRaise.exc('interrupted in backward')
+        gy, = inputs
+        return gy * 2,
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0] * 2,
+
+
+def raising(self, x):
+    h = MaybeRaise().apply((F.relu(self.l1(x)),))[0]
+    return F.sum(self.l2(h) ** 2)
+
+
+def snapshot(chain):
+    return {n: (p.array.copy(), None if p.grad is None else p.grad.copy())
+            for n, p in chain.namedparams()}
+
+
+def assert_unchanged(chain, snap):
+    for n, p in chain.namedparams():
+        numpy.testing.assert_array_equal(p.array, snap[n][0], n)
+        if snap[n][1] is None:
+            assert p.grad is None, n
+        else:
+            numpy.testing.assert_array_equal(p.grad, snap[n][1], n)
+
+
+@pytest.fixture
+def disarm():
+    MaybeRaise.arm.update(forward=0, backward=0)
+    yield
+    MaybeRaise.arm.update(forward=0, backward=0)
+
+
+@pytest.mark.parametrize('where', ['forward', 'backward'])
+@pytest.mark.parametrize('when', ['recording', 'replay'])
+def test_interrupt_leaves_params_and_grads_and_next_call_is_right(
+        where, when, disarm):
+    a, b = make_twins(raising)
+    if when == 'replay':
+        for i in range(2):
+            x = data(2, 3)
+            step(a, x)
+            step(b, x)
+    snap = snapshot(b)
+    MaybeRaise.arm[where] = 1
+    with pytest.raises(KeyboardInterrupt):
+        loss = b(data(2, 3))
+        loss.backward()
+    assert MaybeRaise.arm[where] == 0
+    assert_unchanged(b, snap)
+    compare_chains(a, b)
+    for i in range(3):
+        x = data(2, 3)
+        la, lb = step(a, x), step(b, x)
+        assert_close(la.array, lb.array, 'loss %d after the interrupt' % i)
+        compare_chains(a, b)
+    assert [s.state for s in static_graph.cached(b)] == ['complete']
+
+
+def test_interrupt_between_two_calls_of_one_iteration(disarm):
+    """An interrupted call while another call's backward is pending must not
+    spoil the pending call's saved values."""
+    def body(self, x, fail=False):
+        h = F.relu(self.l1(x))
+        h = MaybeRaise().apply((h,))[0]
+        return F.sum(self.l2(h) ** 2)
+
+    a, b = make_twins(body)
+    for i in range(2):
+        x = data(2, 3)
+        step(a, x)
+        step(b, x)
+    x1, x2 = data(2, 3), data(2, 3)
+    for m in (a, b):
+        m.cleargrads()
+        l1 = m(x1)
+        if m is b:
+            MaybeRaise.arm['forward'] = 1
+            with pytest.raises(KeyboardInterrupt):
+                m(x2)
+        l1.backward()
+    compare_chains(a, b)
+
+
+def test_kernel_raising_in_a_recorded_schedule(disarm):
+    """Make one op of the recorded forward schedule raise once (patched in
+    the schedule before its first replay)."""
+    a, b = make_twins(mlp)
+    x = data(2, 3)
+    step(a, x)
+    step(b, x)
+    sched = static_graph.cached(b)[0].forward
+    op = [o for o in sched.ops if o.kind == 'ReLU'][0]
+    orig = op.fn
+    calls = {'n': 0}
+
+    def once(inputs):
+        calls['n'] += 1
+        if calls['n'] == 1:
+            raise KeyboardInterrupt('kernel interrupted')
+        return orig(inputs)
+
+    op.fn = once
+    snap = snapshot(b)
+    with pytest.raises(KeyboardInterrupt):
+        b(data(2, 3))
+    assert_unchanged(b, snap)
+    for i in range(4):   # interpreted, then compiled
+        x = data(2, 3)
+        la, lb = step(a, x), step(b, x)
+        assert_close(la.array, lb.array, 'loss %d after the interrupt' % i)
+        compare_chains(a, b)
+
+
+def test_error_raised_in_recording_backward_records_again(disarm):
+    a, b = make_twins(raising)
+    MaybeRaise.exc = RuntimeError
+    try:
+        MaybeRaise.arm['backward'] = 1
+        loss = b(data(2, 3))
+        with pytest.raises(RuntimeError):
+            loss.backward()
+    finally:
+        MaybeRaise.exc = KeyboardInterrupt
+    for i in range(3):
+        x = data(2, 3)
+        la, lb = step(a, x), step(b, x)
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(a, b)
+    assert [s.state for s in static_graph.cached(b)] == ['complete']
+    assert cache(b).replays >= 1
+
+
+# -- threads ------------------------------------------------------------------
+@pytest.fixture
+def fast_switching():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+def run_threads(worker, n):
+    errors = []
+
+    def wrap(k):
+        try:
+            worker(k)
+        except BaseException as e:   # reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def test_threads_forward_only(fast_switching):
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        return self.l2(F.dropout(h, 0.5)), h
+
+    a, b = make_twins(body)
+    inputs = [data(3, 3) for _ in range(8)]
+    with chainer.using_config('train', False), chainer.no_backprop_mode():
+        expected = [tuple(v.array for v in a(x)) for x in inputs]
+
+    def worker(k):
+        # chainer.config is thread-local: set the flags in the thread
+        with chainer.using_config('train', False), \
+                chainer.no_backprop_mode():
+            for it in range(60):
+                i = (k + it) % len(inputs)
+                y, h = b(inputs[i])
+                assert_close(y.array, expected[i][0], 'thread %d y' % k)
+                assert_close(h.array, expected[i][1], 'thread %d h' % k)
+
+    run_threads(worker, 4)
+    assert cache(b).replays >= 200
+
+
+def _grad_twins(body):
+    a, b = make_twins(body)
+    inputs = [data(3, 3) for _ in range(8)]
+    expected = []
+    for x in inputs:
+        xv = chainer.Variable(x.copy())
+        out = a(xv)
+        outs = out if isinstance(out, tuple) else (out,)
+        gx, = chainer.grad([outs[0]], [xv])
+        expected.append((tuple(o.array for o in outs), gx.array))
+    return a, b, inputs, expected
+
+
+def _grad_worker(b, inputs, expected, iters):
+    def worker(k):
+        for it in range(iters):
+            i = (k + it) % len(inputs)
+            xv = chainer.Variable(inputs[i].copy())
+            out = b(xv)
+            outs = out if isinstance(out, tuple) else (out,)
+            gx, = chainer.grad([outs[0]], [xv])
+            for j, (o, e) in enumerate(zip(outs, expected[i][0])):
+                assert_close(o.array, e, 'thread %d output %d' % (k, j))
+            assert_close(gx.array, expected[i][1], 'thread %d grad' % k)
+    return worker
+
+
+def test_threads_forward_and_backward_on_one_chain(fast_switching):
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    a, b, inputs, expected = _grad_twins(body)
+    run_threads(_grad_worker(b, inputs, expected, 60), 4)
+    assert cache(b).replays >= 200
+
+
+def test_threads_forward_and_backward_returning_a_static_buffer(
+        fast_switching):
+    """The returned ``h`` lives in a buffer replay refreshes in place (ReLU's
+    backward holds it); another thread's replay must not change it before
+    it is copied out."""
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        return F.sum(self.l2(h) ** 2), h
+
+    a, b, inputs, expected = _grad_twins(body)
+    run_threads(_grad_worker(b, inputs, expected, 150), 4)
+
+
+def test_threads_recording_the_same_key_at_once(fast_switching):
+    for trial in range(3):
+        a, b, inputs, expected = _grad_twins(mlp)
+        start = threading.Barrier(4)
+        worker = _grad_worker(b, inputs, expected, 10)
+
+        def go(k):
+            start.wait()
+            worker(k)
+
+        run_threads(go, 4)
+        states = [s.state for s in static_graph.cached(b)]
+        assert states == ['complete'], states
+
+
+def test_thread_local_config_is_in_the_key(fast_switching):
+    """A thread in eval mode and one in train mode share one chain."""
+    def body(self, x):
+        return self.l2(F.dropout(F.relu(self.l1(x)), 0.9))
+
+    a, b = make_twins(body)
+    x = data(4, 3)
+    with chainer.using_config('train', False):
+        expected = a(x).array
+
+    def worker(k):
+        if k % 2:
+            with chainer.using_config('train', False):
+                for _ in range(40):
+                    assert_close(b(x).array, expected, 'eval thread')
+        else:
+            for _ in range(40):
+                y = b(x)
+                F.sum(y).backward()
+
+    run_threads(worker, 4)

@@ -391,6 +391,73 @@ def test_in_place_parameter_updates_keep_the_recording():
     assert cache(models[1]).recordings == 1
 
 
+def _swap_child_link(m):
+    del m.l1
+    with m.init_scope():
+        m.l1 = L.Linear(3, 4)
+
+
+def _swap_parameter_object(m):
+    del m.l1.W
+    with m.l1.init_scope():
+        m.l1.W = chainer.Parameter(
+            numpy.random.standard_normal((4, 3)).astype(numpy.float32))
+
+
+def _add_child_link(m):
+    with m.init_scope():
+        m.extra = L.Linear(4, 4)
+
+
+@pytest.mark.parametrize('change', [_swap_child_link, _swap_parameter_object,
+                                    _add_child_link])
+def test_chain_structure_changed_after_recording(change):
+    """A child link or a Parameter object replaced (not its array), or a
+    link added that the method uses when present: the recording's parameter
+    objects are not the chain's any more."""
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        if hasattr(self, 'extra'):
+            h = F.relu(self.extra(h))
+        return F.sum(self.l2(h) ** 2)
+
+    models = make_twins(body)
+    for i in range(2):
+        x = data(4, 3)
+        both(models, lambda m: train_step(m, x))
+    for m in models:
+        numpy.random.seed(5)
+        change(m)
+    models[1].copyparams(models[0])
+    for i in range(3):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d after the change' % i)
+        compare_chains(*models)
+
+
+def test_plain_array_attribute_replaced_after_recording():
+    """A non-persistent array attribute of a link (class weights) replaced by
+    a new array between calls."""
+    def init(self):
+        _mlp(self)
+        self.class_weight = numpy.array([1.0, 3.0], numpy.float32)
+
+    def body(self, x, t):
+        y = self.l2(F.relu(self.l1(x)))
+        return F.softmax_cross_entropy(y, t, class_weight=self.class_weight)
+
+    models = make_twins(body, init)
+    for i in range(4):
+        if i == 2:
+            for m in models:
+                m.class_weight = numpy.array([5.0, 0.5], numpy.float32)
+        x, t = data(6, 3), labels(6, 2)
+        la, lb = both(models, lambda m: train_step(m, x, t))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+
+
 def test_to_cpu_round_trip():
     def body(self, x):
         return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
@@ -454,6 +521,116 @@ def test_output_view_of_a_constant_mutated_then_called_again():
         compare_chains(*models)
         for (loss, c) in outs:
             c.array[...] = 5.0
+
+
+@pytest.mark.parametrize('mode', ['train', 'no_backprop'])
+def test_attribute_holding_the_raw_input_array(mode):
+    """``self.last_input = x`` (an ndarray argument): define-by-run keeps the
+    caller's array. Replay must give an ndarray with that call's values,
+    not a view that a later call overwrites, nor a Variable."""
+    def body(self, x):
+        self.last_input = x
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    def call(m, x):
+        if mode == 'train':
+            return train_step(m, x)
+        with chainer.no_backprop_mode():
+            return m(x)
+
+    models = make_twins(body)
+    kept = {m: [] for m in models}
+    for i in range(4):
+        x = data(4, 3)
+        both(models, lambda m: call(m, x))
+        for m in models:
+            kept[m].append(m.last_input)
+    a, b = models
+    for i, (u, v) in enumerate(zip(kept[a], kept[b])):
+        assert_close(u, getattr(v, 'array', v),
+                     'last_input kept from call %d' % i)
+    for i, (u, v) in enumerate(zip(kept[a], kept[b])):
+        assert type(v) is type(u), 'call %d: %s, not %s' % (
+            i, type(v).__name__, type(u).__name__)
+
+
+def test_attribute_holding_a_hidden_variable_kept_from_the_recording():
+    """``self.hidden = h`` keeps the call's Variable; the one assigned by the
+    recording call must not be overwritten by later replays."""
+    def body(self, x):
+        self.hidden = F.relu(self.l1(x))
+        return F.sum(self.l2(self.hidden) ** 2)
+
+    models = make_twins(body)
+    kept = {m: [] for m in models}
+    for i in range(4):
+        x = data(4, 3)
+        both(models, lambda m: train_step(m, x))
+        for m in models:
+            kept[m].append(m.hidden)
+    a, b = models
+    for i, (u, v) in enumerate(zip(kept[a], kept[b])):
+        assert_close(u.array, v.array, 'hidden kept from call %d' % i)
+
+
+def test_gradient_through_a_variable_attribute():
+    """An auxiliary loss computed outside the method from a Variable the
+    method kept (``self.hidden``) backpropagates into the parameters under
+    define-by-run; replay must do the same (or refuse), not drop it."""
+    def body(self, x):
+        self.hidden = F.relu(self.l1(x))
+        return F.sum(self.l2(self.hidden))
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(4, 3)
+        for m in models:
+            m.cleargrads()
+            loss = m(x)
+            (loss + F.sum(m.hidden ** 2)).backward()
+        compare_chains(*models)
+
+
+def test_kept_variable_never_differentiated_keeps_replaying():
+    """``self.accuracy = F.accuracy(y, t)`` (as L.Classifier does): a kept
+    Variable that is never backpropagated must not stop replay, and holds
+    each call's value."""
+    def body(self, x, t):
+        y = self.l2(F.relu(self.l1(x)))
+        self.accuracy = F.accuracy(y, t)
+        return F.softmax_cross_entropy(y, t)
+
+    models = make_twins(body)
+    for i in range(4):
+        x, t = data(6, 3), labels(6, 2)
+        both(models, lambda m: train_step(m, x, t))
+        assert_close(models[0].accuracy.array, models[1].accuracy.array,
+                     'accuracy %d' % i)
+        compare_chains(*models)
+    assert cache(models[1]).replays == 3
+
+
+def test_backward_pattern_differs_from_the_recording():
+    """The recording iteration backpropagated only the loss; a later one
+    also a second output. Replay has no backward for that output: a clear
+    error, and the parameters' gradients are as before the backward."""
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        return F.sum(self.l2(h)), h
+
+    models = make_twins(body)
+    x = data(4, 3)
+    for m in models:
+        m.cleargrads()
+        m(x)[0].backward()
+    static = models[1]
+    static.cleargrads()
+    static(x)[0].backward()
+    before = static.l1.W.grad.copy()
+    loss, h = static(x)
+    with pytest.raises(RuntimeError, match='recorded without a gradient'):
+        (loss + F.sum(h)).backward()
+    numpy.testing.assert_array_equal(static.l1.W.grad, before)
 
 
 def test_backward_twice_through_one_call():
@@ -692,6 +869,99 @@ def test_backward_masks_follow_the_data(name):
         x = data(4, 3) * (1 if i % 2 else -1) + i * 0.3
         la, lb = both(models, lambda m: train_step(m, x))
         assert_close(la.array, lb.array, '%s: loss %d' % (name, i))
+        compare_chains(*models)
+
+
+_UNIFORM_AT_RECORDING = {
+    # recording inputs lie in (0.6, 0.9): every mask below is uniform then
+    'clip': lambda h, p: F.clip(h, -1.0, 1.0),
+    'maximum': lambda h, p: F.maximum(h, F.broadcast_to(p + 0.3, h.shape)),
+    'crelu': lambda h, p: F.crelu(h),
+    'mean_absolute_error': lambda h, p: F.mean_absolute_error(
+        h, F.broadcast_to(p, h.shape)),
+    'relu': lambda h, p: F.relu(h),
+    'hard_sigmoid': lambda h, p: F.hard_sigmoid(h),
+    'clipped_relu': lambda h, p: F.clipped_relu(h, 1.0),
+}
+
+
+@pytest.mark.parametrize('name', sorted(_UNIFORM_AT_RECORDING))
+def test_backward_masks_uniform_at_recording(name):
+    """The recording call's data make the mask uniform (every element inside
+    the clip range, above the floor, positive): a later call's mask is not,
+    and replay must follow it."""
+    fn = _UNIFORM_AT_RECORDING[name]
+
+    def init(self):
+        self.s = chainer.Parameter(numpy.ones((1, 3), numpy.float32))
+        self.p = chainer.Parameter(numpy.zeros(3, numpy.float32))
+
+    def body(self, x):
+        y = fn(x * F.broadcast_to(self.s, x.shape), self.p)
+        return F.sum(y * y)
+
+    models = make_twins(body, init)
+    for i in range(4):
+        if i == 0:
+            x = numpy.abs(data(4, 3)) * 0.05 + 0.6
+        else:
+            x = data(4, 3) * 2
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, '%s: loss %d' % (name, i))
+        compare_chains(*models)
+
+
+_VIEWS = {
+    'reshape_input_clipped_relu': lambda self, x: F.sum(F.clipped_relu(
+        F.reshape(x, (x.shape[0], -1)), 1.0) ** 2),
+    'getitem_input_clipped_relu': lambda self, x: F.sum(F.clipped_relu(
+        x[:, 1:], 1.0) ** 2),
+    'reshape_input_hard_sigmoid': lambda self, x: F.sum(self.l1(
+        F.hard_sigmoid(F.reshape(x, (x.shape[0], -1)))) ** 2),
+    'linear_reshape_clipped_relu': lambda self, x: F.sum(F.clipped_relu(
+        F.reshape(self.l1(x), (-1,)), 1.0) ** 2),
+    'linear_on_4d_input_then_maximum': lambda self, x: F.sum(F.maximum(
+        F.relu(self.l1(F.reshape(x, (x.shape[0], 1, 1, 3)))),
+        F.broadcast_to(self.l2.b[:1], (x.shape[0], 4))) ** 2),
+}
+
+
+@pytest.mark.parametrize('as_variable', [False, True])
+@pytest.mark.parametrize('name', sorted(_VIEWS))
+def test_views_feeding_ops_that_hold_their_input(name, as_variable):
+    """A view (reshape, slice) of an input or of a fresh result, fed to an op
+    whose backward node holds its input (ClippedReLU, HardSigmoid): the
+    forward values must follow each call."""
+    body = _VIEWS[name]
+    models = make_twins(body)
+    for i in range(4):
+        x = data(4, 3) * 2
+        arg = (lambda: chainer.Variable(x.copy())) if as_variable else \
+            (lambda: x)
+        la, lb = both(models, lambda m: train_step(m, arg()))
+        assert_close(la.array, lb.array, '%s: loss %d' % (name, i))
+        compare_chains(*models)
+
+
+@pytest.mark.parametrize('act', ['absolute', 'hard_sigmoid', 'relu'])
+def test_two_calls_per_iteration_conv_output_held_by_backward(act):
+    """Chainer's CPU convolution returns a view (``rollaxis``) of an array
+    no op recorded; when a backward node holds it (AbsoluteGrad,
+    HardSigmoidGrad, ReLUGrad2), the first call's values must still be put
+    back for its backward after a second call."""
+    def init(self):
+        self.c = L.Convolution2D(1, 2, 1)
+
+    def body(self, x):
+        return F.sum(getattr(F, act)(self.c(x)) ** 2)
+
+    models = make_twins(body, init)
+    both(models, lambda m: train_step(m, data(2, 1, 2, 2)))
+    for i in range(3):
+        x1, x2 = data(2, 1, 2, 2), data(2, 1, 2, 2)
+        for m in models:
+            m.cleargrads()
+            (m(x1) + 2 * m(x2)).backward()
         compare_chains(*models)
 
 

@@ -80,14 +80,15 @@ def classify_unknown(rec, chain_map):
             rec.buffers[rbid].static = True
             buf.name = 'view of %%%d' % rbid
             continue
-        if not _uniform(a):
-            if phase == 'forward':
-                rec.add_reason(
-                    'an array not produced by a Chainer function enters %s '
-                    'at %s; replay would freeze its recorded value'
-                    % (kind, source))
-            else:
-                rec.pending_backward_consts.append((a, kind, source))
+        if phase != 'forward':
+            # Even a uniform one: a mask that is all True at recording
+            # (every element inside a clip range) need not be later.
+            rec.pending_backward_consts.append((a, kind, source))
+        elif not _uniform(a):
+            rec.add_reason(
+                'an array not produced by a Chainer function enters %s '
+                'at %s; replay would freeze its recorded value'
+                % (kind, source))
         buf.name = buf.name or 'const'
     return params, persists
 
@@ -154,8 +155,7 @@ def mark_captured(rec, chain_map):
                     continue
                 if i < n_forward:
                     forward_consts.add(id(a))
-                elif id(a) not in forward_consts and not _uniform(a) and \
-                        not _shape_derived(a):
+                elif id(a) not in forward_consts and not _shape_derived(a):
                     rec.add_reason(
                         'the backward of %s computes an array in Python '
                         '(held by %s) from values that replay would freeze'
@@ -172,8 +172,27 @@ def mark_captured(rec, chain_map):
                 # It may read the other node's state live: keep it static.
                 for _, bid in other.state:
                     rec.buffers[bid].static = True
+    promote_view_roots(rec)
     for a, kind, source in rec.pending_backward_consts:
         if id(a) not in forward_consts and not _shape_derived(a):
             rec.add_reason(
                 'the backward of %s feeds %s an array computed in Python from '
                 'values that replay would freeze' % (source or 'an op', kind))
+
+
+def promote_view_roots(rec):
+    """A captured buffer that is a view of a recorded buffer follows its
+    base: the base becomes static, so replay refreshes the memory the view
+    shows (a view may be read-only, as ``broadcast_to`` gives, and is never
+    written itself)."""
+    for buf in list(rec.buffers.values()):
+        a = buf.storage
+        if not buf.static or a is None:
+            continue
+        root = recorder.root_of(a)
+        if root is a:
+            continue
+        rbid = rec.by_id.get(id(root))
+        if rbid is not None and rec.buffers[rbid].role in (
+                ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT):
+            rec.buffers[rbid].static = True

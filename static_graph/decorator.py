@@ -190,7 +190,7 @@ def _replay(e, leaves):
     for v, kind in zip(outs, e.out_kinds):
         vals.append(v if kind == 'V' else v.raw_array)
     _side_effects(e, exposed, outs)
-    return signature.unflatten_outputs(e.out_spec, vals)
+    return signature.unflatten_outputs(e.out_spec, vals[:e.n_outs])
 
 
 def _side_effects(e, exposed, outs):
@@ -215,8 +215,11 @@ def _side_effects(e, exposed, outs):
         for k, how, v in items:
             report[k] = var(v) if how == 'buffer' else v
         chainer.reporter.report(report, observer)
-    for d, k, b in e.attr_writes:
-        d[k] = var(b)
+    for d, k, b, kind in e.attr_writes:
+        if kind == 'V':
+            d[k] = var(b)
+        else:
+            d[k] = by_out[b].raw_array if b in by_out else values[b]
 
 
 # -- recording ------------------------------------------------------------------
@@ -253,11 +256,14 @@ def _attr_changes(rec, snapshot):
             old = before.get(k, recorder.MISSING)
             if old is v:
                 continue
-            if isinstance(v, chainer.Variable) or recorder.is_array(v):
-                a = v.raw_array if isinstance(v, chainer.Variable) else v
-                if a is None:
+            if isinstance(v, chainer.Variable):
+                if v.raw_array is None:
                     continue
-                writes.append((d, k, rec.buffer_of(a, 'attribute ' + k)))
+                writes.append((d, k, rec.buffer_of(v.raw_array,
+                                                   'attribute ' + k), 'V'))
+            elif recorder.is_array(v):
+                a = rec._untrace(v, 'attribute ' + k)
+                writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
             elif isinstance(v, _SAFE_ATTR_TYPES) and old == v:
                 continue
             else:
@@ -297,6 +303,17 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 inner_outs.append(chainer.Variable(a, requires_grad=False))
             out_bids.append(rec.buffer_of(a, 'the return value'))
         attr_writes = _attr_changes(rec, snapshot)
+        n_outs = len(out_bids)
+        if chainer.config.enable_backprop:
+            # A kept Variable in the graph (``self.hidden = h``) is a hidden
+            # output, so a loss computed from it outside backpropagates.
+            for d, k, b, kind in attr_writes:
+                v = d[k]
+                if kind == 'V' and v.requires_grad and \
+                        v.creator is not None and b not in out_bids:
+                    out_bids.append(b)
+                    out_kinds.append('V')
+                    inner_outs.append(v)
     rec.phase = 'done'
     cache.recordings += 1
     _maybe_warn_retrace(cache, key, why)
@@ -304,6 +321,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     params, persists = analysis.classify_unknown(rec, chain_map)
 
     e = entry_module.Entry(key, name)
+    e.n_outs = n_outs   # the method's outputs; hidden ones follow
     need_backward = chainer.config.enable_backprop and any(
         v.requires_grad and v.creator is not None for v in inner_outs)
     param_objs = [p for _, _, p in params]
@@ -344,7 +362,9 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                       % (type(err).__name__, err))
             return out
         cache.put(key, e)
-        return _outputs_after_recording(e, out_spec, inner_outs, out_kinds)
+        vals = _outputs_after_recording(e, inner_outs, out_kinds)
+        _keep_attrs(attr_writes, dict(zip(map(id, inner_outs), vals)))
+        return signature.unflatten_outputs(out_spec, vals[:n_outs])
 
     if rec.reasons:
         fall_back(rec.reasons[0])
@@ -416,24 +436,30 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         finish, [v.raw_array for v in inner_outs])
     outs = node.apply(list(leaves) + param_objs)
     vals = [v if k == 'V' else v.raw_array for v, k in zip(outs, out_kinds)]
-    by_inner = {id(v): o for v, o in zip(inner_outs, outs)}
-    for d, k, b in attr_writes:
+    _keep_attrs(attr_writes, {id(v): o for v, o in zip(inner_outs, outs)})
+    return signature.unflatten_outputs(out_spec, vals[:n_outs])
+
+
+def _keep_attrs(attr_writes, by_inner):
+    """What the recording call leaves in the attributes it set: the call's
+    output when one was kept, else a detached copy (replay may rewrite the
+    recorded array in place), of the kept type."""
+    for d, k, b, kind in attr_writes:
         cur = d.get(k)
         if id(cur) in by_inner:
             d[k] = by_inner[id(cur)]
-        else:   # replay may rewrite the recorded array in place
+        else:
             d[k] = recorder._detached_copy(cur)
-    return signature.unflatten_outputs(out_spec, vals)
 
 
-def _outputs_after_recording(e, out_spec, inner_outs, out_kinds):
+def _outputs_after_recording(e, inner_outs, out_kinds):
     vals = []
     for v, k, copy in zip(inner_outs, out_kinds, e.out_copy):
         if copy:
             v = chainer.Variable(v.raw_array.copy(),
                                  requires_grad=v.requires_grad)
         vals.append(v if k == 'V' else v.raw_array)
-    return signature.unflatten_outputs(out_spec, vals)
+    return vals
 
 
 def _maybe_warn_retrace(cache, key, why=None):

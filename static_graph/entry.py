@@ -73,12 +73,15 @@ _STABLE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
 
 
 def stable_roots(bufs):
-    """id(root array) -> buffer id, for memory that keeps its identity."""
+    """id(array) -> buffer id, for buffers that own their memory and keep
+    it across calls (parameters, persistents, constants, static buffers).
+    A view of such memory shows current values without being recomputed."""
     out = {}
     for b, buf in bufs.items():
-        if (buf.static or buf.role in _STABLE_ROLES) and \
-                buf.storage is not None:
-            out.setdefault(id(recorder.root_of(buf.storage)), b)
+        a = buf.storage
+        if (buf.static or buf.role in _STABLE_ROLES) and a is not None and \
+                recorder.root_of(a) is a:
+            out.setdefault(id(a), b)
     return out
 
 
@@ -91,6 +94,29 @@ def _view_once(rop, bufs, roots):
                 id(recorder.root_of(a)) not in roots:
             return False
     return True
+
+
+def link_structure(chain, written=()):
+    """What replay assumes of the chain's structure: (dict, name, object)
+    for every child link, Parameter and non-persistent array or Variable
+    attribute of its links (except those the method itself writes), and
+    each link's sets of parameter and child names."""
+    same, sets = [], []
+    skip = set((id(d), k) for d, k in written)
+    for link in chain.links():
+        d = link.__dict__
+        persistent = getattr(link, '_persistent', ())
+        children = getattr(link, '_children', None)
+        for k, v in d.items():
+            if (id(d), k) in skip or k in persistent:
+                continue
+            if isinstance(v, (chainer.Link, chainer.Variable)) or \
+                    recorder.is_array(v):
+                same.append((d, k, v))
+        # Chain: a set of names; ChainList: a list of links.
+        sets.append((link, set(link._params),
+                     None if children is None else type(children)(children)))
+    return same, sets
 
 
 def _attrs_with_kernel(node, name):
@@ -106,7 +132,6 @@ def _ir_ops(rec, rops):
             for b in rop.outputs:
                 bufs[b].static = True
                 bufs[b].view_of = roots[id(recorder.root_of(bufs[b].storage))]
-                roots.setdefault(id(bufs[b].storage), b)
             ops.append(ir.Op(rop.kind, rop.inputs, rop.outputs,
                              functools.partial(describe.describe, rop.node),
                              rop.source, None, rop.select))
@@ -162,6 +187,8 @@ class Entry(object):
             for name in getattr(link, '_persistent', ()):
                 if recorder.is_array(d.get(name)):
                     self.persist_check.append((d, name, id(d[name])))
+        self.structure, self.link_sets = link_structure(
+            chain, [w[:2] for w in attr_writes])
         self.out_spec = out_spec
         self.out_kinds = out_kinds
         self.reports = reports
@@ -193,7 +220,7 @@ class Entry(object):
         expose = []
         for _, items in reports:
             expose.extend(v for _, how, v in items if how == 'buffer')
-        expose.extend(b for _, _, b in attr_writes)
+        expose.extend(w[2] for w in attr_writes)
         self.expose = tuple(sorted(set(expose)))
         self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids,
                                    keep=self.saved + self.expose)
@@ -202,13 +229,17 @@ class Entry(object):
             copy_outputs=set(b for b in self.expose
                              if self._reused(bufs, b)))
         # What a later call overwrites, and so what a pending call's backward
-        # needs put back: static buffers that own their memory (views follow
-        # their base; views of parameters are never written).
+        # needs put back: static buffers the forward writes. Views of stable
+        # memory follow their base and are never written; a view of memory
+        # no op recorded (Chainer's CPU convolution returns one) is written
+        # like an owner.
+        roots = stable_roots(bufs)
         self.static_storages = [
             bufs[b].storage for b in bufs
             if bufs[b].static and b in forward_defined and
-            bufs[b].view_of is None and
-            recorder.root_of(bufs[b].storage) is bufs[b].storage]
+            bufs[b].view_of is None and bufs[b].role not in _STABLE_ROLES and
+            (id(bufs[b].storage) in roots or
+             id(recorder.root_of(bufs[b].storage)) not in roots)]
         if grad_targets is not None:
             gouts = [b for b in grad_out_bids if b is not None]
             b_inputs = gouts + list(self.saved) + param_bids
@@ -274,6 +305,16 @@ class Entry(object):
                 return False
         for d, name, i in self.persist_check:
             if id(d.get(name)) != i:
+                return False
+        # The same child links, Parameter objects and array attributes
+        # (a link swapped, a Parameter or class weights replaced)...
+        for d, name, v in self.structure:
+            if d.get(name) is not v:
+                return False
+        # ... and none added.
+        for link, params, children in self.link_sets:
+            if link._params != params or \
+                    getattr(link, '_children', children) != children:
                 return False
         # Plain attributes of the links (a temperature, a flag) read by the
         # method: a change needs a new recording.
@@ -362,15 +403,19 @@ class ReplayNode(function_node.FunctionNode):
                 'not supported; run this chain with '
                 'chainer.config.use_static_graph = False')
         gys = []
-        for g, has in zip(grad_outputs, entry.grad_out_mask):
-            if not has:
+        for i, (g, has) in enumerate(zip(grad_outputs, entry.grad_out_mask)):
+            if has == (g is not None):
+                if has:
+                    gys.append(g.raw_array)
                 continue
-            if g is None:
-                raise RuntimeError(
-                    'the static graph was recorded with a gradient for this '
-                    'output, but none was given; call it with '
-                    'use_static_graph=False for this pattern')
-            gys.append(g.raw_array)
+            raise RuntimeError(
+                'the static graph of %s was recorded with%s a gradient for '
+                'its output %d, and this backward gives %s; replay only '
+                'knows the recorded backward. Backpropagate the same outputs '
+                'as in the recording iteration, or run this pattern with '
+                'chainer.config.use_static_graph = False'
+                % (entry.method_name, '' if has else 'out', i,
+                   'none' if has else 'one'))
         with entry.lock:
             if entry.static_storages:
                 owner = entry.owner() if entry.owner is not None else None

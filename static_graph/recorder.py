@@ -115,6 +115,8 @@ def _detached_copy(v):
         return chainer.Variable(a if a is None else traced.plain(a).copy()
                                 if isinstance(a, traced.TracedArray)
                                 else a.copy(), requires_grad=False)
+    if isinstance(v, traced.TracedArray):
+        return traced.plain(v).copy()
     if is_array(v):
         return v.copy()
     return v

@@ -228,3 +228,8 @@ def test_static_matches_define_by_run(arch, train_mnist, imagenet_models):
             losses[0], losses[1], rtol=1e-4, atol=1e-5,
             err_msg='loss differs at step %d' % step)
         _assert_same_state(model_s, model_d, step)
+    # ... and the static model really replayed, not fell back.
+    from static_graph.decorator import caches_of
+    (cache,) = caches_of(model_s).values()
+    assert [e.state for e in cache.entries.values()] == ['complete']
+    assert cache.replays == 2 and cache.fallback_calls == 0

@@ -51,6 +51,11 @@ def all_cases():
     out.append(_case('cnn-b32', lambda: cases.CNN(),
                      lambda rs: cases.mnist_batch(32, rs, image=True), 5,
                      'MNIST CNN, batch 32'))
+    out.append(_case('resnet-small-b32-32',
+                     lambda: cases.Classify(cases.small_resnet(), 32),
+                     lambda rs: (rs.rand(32, 3, 32, 32).astype(numpy.float32),
+                                 rs.randint(0, 10, 32).astype(numpy.int32)),
+                     3, 'small ResNet (BN, 4 bottlenecks), 32x3x32x32'))
     for arch, b, size, n in (('resnet50', 8, 64, 2), ('googlenet', 8, 64, 2),
                              ('mobilenetv2', 8, 64, 2)):
         out.append(_case(

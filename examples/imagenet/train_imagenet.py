@@ -13,7 +13,6 @@ the fly, so the script runs anywhere:
 import argparse
 import os
 import sys
-import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _EXAMPLES = os.path.dirname(_HERE)
@@ -30,6 +29,7 @@ from chainer import training  # NOQA
 from chainer.training import extensions  # NOQA
 
 import _compat  # NOQA
+from _timing import TimedUpdater, mean_step_time  # NOQA
 import models  # NOQA
 
 # Per-channel RGB mean of ImageNet, in 0..255.
@@ -108,38 +108,6 @@ class PreprocessedDataset(chainer.dataset.DatasetMixin):
             image = image[:, :, ::-1]
         image = (image - self.mean) / 255.
         return numpy.ascontiguousarray(image, numpy.float32), label
-
-
-class TimedUpdater(training.updaters.StandardUpdater):
-    """StandardUpdater that records the wall time of every training step.
-
-    ``device`` is an ``_compat.Device``; the updater gets what this Chainer
-    takes (a device object, a GPU id or ``None``).
-    """
-
-    def __init__(self, iterator, optimizer, device):
-        super(TimedUpdater, self).__init__(iterator, optimizer,
-                                           device=device.arg)
-        self.compat_device = device
-        self.step_times = []
-        self.losses = []
-
-    def update_core(self):
-        self.compat_device.synchronize()
-        start = time.perf_counter()
-        super(TimedUpdater, self).update_core()
-        self.compat_device.synchronize()
-        self.step_times.append(time.perf_counter() - start)
-        loss = getattr(self.get_optimizer('main').target, 'loss', None)
-        if loss is not None:
-            self.losses.append(float(loss.array))
-
-
-def mean_step_time(step_times):
-    """Mean time per iteration, excluding the first (recording) iteration."""
-    if len(step_times) < 2:
-        return float('nan')
-    return float(numpy.mean(step_times[1:]))
 
 
 def get_datasets(args):

@@ -41,9 +41,11 @@ def chain_arrays(chain):
 
 
 def _shape_derived(a):
-    """Small integer vectors that Chainer's backward code builds from shapes
-    (split indices, sizes), not from values: treated as constants."""
-    return a.dtype.kind in 'iu' and a.ndim <= 1
+    """What Chainer's backward code builds from shapes, not from values:
+    small integer vectors (split indices, sizes) and single-element arrays
+    (``xp.zeros(())`` in ``F.where``'s backward). Treated as constants; a
+    larger array, even uniform, may be a data mask."""
+    return a.dtype.kind in 'iu' and a.ndim <= 1 or a.size <= 1
 
 
 def _uniform(a):

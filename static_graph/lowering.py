@@ -24,8 +24,61 @@ def _linear_grad_weight(rop, node, in_arrays):
     return kernels.outer_grad_weight
 
 
+def _plain_cpu(in_arrays):
+    return all(type(a) is numpy.ndarray and a.ndim > 0 for a in in_arrays)
+
+
+def _scalar_value(node):
+    v = getattr(node, 'value', None)
+    return v if numpy.isscalar(v) else None
+
+
+# Element-wise ops whose CPU forward is one NumPy expression (wrapped in
+# ``force_array``, a no-op for results with at least one dimension).
+def _add(rop, node, xs):
+    if _plain_cpu(xs):
+        return lambda a: (a[0] + a[1],)
+
+
+def _mul(rop, node, xs):
+    if _plain_cpu(xs):
+        return lambda a: (a[0] * a[1],)
+
+
+def _add_constant(rop, node, xs):
+    from chainer.functions.math import basic_math
+    if _plain_cpu(xs) and _scalar_value(node) is not None:
+        value = basic_math._preprocess_const(xs[0], node.value)
+        return lambda a: (a[0] + value,)
+
+
+def _mul_constant(rop, node, xs):
+    from chainer.functions.math import basic_math
+    if _plain_cpu(xs) and _scalar_value(node) is not None:
+        value = basic_math._preprocess_const(xs[0], node.value)
+        return lambda a: (value * a[0],)
+
+
+def _tanh(rop, node, xs):
+    if _plain_cpu(xs):
+        tanh = numpy.tanh
+        return lambda a: (tanh(a[0]),)
+
+
+def _tanh_grad(rop, node, xs):
+    if _plain_cpu(xs) and getattr(node, 'x', None) is None:
+        one = xs[0].dtype.type(1)
+        return lambda a: (a[1] * (one - a[0] * a[0]),)
+
+
 FAST = {
     'LinearGradWeight': _linear_grad_weight,
+    'Add': _add,
+    'Mul': _mul,
+    'AddConstant': _add_constant,
+    'MulConstant': _mul_constant,
+    'Tanh': _tanh,
+    'TanhGrad': _tanh_grad,
 }
 
 
@@ -42,11 +95,14 @@ def fast_kernel(rop, in_arrays, out_arrays):
     kernel = factory(rop, rop.node, in_arrays)
     if kernel is None:
         return None
+    if kernel.__name__ == '<lambda>':
+        kernel.__name__ = 'numpy_' + rop.kind   # for printouts
     got = kernel(tuple(in_arrays))
     if len(got) != len(out_arrays):
         return None
     for g, want in zip(got, out_arrays):
-        if g.shape != want.shape or g.dtype != want.dtype or \
+        if type(g) is not type(want) or g.shape != want.shape or \
+                g.dtype != want.dtype or \
                 not numpy.array_equal(g, want):
             return None
     return kernel

@@ -825,6 +825,26 @@ def test_where_condition_computed_from_values():
         compare_chains(*models)
 
 
+def test_where_with_a_constant_condition_replays():
+    """``F.where`` with a fixed (non-data) condition: its backward builds a
+    0-d zero in Python, which is shape-derived, not a frozen mask, so the
+    chain replays (and matches)."""
+    cond = numpy.array([[True, False, True, False]] * 4)
+
+    def body(self, x):
+        h = self.l1(x)
+        return F.sum(F.where(cond, h, h * 0.1) ** 2)
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).replays == 3
+
+
 # Functions whose backward computes a mask from the data outside any
 # FunctionNode (``cond = x1 >= x2`` in a node's __init__, ``xp.sign(...)``,
 # ``F.fix`` on raw arrays) or keeps its own input by reference.

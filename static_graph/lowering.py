@@ -7,22 +7,6 @@ it computes exactly the same values; the factory returns None otherwise.
 """
 import numpy
 
-from schedules import kernels
-
-
-def _linear_grad_weight(rop, node, in_arrays):
-    x, gy = in_arrays
-    if not (type(x) is numpy.ndarray and type(gy) is numpy.ndarray):
-        return None
-    if x.ndim != 2 or gy.ndim != 2 or x.shape[0] != 1 or gy.shape[0] != 1:
-        return None
-    if not (x.dtype == gy.dtype == node._w_dtype) or \
-            x.dtype.kind != 'f' or x.dtype.itemsize < 4:
-        return None
-    if getattr(node, '_config_use_ideep', 'never') not in ('never', None):
-        return None
-    return kernels.outer_grad_weight
-
 
 def _plain_cpu(in_arrays):
     return all(type(a) is numpy.ndarray and a.ndim > 0 for a in in_arrays)
@@ -72,7 +56,6 @@ def _tanh_grad(rop, node, xs):
 
 
 FAST = {
-    'LinearGradWeight': _linear_grad_weight,
     'Add': _add,
     'Mul': _mul,
     'AddConstant': _add_constant,

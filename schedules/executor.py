@@ -36,9 +36,11 @@ class TieredSchedule(object):
     twice (the last, shorter batch of an epoch) should not pay for it.
     """
 
-    def __init__(self, schedule, copyto, threshold=2, **options):
+    def __init__(self, schedule, copyto, threshold=2, before_compile=None,
+                 **options):
         self.schedule = schedule
         self.copyto = copyto
+        self.before_compile = before_compile   # f(schedule), once
         self.options = options
         self.left = threshold
         self.compiled = None
@@ -51,6 +53,9 @@ class TieredSchedule(object):
 
     def _get_compiled(self):
         if self.compiled is None:
+            if self.before_compile is not None:
+                self.before_compile(self.schedule)
+                self.before_compile = None
             self.compiled = compile_schedule(self.schedule, self.copyto,
                                              **self.options)
         return self.compiled

@@ -82,7 +82,7 @@ class Op(object):
     """
 
     __slots__ = ('kind', 'inputs', 'outputs', '_attrs', 'source', 'fn',
-                 'select')
+                 'select', 'lower_from')
 
     def __init__(self, kind, inputs, outputs, attrs=None, source=None,
                  fn=None, select=None):
@@ -92,6 +92,8 @@ class Op(object):
         self._attrs = attrs if callable(attrs) else dict(attrs or {})
         self.source = source
         self.fn = fn
+        # What a front end needs to pick a cheaper fn later (or None).
+        self.lower_from = None
         # Positions in fn's result tuple that the outputs take (results that
         # are None or unused have no buffer).
         self.select = tuple(range(len(self.outputs))) if select is None \

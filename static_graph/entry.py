@@ -138,18 +138,35 @@ def _ir_ops(rec, rops):
             continue
         static_attrs = [(k, bufs[b].storage) for k, b in rop.state
                         if bufs[b].static]
-        kernel = lowering.fast_kernel(
-            rop, [bufs[b].storage for b in rop.inputs],
-            [bufs[b].storage for b in rop.outputs])
-        if kernel is None:
-            kernel = make_kernel(rop, static_attrs)
-            attrs = functools.partial(describe.describe, rop.node)
-        else:
-            attrs = functools.partial(_attrs_with_kernel, rop.node,
-                                      kernel.__name__)
-        ops.append(ir.Op(rop.kind, rop.inputs, rop.outputs, attrs,
-                         rop.source, kernel, rop.select))
+        op = ir.Op(rop.kind, rop.inputs, rop.outputs,
+                   functools.partial(describe.describe, rop.node),
+                   rop.source, make_kernel(rop, static_attrs), rop.select)
+        if lowering.candidate(rop):
+            op.lower_from = rop
+        ops.append(op)
     return ops
+
+
+def lower_ops(schedule):
+    """Give ops a cheaper kernel where one reproduces the recorded outputs
+    bit for bit (lowering.py). Done when a schedule is compiled (its third
+    run), not while recording: a key used once or twice never pays for the
+    check. Recorded arrays of non-static buffers are never written by
+    replay; a static one may hold a later call's values, and then the check
+    fails and the op keeps its node's kernel."""
+    bufs = schedule.buffers
+    for op in schedule.ops:
+        rop = getattr(op, 'lower_from', None)
+        if rop is None:
+            continue
+        op.lower_from = None
+        kernel = lowering.fast_kernel(
+            rop, [bufs[b].storage for b in op.inputs],
+            [bufs[b].storage for b in op.outputs])
+        if kernel is not None:
+            op.fn = kernel
+            op._attrs = functools.partial(_attrs_with_kernel, rop.node,
+                                          kernel.__name__)
 
 
 class Entry(object):
@@ -225,7 +242,8 @@ class Entry(object):
         self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids,
                                    keep=self.saved + self.expose)
         self.run_forward = executor.TieredSchedule(
-            self.forward, copyto, extra_outputs=self.forward.keep,
+            self.forward, copyto, before_compile=lower_ops,
+            extra_outputs=self.forward.keep,
             copy_outputs=set(b for b in self.expose
                              if self._reused(bufs, b)))
         # What a later call overwrites, and so what a pending call's backward
@@ -250,7 +268,8 @@ class Entry(object):
                            if self._reused(bufs, b) or
                            bufs[b].role in _ESCAPE_ROLES)
             self.run_backward = executor.TieredSchedule(
-                self.backward, copyto, copy_outputs=copy_set)
+                self.backward, copyto, before_compile=lower_ops,
+                copy_outputs=copy_set)
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)

@@ -65,6 +65,11 @@ FAST = {
 }
 
 
+def candidate(rop):
+    """May ``rop`` get a cheaper kernel (checked later by fast_kernel)?"""
+    return rop.kind in FAST and not rop.state
+
+
 def fast_kernel(rop, in_arrays, out_arrays):
     """A cheaper kernel for ``rop`` with these recorded inputs, or None.
 

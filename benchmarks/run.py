@@ -9,11 +9,13 @@ Reported per variant: median time per training iteration (cleargrads,
 forward, backward, optimizer update), the ratio define-by-run / variant,
 whether its losses and parameters matched define-by-run over the first
 iterations, FunctionNodes applied per iteration, the recording iteration's
-time against a define-by-run iteration, and tracemalloc's peak increment over
-one iteration. Writes results.md and results.json next to this file (or to
+time against a define-by-run iteration, and the peak memory of an iteration
+above what the model held before its first call (tracemalloc; this includes
+what a variant keeps between iterations). Writes results.md and results.json next to this file (or to
 --out).
 """
 import argparse
+import gc
 import json
 import os
 import platform
@@ -158,15 +160,38 @@ def time_case(case, rounds):
         counter = Counter()
         with counter:
             step(m, o, batch, v)
-        tracemalloc.start()
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        step(m, o, batch, v)
-        peak = tracemalloc.get_traced_memory()[1] - base
-        tracemalloc.stop()
         stats[v] = dict(time=float(numpy.median(times[v])),
-                        function_nodes=counter.n, peak_bytes=int(peak))
+                        function_nodes=counter.n)
+    del built
+    for v, peak in memory_case(case, batch).items():
+        stats[v]['peak_bytes'] = peak
     return stats
+
+
+def memory_case(case, batch, warmup=3):
+    """Peak memory of a training iteration, per variant: tracemalloc's
+    peak during one iteration after ``warmup`` iterations, above what was
+    allocated before the variant's first call. So it counts activations
+    and gradients, and also what a variant keeps between iterations (our
+    static buffers and recorded nodes, chainer.static_graph's preallocated
+    arrays), not only what one iteration allocates afresh."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        built = build(case)
+        out = {}
+        for v, (m, o) in built.items():
+            gc.collect()
+            base = tracemalloc.get_traced_memory()[0]
+            for _ in range(warmup):
+                step(m, o, batch, v)
+            gc.collect()
+            tracemalloc.reset_peak()
+            step(m, o, batch, v)
+            out[v] = int(tracemalloc.get_traced_memory()[1] - base)
+        return out
+    finally:
+        tracemalloc.stop()
 
 
 def recording_cost(case, trials=3):

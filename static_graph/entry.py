@@ -142,9 +142,50 @@ def _ir_ops(rec, rops):
                    functools.partial(describe.describe, rop.node),
                    rop.source, make_kernel(rop, static_attrs), rop.select)
         if lowering.candidate(rop):
-            op.lower_from = rop
+            ins = [bufs[b].storage for b in rop.inputs]
+            outs = [bufs[b].storage for b in rop.outputs]
+            if sum(a.nbytes for a in ins + outs) <= _DEFER_LOWERING_BYTES:
+                op.lower_from = (rop, ins, outs)   # checked at compile
+            else:
+                _lower(op, rop, ins, outs)   # cheap next to its neighbours
         ops.append(op)
     return ops
+
+
+# Small ops are lowered when their schedule compiles, holding on to their
+# recorded arrays until then; larger ones (where the check costs little
+# next to the surrounding convolutions) while recording, so that no large
+# recorded array outlives the recording.
+_DEFER_LOWERING_BYTES = 1 << 16
+
+
+def _lower(op, rop, ins, outs):
+    kernel = lowering.fast_kernel(rop, ins, outs)
+    if kernel is not None:
+        op.fn = kernel
+        op._attrs = functools.partial(_attrs_with_kernel, rop.node,
+                                      kernel.__name__)
+
+
+def release_recording(rec):
+    """Let go of what only the recording needed: the arrays of buffers
+    replay rebinds every call (activations, gradients), and the data that
+    recorded nodes retained for a backward that replay never runs through
+    them. Static buffers, parameters, persistents and constants stay."""
+    for buf in rec.buffers.values():
+        if not buf.static and buf.role not in _STABLE_ROLES:
+            buf.storage = None
+    rec.arrays = []
+    rec.traced_views = {}
+    rec.by_id = {}
+    for rop in rec.forward_ops + rec.backward_ops:
+        node = rop.node
+        if node.__dict__.get('_retained_output_data') is not None:
+            node._retained_output_data = None
+        for vn in node.inputs or ():
+            # A live variable's node (a parameter's) is not ours to touch.
+            if vn.get_variable_or_none() is None:
+                vn._data = None
 
 
 def lower_ops(schedule):
@@ -154,19 +195,11 @@ def lower_ops(schedule):
     check. Recorded arrays of non-static buffers are never written by
     replay; a static one may hold a later call's values, and then the check
     fails and the op keeps its node's kernel."""
-    bufs = schedule.buffers
     for op in schedule.ops:
-        rop = getattr(op, 'lower_from', None)
-        if rop is None:
-            continue
-        op.lower_from = None
-        kernel = lowering.fast_kernel(
-            rop, [bufs[b].storage for b in op.inputs],
-            [bufs[b].storage for b in op.outputs])
-        if kernel is not None:
-            op.fn = kernel
-            op._attrs = functools.partial(_attrs_with_kernel, rop.node,
-                                          kernel.__name__)
+        if op.lower_from is not None:
+            rop, ins, outs = op.lower_from
+            op.lower_from = None
+            _lower(op, rop, ins, outs)
 
 
 class Entry(object):
@@ -273,7 +306,7 @@ class Entry(object):
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
-        self._rec_arrays = rec.arrays   # keep storages' ids unique & alive
+        release_recording(rec)
         self.state = 'complete'
 
     def _reused(self, bufs, b):

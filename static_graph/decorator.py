@@ -100,7 +100,8 @@ def static_graph(method=None, **options):
 
     cache_size: how many keys (argument shapes/dtypes/values, config flags)
         are kept per chain and method, least recently used out (default 16).
-    warn_retrace: warn when a chain has recorded this many times (default 8).
+    warn_retrace: warn when a chain has recorded this many times, and again
+        at 2, 4, 8... times as many (default 8).
     """
     unknown = set(options) - {'cache_size', 'warn_retrace'}
     if unknown:
@@ -467,9 +468,14 @@ def _maybe_warn_retrace(cache, key, why=None):
     cache.last_recorded_key = key
     if cache.recordings < cache.warn_retrace or last is None:
         return
+    # Warn at warn_retrace x 1, 2, 4, 8... recordings: a chain that keeps
+    # recording is reported, but a long run does not fill the log.
+    n = cache.recordings // cache.warn_retrace
+    if n & (n - 1):
+        return
     change = why or describe_key_change(last, key)
     diagnostics.warn_once(
-        ('retrace', cache.owner_name, cache.recordings // cache.warn_retrace),
+        ('retrace', cache.owner_name, n),
         '%s has recorded %d times; each new argument shape, dtype, value or '
         'config flag records again. Why the last one recorded: %s'
         % (cache.owner_name, cache.recordings, change))

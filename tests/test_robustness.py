@@ -134,6 +134,19 @@ def test_warn_retrace_names_what_changed():
     assert '[3,3]' in msg and '[4,3]' in msg, msg   # the shape that changed
 
 
+def test_warn_retrace_repeats_at_doubling_counts():
+    """A chain that keeps recording warns at warn_retrace x 1, 2, 4, 8...
+    recordings, not at every multiple: a long run does not fill the log."""
+    a, b = make_twins(mlp, warn_retrace=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for n in range(1, 21):
+            step(b, data(n, 3))    # a new batch size: records each time
+    counts = [int(str(w.message).split('recorded ')[1].split(' ')[0])
+              for w in caught if issubclass(w.category, StaticGraphWarning)]
+    assert counts == [2, 4, 8, 16], counts
+
+
 def test_warn_retrace_names_a_changed_config_flag():
     a, b = make_twins(mlp, warn_retrace=2)
     x = data(2, 3)

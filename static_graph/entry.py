@@ -98,7 +98,8 @@ def _view_once(rop, bufs, roots):
 
 def link_structure(chain, written=()):
     """What replay assumes of the chain's structure: (dict, name, object)
-    for every child link, Parameter and non-persistent array or Variable
+    for every child link, Parameter, persistent array (nodes may hold it by
+    reference: BatchNorm's running statistics) and other array or Variable
     attribute of its links (except those the method itself writes), and
     each link's sets of parameter and child names."""
     same, sets = [], []
@@ -108,7 +109,7 @@ def link_structure(chain, written=()):
         persistent = getattr(link, '_persistent', ())
         children = getattr(link, '_children', None)
         for k, v in d.items():
-            if (id(d), k) in skip or k in persistent:
+            if (id(d), k) in skip and k not in persistent:
                 continue
             if isinstance(v, (chainer.Link, chainer.Variable)) or \
                     recorder.is_array(v):
@@ -189,12 +190,11 @@ def release_recording(rec):
 
 
 def lower_ops(schedule):
-    """Give ops a cheaper kernel where one reproduces the recorded outputs
-    bit for bit (lowering.py). Done when a schedule is compiled (its third
-    run), not while recording: a key used once or twice never pays for the
-    check. Recorded arrays of non-static buffers are never written by
-    replay; a static one may hold a later call's values, and then the check
-    fails and the op keeps its node's kernel."""
+    """Lower the small ops _ir_ops deferred (lowering.py) when a schedule
+    is compiled (its third run), not while recording: a key used once or
+    twice never pays for the check. Recorded arrays of non-static buffers
+    are never written by replay; a static one may hold a later call's
+    values, and then the check fails and the op keeps its node's kernel."""
     for op in schedule.ops:
         if op.lower_from is not None:
             rop, ins, outs = op.lower_from
@@ -228,15 +228,6 @@ class Entry(object):
         self.link_attr_pairs, self.link_attr_values = link_attrs
         self.params = [p for _, _, p in params]
         self.param_ids = tuple(id(p.array) for p in self.params)
-        # Every persistent array of the chain: nodes may hold them by
-        # reference (BatchNorm's running statistics), so replacing one needs
-        # a new recording.
-        self.persist_check = []
-        for _, link in chain.namedlinks():
-            d = link.__dict__
-            for name in getattr(link, '_persistent', ()):
-                if recorder.is_array(d.get(name)):
-                    self.persist_check.append((d, name, id(d[name])))
         self.structure, self.link_sets = link_structure(
             chain, [w[:2] for w in attr_writes])
         self.out_spec = out_spec
@@ -355,11 +346,9 @@ class Entry(object):
         for p, i in zip(self.params, self.param_ids):
             if id(p.array) != i:
                 return False
-        for d, name, i in self.persist_check:
-            if id(d.get(name)) != i:
-                return False
-        # The same child links, Parameter objects and array attributes
-        # (a link swapped, a Parameter or class weights replaced)...
+        # The same child links, Parameter objects, persistent and other
+        # array attributes (a link swapped, a Parameter, running statistics
+        # or class weights replaced)...
         for d, name, v in self.structure:
             if d.get(name) is not v:
                 return False

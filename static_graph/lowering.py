@@ -77,10 +77,9 @@ def fast_kernel(rop, in_arrays, out_arrays):
     It is checked once on the recorded inputs: it must reproduce the
     recorded outputs bit for bit.
     """
-    factory = FAST.get(rop.kind)
-    if factory is None or rop.state:
+    if not candidate(rop):
         return None
-    kernel = factory(rop, rop.node, in_arrays)
+    kernel = FAST[rop.kind](rop, rop.node, in_arrays)
     if kernel is None:
         return None
     if kernel.__name__ == '<lambda>':

@@ -122,6 +122,19 @@ def _scan(obj, depth, arrays, nodes):
         _scan(vars(obj), depth - 1, arrays, nodes)
 
 
+_REBIND_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
+
+
+def _rebindable(rec, op, v):
+    """Is attribute value v exactly a recorded buffer's array (not one of
+    the op's own outputs) that replay can pass in afresh?"""
+    if not recorder.is_array(v):
+        return False
+    bid = rec.by_id.get(id(v))
+    return bid is not None and bid not in op.outputs and \
+        rec.buffers[bid].role in _REBIND_ROLES
+
+
 def mark_captured(rec, chain_map):
     """Mark static every buffer some recorded node holds a reference to.
 
@@ -134,6 +147,7 @@ def mark_captured(rec, chain_map):
     by_node = {id(op.node): op for op in ops}
     n_forward = len(rec.forward_ops)
     forward_consts = set()
+    referenced = set()   # ids of nodes another node holds
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every
         # replay; what the node was constructed with (ctor arguments) is a
@@ -142,10 +156,18 @@ def mark_captured(rec, chain_map):
         own = set(op.inputs) | set(op.outputs)
         arrays, nodes = [], []
         for k, v in op.node.__dict__.items():
-            if k not in recorder._APPLY_KEYS:
-                found = []
-                _scan(v, _SCAN_DEPTH, found, nodes)
-                arrays.extend((a, k in set_by_forward) for a in found)
+            if k in recorder._APPLY_KEYS:
+                continue
+            if i >= n_forward and k not in set_by_forward and \
+                    _rebindable(rec, op, v):
+                # A backward node built with a recorded array (ReLUGrad2's
+                # ``b = y``): replay hands it the current one as an extra
+                # input, so the buffer need not be static.
+                op.rebind.append((k, rec.by_id[id(v)]))
+                continue
+            found = []
+            _scan(v, _SCAN_DEPTH, found, nodes)
+            arrays.extend((a, k in set_by_forward) for a in found)
         for a, refreshed in arrays:
             if a is None:
                 continue
@@ -174,6 +196,14 @@ def mark_captured(rec, chain_map):
                 # It may read the other node's state live: keep it static.
                 for _, bid in other.state:
                     rec.buffers[bid].static = True
+                referenced.add(id(node))
+    for op in rec.backward_ops:
+        if op.rebind and id(op.node) in referenced:
+            # Another node may read the attribute between replays: keep
+            # the recorded reference and the buffer static instead.
+            for _, bid in op.rebind:
+                rec.buffers[bid].static = True
+            op.rebind = []
     promote_view_roots(rec)
     for a, kind, source in rec.pending_backward_consts:
         if id(a) not in forward_consts and not _shape_derived(a):

@@ -38,13 +38,23 @@ def _copyto_for(arrays):
 
 def make_kernel(rop, static_attrs):
     """The callable an op runs at replay: the node's own forward, with its
-    pre-forward attributes restored first and its hidden state returned."""
+    pre-forward attributes restored first, the arrays it was built with
+    rebound and its hidden state returned."""
+    kernel = _state_kernel(rop, static_attrs)
+    if rop.rebind:
+        kernel = _rebinding_kernel(kernel, rop.node.__dict__,
+                                   len(rop.inputs),
+                                   tuple(k for k, _ in rop.rebind))
+    return kernel
+
+
+def _state_kernel(rop, static_attrs):
     forward = rop.node.forward
     restore = tuple(rop.restore)
     state_keys = tuple(k for k, _ in rop.state)
+    d = rop.node.__dict__
     if not restore and not state_keys:
         return forward
-    d = rop.node.__dict__
     missing = recorder.MISSING
 
     def kernel(inputs):
@@ -59,6 +69,22 @@ def make_kernel(rop, static_attrs):
             for k, storage in static_attrs:
                 d[k] = storage   # live readers see the refreshed storage
         return out
+
+    return kernel
+
+
+def _rebinding_kernel(inner, d, n, keys):
+    """Backward nodes built with arrays (analysis.mark_captured): the
+    current arrays come after the node's n inputs; the node holds them only
+    while it runs, so nothing of one call outlives it."""
+    def kernel(inputs):
+        for k, a in zip(keys, inputs[n:]):
+            d[k] = a
+        try:
+            return inner(inputs[:n])
+        finally:
+            for k in keys:
+                d[k] = None
 
     return kernel
 
@@ -139,14 +165,20 @@ def _ir_ops(rec, rops):
             continue
         static_attrs = [(k, bufs[b].storage) for k, b in rop.state
                         if bufs[b].static]
-        op = ir.Op(rop.kind, rop.inputs, rop.outputs,
+        op = ir.Op(rop.kind, rop.inputs + tuple(b for _, b in rop.rebind),
+                   rop.outputs,
                    functools.partial(describe.describe, rop.node),
                    rop.source, make_kernel(rop, static_attrs), rop.select)
         if lowering.candidate(rop):
             ins = [bufs[b].storage for b in rop.inputs]
             outs = [bufs[b].storage for b in rop.outputs]
             if sum(a.nbytes for a in ins + outs) <= _DEFER_LOWERING_BYTES:
-                op.lower_from = (rop, ins, outs)   # checked at compile
+                # Checked at compile; by then an optimizer may have updated
+                # parameters in place: check against their recorded values.
+                ins = [a.copy() if bufs[b].role in (ir.PARAM, ir.PERSIST)
+                       or bufs[b].static else a
+                       for a, b in zip(ins, rop.inputs)]
+                op.lower_from = (rop, ins, outs)
             else:
                 _lower(op, rop, ins, outs)   # cheap next to its neighbours
         ops.append(op)
@@ -181,6 +213,8 @@ def release_recording(rec):
     rec.by_id = {}
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
+        for k, _ in rop.rebind:
+            node.__dict__[k] = None
         if node.__dict__.get('_retained_output_data') is not None:
             node._retained_output_data = None
         for vn in node.inputs or ():

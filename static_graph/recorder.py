@@ -155,7 +155,7 @@ def uninstall():
 
 class RecordedOp(object):
     __slots__ = ('node', 'kind', 'inputs', 'outputs', 'select', 'state',
-                 'restore', 'source', 'attrs')
+                 'restore', 'source', 'attrs', 'rebind')
 
     def __init__(self, node, kind, inputs, outputs, select, state, restore,
                  source, attrs):
@@ -168,6 +168,9 @@ class RecordedOp(object):
         self.restore = restore    # [(attr, value before forward)]
         self.source = source
         self.attrs = attrs
+        # [(attr, buffer id)]: arrays the node was built with, passed to it
+        # as extra inputs at every replay (analysis.mark_captured).
+        self.rebind = []
 
 
 class Recording(object):

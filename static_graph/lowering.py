@@ -55,7 +55,42 @@ def _tanh_grad(rop, node, xs):
         return lambda a: (a[1] * (one - a[0] * a[0]),)
 
 
+def _plain_conv(node, in_arrays):
+    """A convolution the NumPy kernels of schedules.numpy_conv compute
+    like Chainer's CPU path: no groups, dilation, cover_all, iDeep or
+    non-standard memory layout."""
+    return _plain_cpu(in_arrays) and in_arrays[0].ndim == 4 and \
+        getattr(node, 'groups', 1) == 1 and \
+        (node.dy, node.dx) == (1, 1) and not node.cover_all and \
+        not getattr(node, '_use_ideep', False) and \
+        not getattr(node, 'cudnn_fast', False) and \
+        all(lay is None for lay in node._input_layouts or ())
+
+
+def _convolution_2d(rop, node, xs):
+    from schedules import numpy_conv
+    if not _plain_conv(node, xs) or xs[1].dtype != xs[0].dtype:
+        return None
+    sy, sx, ph, pw = node.sy, node.sx, node.ph, node.pw
+    conv2d = numpy_conv.conv2d
+    if len(xs) == 2:
+        return lambda a: (conv2d(a[0], a[1], None, sy, sx, ph, pw),)
+    return lambda a: (conv2d(a[0], a[1], a[2], sy, sx, ph, pw),)
+
+
+def _convolution_2d_grad_w(rop, node, xs):
+    from schedules import numpy_conv
+    if not _plain_conv(node, xs) or node.w_layout is not None:
+        return None
+    args = (node.kh, node.kw, node.sy, node.sx, node.ph, node.pw,
+            node.W_dtype)
+    grad_w = numpy_conv.conv2d_grad_w
+    return lambda a: (grad_w(a[0], a[1], *args),)
+
+
 FAST = {
+    'Convolution2DFunction': _convolution_2d,
+    'Convolution2DGradW': _convolution_2d_grad_w,
     'Add': _add,
     'Mul': _mul,
     'AddConstant': _add_constant,
@@ -67,7 +102,7 @@ FAST = {
 
 def candidate(rop):
     """May ``rop`` get a cheaper kernel (checked later by fast_kernel)?"""
-    return rop.kind in FAST and not rop.state
+    return rop.kind in FAST and not rop.state and not rop.rebind
 
 
 def fast_kernel(rop, in_arrays, out_arrays):
@@ -88,8 +123,10 @@ def fast_kernel(rop, in_arrays, out_arrays):
     if len(got) != len(out_arrays):
         return None
     for g, want in zip(got, out_arrays):
+        # The same layout too: a later reduction's summation order follows
+        # its input's strides.
         if type(g) is not type(want) or g.shape != want.shape or \
-                g.dtype != want.dtype or \
+                g.dtype != want.dtype or g.strides != want.strides or \
                 not numpy.array_equal(g, want):
             return None
     return kernel

@@ -80,3 +80,100 @@ def test_zero_dim_results_keep_the_node_kernel():
     # s * 2.0 (and its backward) are 0-d: the node's own kernel.
     zero_dim = [name for kind, name in kernels(m) if kind == 'MulConstant']
     assert zero_dim and all(not n.startswith('numpy_') for n in zero_dim)
+
+
+class ConvNet(chainer.Chain):
+    """1x1, 3x3 (padded, strided), an RGB-like first layer (few channels)
+    and a bias-free convolution."""
+
+    def __init__(self, c_in):
+        super(ConvNet, self).__init__()
+        import chainer.links as L
+        with self.init_scope():
+            self.c1 = L.Convolution2D(c_in, 16, 5, stride=2, pad=2)
+            self.c2 = L.Convolution2D(16, 16, 3, pad=1, nobias=True)
+            self.c3 = L.Convolution2D(16, 12, 1, stride=2)
+            self.c4 = L.Convolution2D(12, 8, (2, 3), stride=(1, 2), pad=(0, 1))
+            self.fc = L.Linear(None, 5)
+
+    def forward(self, x, t):
+        h = F.relu(self.c1(x))
+        h = F.relu(self.c2(h)) + h
+        h = F.relu(self.c4(F.relu(self.c3(h))))
+        return F.softmax_cross_entropy(self.fc(h), t)
+
+
+StaticConvNet = type('StaticConvNet', (ConvNet,),
+                     {'forward': static_graph(ConvNet.forward)})
+
+
+@pytest.mark.parametrize('c_in', [3, 9])
+def test_numpy_convolution_kernels_replay_bit_for_bit(c_in):
+    """Forward and weight-gradient convolutions run schedules.numpy_conv
+    and training stays bit for bit equal to define-by-run."""
+    rs = numpy.random.RandomState(2)
+    a = ConvNet(c_in)
+    b = StaticConvNet(c_in)
+    x0 = rs.standard_normal((4, c_in, 15, 14)).astype('f')
+    with chainer.using_config('use_static_graph', False):
+        b(x0, numpy.zeros(4, 'i'))    # initialize fc
+        a(x0, numpy.zeros(4, 'i'))
+    b.copyparams(a)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.MomentumSGD(0.05)
+        o.setup(m)
+        opts.append(o)
+    for i in range(4):
+        x = rs.standard_normal((4, c_in, 15, 14)).astype('f')
+        t = rs.randint(0, 5, 4).astype('i')
+        losses = []
+        for m, o in zip((a, b), opts):
+            m.cleargrads()
+            loss = m(x, t)
+            loss.backward()
+            o.update()
+            losses.append(loss.array)
+        assert losses[0] == losses[1]
+        for (n1, p1), (n2, p2) in zip(sorted(a.namedparams()),
+                                      sorted(b.namedparams())):
+            numpy.testing.assert_array_equal(p1.grad, p2.grad, err_msg=n1)
+            numpy.testing.assert_array_equal(p1.array, p2.array, err_msg=n1)
+    used = kernels(b)
+    names = [n for k, n in used if k in ('Convolution2DFunction',
+                                         'Convolution2DGradW')]
+    assert len(names) == 8
+    assert all(n.startswith('numpy_') for n in names), used
+
+
+def test_convolution_kernel_rejected_where_bits_differ():
+    """A single-channel, single-image, single-filter convolution: NumPy's
+    tensordot keeps a view there and BLAS gives other bits, so the check
+    made while recording keeps Chainer's own kernel."""
+    import chainer.links as L
+
+    class One(chainer.Chain):
+        def __init__(self):
+            super(One, self).__init__()
+            with self.init_scope():
+                self.c = L.Convolution2D(1, 1, 3, initialW=numpy.random.
+                                         RandomState(0).rand(1, 1, 3, 3))
+
+        @static_graph
+        def forward(self, x):
+            return F.sum(self.c(x) ** 2)
+
+    m = One()
+    x = numpy.random.RandomState(1).rand(1, 1, 5, 5).astype('f')
+    for _ in range(3):
+        m.cleargrads()
+        m(x).backward()
+    from static_graph import lowering
+    from schedules import numpy_conv
+    got = numpy_conv.conv2d(x, m.c.W.array, m.c.b.array, 1, 1, 0, 0)
+    want = F.convolution_2d(x, m.c.W.array, m.c.b.array).array
+    if got.tobytes() == want.tobytes():
+        pytest.skip('this BLAS gives the same bits here')
+    names = dict(kernels(m))
+    assert not names['Convolution2DFunction'].startswith('numpy_')
+    assert lowering.FAST['Convolution2DFunction']   # it was a candidate

@@ -1,0 +1,79 @@
+"""2-D convolution kernels for NumPy that skip copies, not arithmetic.
+
+The usual CPU convolution (Chainer's, for one) builds ``col`` as
+``(N, C, kh, kw, oh, ow)`` after padding the image with ``numpy.pad``, and
+``numpy.tensordot`` then copies it once more into the ``(N*oh*ow, C*kh*kw)``
+matrix it hands to BLAS. These kernels build that matrix directly (one
+strided copy per kernel offset, or none beyond a transpose for 1x1
+convolutions) and make the very same ``dot`` call, so the results are the
+same bits in the same memory layout.
+
+Only plain convolutions: no groups, no dilation, no ``cover_all``.
+"""
+import numpy
+from numpy.lib.stride_tricks import as_strided
+
+
+def out_size(size, k, s, p):
+    return (size + 2 * p - k) // s + 1
+
+
+def _padded(x, ph, pw):
+    if not ph and not pw:
+        return x
+    n, c, h, w = x.shape
+    img = numpy.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=x.dtype)
+    img[:, :, ph:ph + h, pw:pw + w] = x
+    return img
+
+
+def col_rows(x, kh, kw, sy, sx, ph, pw):
+    """The im2col matrix of x as ``tensordot`` lays it out: C-contiguous
+    ``(N*oh*ow, C*kh*kw)``, row (n, y, x), column (c, ky, kx)."""
+    n, c, h, w = x.shape
+    oh, ow = out_size(h, kh, sy, ph), out_size(w, kw, sx, pw)
+    if kh == 1 and kw == 1 and not ph and not pw:
+        # A (strided) transpose: reshape copies it into the right order.
+        v = x[:, :, :sy * (oh - 1) + 1:sy, :sx * (ow - 1) + 1:sx]
+        return numpy.ascontiguousarray(
+            v.transpose(0, 2, 3, 1)).reshape(n * oh * ow, c)
+    img = _padded(x, ph, pw)
+    if c < 8:
+        # Few channels (an RGB input layer): one 6-D strided copy.
+        s = img.strides
+        v = as_strided(img, (n, oh, ow, c, kh, kw),
+                       (s[0], s[2] * sy, s[3] * sx, s[1], s[2], s[3]))
+        return numpy.ascontiguousarray(v).reshape(n * oh * ow, c * kh * kw)
+    buf = numpy.empty((n, oh, ow, c, kh, kw), dtype=x.dtype)
+    for j in range(kh):
+        for i in range(kw):
+            buf[:, :, :, :, j, i] = img[:, :, j:j + sy * oh:sy,
+                                        i:i + sx * ow:sx].transpose(0, 2, 3, 1)
+    return buf.reshape(n * oh * ow, c * kh * kw)
+
+
+def conv2d(x, W, b, sy, sx, ph, pw):
+    """y = conv(x, W) + b as ``(N, oc, oh, ow)``, a view of a contiguous
+    ``(N, oh, ow, oc)`` array (the layout Chainer's CPU path returns)."""
+    n, _, h, w = x.shape
+    oc, c, kh, kw = W.shape
+    oh, ow = out_size(h, kh, sy, ph), out_size(w, kw, sx, pw)
+    at = col_rows(x, kh, kw, sy, sx, ph, pw)
+    bt = W.transpose(1, 2, 3, 0).reshape(c * kh * kw, oc)
+    y = numpy.dot(at, bt).reshape(n, oh, ow, oc).astype(x.dtype, copy=False)
+    if b is not None:
+        y += b
+    return numpy.rollaxis(y, 3, 1)
+
+
+def conv2d_grad_w(x, gy, kh, kw, sy, sx, ph, pw, w_dtype):
+    """dL/dW of conv2d from its input x and output gradient gy."""
+    oc = gy.shape[1]
+    c = x.shape[1]
+    if not (gy.flags.c_contiguous or gy.flags.f_contiguous) and \
+            1 in gy.shape:
+        gy = numpy.ascontiguousarray(gy)   # as Chainer does (numpy#2744)
+    at = gy.transpose(1, 0, 2, 3).reshape(oc, -1)
+    bt = col_rows(x, kh, kw, sy, sx, ph, pw)
+    return numpy.dot(at, bt).reshape(oc, c, kh, kw).astype(w_dtype,
+                                                           copy=False)

@@ -77,3 +77,26 @@ def conv2d_grad_w(x, gy, kh, kw, sy, sx, ph, pw, w_dtype):
     bt = col_rows(x, kh, kw, sy, sx, ph, pw)
     return numpy.dot(at, bt).reshape(oc, c, kh, kw).astype(w_dtype,
                                                            copy=False)
+
+
+def _col2im(col, sy, sx, ph, pw, h, w):
+    n, c, kh, kw, oh, ow = col.shape
+    if (kh, kw, sy, sx, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, w):
+        # Every pixel gets exactly one term: 0 + v, without the zero fill.
+        img = numpy.empty((n, c, h, w), dtype=col.dtype)
+        numpy.add(col[:, :, 0, 0], col.dtype.type(0), out=img)
+        return img
+    img = numpy.zeros((n, c, h + 2 * ph + sy - 1, w + 2 * pw + sx - 1),
+                      dtype=col.dtype)
+    for j in range(kh):
+        for i in range(kw):
+            img[:, :, j:j + sy * oh:sy, i:i + sx * ow:sx] += col[:, :, j, i]
+    return img[:, :, ph:h + ph, pw:w + pw]
+
+
+def deconv2d(x, W, sy, sx, ph, pw, outh, outw):
+    """Transposed convolution (the input gradient of conv2d) without bias:
+    the same tensordot and the same accumulation order as Chainer's CPU
+    path; a 1x1, stride-1 one skips the zero fill."""
+    gcol = numpy.tensordot(W, x, (0, 1)).astype(x.dtype, copy=False)
+    return _col2im(numpy.rollaxis(gcol, 3), sy, sx, ph, pw, outh, outw)

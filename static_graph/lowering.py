@@ -88,7 +88,18 @@ def _convolution_2d_grad_w(rop, node, xs):
     return lambda a: (grad_w(a[0], a[1], *args),)
 
 
+def _deconvolution_2d(rop, node, xs):
+    from schedules import numpy_conv
+    if len(xs) != 2 or not _plain_conv(node, xs) or \
+            xs[1].dtype != xs[0].dtype or node.outh is None:
+        return None
+    args = (node.sy, node.sx, node.ph, node.pw, node.outh, node.outw)
+    deconv2d = numpy_conv.deconv2d
+    return lambda a: (deconv2d(a[0], a[1], *args),)
+
+
 FAST = {
+    'Deconvolution2DFunction': _deconvolution_2d,
     'Convolution2DFunction': _convolution_2d,
     'Convolution2DGradW': _convolution_2d_grad_w,
     'Add': _add,

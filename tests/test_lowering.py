@@ -83,8 +83,8 @@ def test_zero_dim_results_keep_the_node_kernel():
 
 
 class ConvNet(chainer.Chain):
-    """1x1, 3x3 (padded, strided), an RGB-like first layer (few channels)
-    and a bias-free convolution."""
+    """1x1 (strided and not), 3x3 (padded), non-square and strided kernels,
+    an RGB-like first layer (few channels) and a bias-free convolution."""
 
     def __init__(self, c_in):
         super(ConvNet, self).__init__()
@@ -94,12 +94,14 @@ class ConvNet(chainer.Chain):
             self.c2 = L.Convolution2D(16, 16, 3, pad=1, nobias=True)
             self.c3 = L.Convolution2D(16, 12, 1, stride=2)
             self.c4 = L.Convolution2D(12, 8, (2, 3), stride=(1, 2), pad=(0, 1))
+            self.c5 = L.Convolution2D(8, 8, 1)
             self.fc = L.Linear(None, 5)
 
     def forward(self, x, t):
         h = F.relu(self.c1(x))
         h = F.relu(self.c2(h)) + h
         h = F.relu(self.c4(F.relu(self.c3(h))))
+        h = F.relu(self.c5(h)) * h
         return F.softmax_cross_entropy(self.fc(h), t)
 
 
@@ -109,8 +111,9 @@ StaticConvNet = type('StaticConvNet', (ConvNet,),
 
 @pytest.mark.parametrize('c_in', [3, 9])
 def test_numpy_convolution_kernels_replay_bit_for_bit(c_in):
-    """Forward and weight-gradient convolutions run schedules.numpy_conv
-    and training stays bit for bit equal to define-by-run."""
+    """Convolutions, their weight gradients and their input gradients
+    (deconvolutions) run schedules.numpy_conv, and training stays bit for
+    bit equal to define-by-run."""
     rs = numpy.random.RandomState(2)
     a = ConvNet(c_in)
     b = StaticConvNet(c_in)
@@ -141,8 +144,9 @@ def test_numpy_convolution_kernels_replay_bit_for_bit(c_in):
             numpy.testing.assert_array_equal(p1.array, p2.array, err_msg=n1)
     used = kernels(b)
     names = [n for k, n in used if k in ('Convolution2DFunction',
-                                         'Convolution2DGradW')]
-    assert len(names) == 8
+                                         'Convolution2DGradW',
+                                         'Deconvolution2DFunction')]
+    assert len(names) == 5 + 5 + 4
     assert all(n.startswith('numpy_') for n in names), used
 
 
@@ -177,3 +181,43 @@ def test_convolution_kernel_rejected_where_bits_differ():
     names = dict(kernels(m))
     assert not names['Convolution2DFunction'].startswith('numpy_')
     assert lowering.FAST['Convolution2DFunction']   # it was a candidate
+
+
+@pytest.mark.parametrize('n,c,h,w,oc,k,s,p', [
+    (2, 5, 7, 6, 3, 3, 2, 1), (3, 16, 8, 8, 4, 1, 1, 0),
+    (2, 9, 9, 5, 8, (2, 3), (3, 1), (2, 0)), (2, 3, 11, 11, 6, 5, 2, 2),
+    (1, 12, 4, 4, 7, 1, 2, 0)])
+def test_numpy_conv_matches_chainer_bytes(n, c, h, w, oc, k, s, p):
+    """The kernels against Chainer's own CPU functions, byte for byte and
+    stride for stride, with -0.0, inf and NaN among the values."""
+    from schedules import numpy_conv
+    k = k if isinstance(k, tuple) else (k, k)
+    s = s if isinstance(s, tuple) else (s, s)
+    p = p if isinstance(p, tuple) else (p, p)
+    rs = numpy.random.RandomState(3)
+    x = rs.standard_normal((n, c, h, w)).astype('f')
+    W = rs.standard_normal((oc, c) + k).astype('f')
+    b = rs.standard_normal(oc).astype('f')
+    x.flat[::7] = -0.0
+    want = F.convolution_2d(x, W, b, stride=s, pad=p).array
+    got = numpy_conv.conv2d(x, W, b, s[0], s[1], p[0], p[1])
+    assert got.strides == want.strides and got.tobytes() == want.tobytes()
+    gy = rs.standard_normal(want.shape).astype('f')
+    gy.flat[::5] = -0.0
+    gy.flat[3] = numpy.inf
+    gy.flat[4] = numpy.nan
+    want_gx = F.deconvolution_2d(gy, W, stride=s, pad=p,
+                                 outsize=(h, w)).array
+    got_gx = numpy_conv.deconv2d(gy, W, s[0], s[1], p[0], p[1], h, w)
+    assert got_gx.strides == want_gx.strides
+    assert got_gx.tobytes() == want_gx.tobytes()
+    gy[~numpy.isfinite(gy)] = 1
+    from chainer.functions.connection import convolution_2d as c2d
+    node = c2d.Convolution2DFunction(stride=s, pad=p)
+    node.apply((x, W))
+    want_gw, = c2d.Convolution2DGradW(node, W.shape, W.dtype, None).apply(
+        (x, gy))
+    got_gw = numpy_conv.conv2d_grad_w(x, gy, k[0], k[1], s[0], s[1], p[0],
+                                      p[1], W.dtype)
+    assert got_gw.strides == want_gw.array.strides
+    assert got_gw.tobytes() == want_gw.array.tobytes()

@@ -8,7 +8,8 @@ strided copy per kernel offset, or none beyond a transpose for 1x1
 convolutions) and make the very same ``dot`` call, so the results are the
 same bits in the same memory layout.
 
-Only plain convolutions: no groups, no dilation, no ``cover_all``.
+Grouped convolutions build ``(C, kh, kw, N, oh, ow)`` the same way and make
+the same ``matmul`` call. No dilation, no ``cover_all``.
 """
 import numpy
 from numpy.lib.stride_tricks import as_strided
@@ -100,3 +101,43 @@ def deconv2d(x, W, sy, sx, ph, pw, outh, outw):
     path; a 1x1, stride-1 one skips the zero fill."""
     gcol = numpy.tensordot(W, x, (0, 1)).astype(x.dtype, copy=False)
     return _col2im(numpy.rollaxis(gcol, 3), sy, sx, ph, pw, outh, outw)
+
+
+def col_groups(x, kh, kw, sy, sx, ph, pw):
+    """The im2col array of x as a grouped convolution lays it out:
+    C-contiguous ``(C, kh, kw, N, oh, ow)``."""
+    n, c, h, w = x.shape
+    oh, ow = out_size(h, kh, sy, ph), out_size(w, kw, sx, pw)
+    img = _padded(x, ph, pw)
+    buf = numpy.empty((c, kh, kw, n, oh, ow), dtype=x.dtype)
+    for j in range(kh):
+        for i in range(kw):
+            buf[:, j, i] = img[:, :, j:j + sy * oh:sy,
+                               i:i + sx * ow:sx].transpose(1, 0, 2, 3)
+    return buf
+
+
+def conv2d_grouped(x, W, b, groups, sy, sx, ph, pw):
+    """conv2d with ``groups`` groups, laid out as Chainer's CPU path."""
+    n, c, h, w = x.shape
+    oc, cg, kh, kw = W.shape
+    col = col_groups(x, kh, kw, sy, sx, ph, pw)
+    oh, ow = col.shape[-2:]
+    col = col.reshape(groups, cg * kh * kw, n * oh * ow)
+    y = numpy.matmul(W.reshape(groups, oc // groups, cg * kh * kw),
+                     col).astype(x.dtype, copy=False)
+    y = y.reshape(oc, n, oh, ow).transpose(1, 0, 2, 3)
+    if b is not None:
+        y += b.reshape(1, b.size, 1, 1)
+    return y
+
+
+def conv2d_grouped_grad_w(x, gy, groups, kh, kw, sy, sx, ph, pw, w_dtype):
+    """dL/dW of conv2d_grouped."""
+    n, c, h, w = x.shape
+    _, oc, oh, ow = gy.shape
+    col = col_groups(x, kh, kw, sy, sx, ph, pw)
+    col = col.reshape(groups, c // groups * kh * kw, n * oh * ow)
+    gy = gy.transpose(1, 0, 2, 3).reshape(groups, oc // groups, n * oh * ow)
+    gW = numpy.matmul(gy, col.transpose(0, 2, 1)).astype(w_dtype, copy=False)
+    return gW.reshape(oc, c // groups, kh, kw)

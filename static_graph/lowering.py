@@ -57,10 +57,9 @@ def _tanh_grad(rop, node, xs):
 
 def _plain_conv(node, in_arrays):
     """A convolution the NumPy kernels of schedules.numpy_conv compute
-    like Chainer's CPU path: no groups, dilation, cover_all, iDeep or
-    non-standard memory layout."""
+    like Chainer's CPU path: no dilation, cover_all, iDeep or non-standard
+    memory layout."""
     return _plain_cpu(in_arrays) and in_arrays[0].ndim == 4 and \
-        getattr(node, 'groups', 1) == 1 and \
         (node.dy, node.dx) == (1, 1) and not node.cover_all and \
         not getattr(node, '_use_ideep', False) and \
         not getattr(node, 'cudnn_fast', False) and \
@@ -72,6 +71,12 @@ def _convolution_2d(rop, node, xs):
     if not _plain_conv(node, xs) or xs[1].dtype != xs[0].dtype:
         return None
     sy, sx, ph, pw = node.sy, node.sx, node.ph, node.pw
+    g = node.groups
+    if g > 1:
+        grouped = numpy_conv.conv2d_grouped
+        if len(xs) == 2:
+            return lambda a: (grouped(a[0], a[1], None, g, sy, sx, ph, pw),)
+        return lambda a: (grouped(a[0], a[1], a[2], g, sy, sx, ph, pw),)
     conv2d = numpy_conv.conv2d
     if len(xs) == 2:
         return lambda a: (conv2d(a[0], a[1], None, sy, sx, ph, pw),)
@@ -84,13 +89,17 @@ def _convolution_2d_grad_w(rop, node, xs):
         return None
     args = (node.kh, node.kw, node.sy, node.sx, node.ph, node.pw,
             node.W_dtype)
+    if node.groups > 1:
+        grouped = numpy_conv.conv2d_grouped_grad_w
+        args = (node.groups,) + args
+        return lambda a: (grouped(a[0], a[1], *args),)
     grad_w = numpy_conv.conv2d_grad_w
     return lambda a: (grad_w(a[0], a[1], *args),)
 
 
 def _deconvolution_2d(rop, node, xs):
     from schedules import numpy_conv
-    if len(xs) != 2 or not _plain_conv(node, xs) or \
+    if len(xs) != 2 or not _plain_conv(node, xs) or node.groups != 1 or \
             xs[1].dtype != xs[0].dtype or node.outh is None:
         return None
     args = (node.sy, node.sx, node.ph, node.pw, node.outh, node.outw)

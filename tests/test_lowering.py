@@ -84,7 +84,8 @@ def test_zero_dim_results_keep_the_node_kernel():
 
 class ConvNet(chainer.Chain):
     """1x1 (strided and not), 3x3 (padded), non-square and strided kernels,
-    an RGB-like first layer (few channels) and a bias-free convolution."""
+    an RGB-like first layer (few channels), a bias-free and a depthwise
+    convolution."""
 
     def __init__(self, c_in):
         super(ConvNet, self).__init__()
@@ -95,6 +96,7 @@ class ConvNet(chainer.Chain):
             self.c3 = L.Convolution2D(16, 12, 1, stride=2)
             self.c4 = L.Convolution2D(12, 8, (2, 3), stride=(1, 2), pad=(0, 1))
             self.c5 = L.Convolution2D(8, 8, 1)
+            self.dw = L.Convolution2D(8, 8, 3, pad=1, groups=8)
             self.fc = L.Linear(None, 5)
 
     def forward(self, x, t):
@@ -102,6 +104,7 @@ class ConvNet(chainer.Chain):
         h = F.relu(self.c2(h)) + h
         h = F.relu(self.c4(F.relu(self.c3(h))))
         h = F.relu(self.c5(h)) * h
+        h = self.dw(h)
         return F.softmax_cross_entropy(self.fc(h), t)
 
 
@@ -146,8 +149,10 @@ def test_numpy_convolution_kernels_replay_bit_for_bit(c_in):
     names = [n for k, n in used if k in ('Convolution2DFunction',
                                          'Convolution2DGradW',
                                          'Deconvolution2DFunction')]
-    assert len(names) == 5 + 5 + 4
-    assert all(n.startswith('numpy_') for n in names), used
+    # 6 convolutions, 6 weight gradients, 5 input gradients; the grouped
+    # deconvolution (the depthwise input gradient) keeps Chainer's kernel.
+    assert len(names) == 6 + 6 + 5
+    assert sum(n.startswith('numpy_') for n in names) == 16, used
 
 
 def test_convolution_kernel_rejected_where_bits_differ():
@@ -219,5 +224,30 @@ def test_numpy_conv_matches_chainer_bytes(n, c, h, w, oc, k, s, p):
         (x, gy))
     got_gw = numpy_conv.conv2d_grad_w(x, gy, k[0], k[1], s[0], s[1], p[0],
                                       p[1], W.dtype)
+    assert got_gw.strides == want_gw.array.strides
+    assert got_gw.tobytes() == want_gw.array.tobytes()
+
+
+@pytest.mark.parametrize('n,c,h,oc,k,s,p,g', [
+    (4, 8, 9, 8, 3, 1, 1, 8), (3, 12, 8, 6, 3, 2, 0, 3),
+    (2, 8, 7, 8, 1, 1, 0, 2)])
+def test_numpy_grouped_conv_matches_chainer_bytes(n, c, h, oc, k, s, p, g):
+    """Grouped (depthwise too) convolution and its weight gradient."""
+    from schedules import numpy_conv
+    from chainer.functions.connection import convolution_2d as c2d
+    rs = numpy.random.RandomState(4)
+    x = rs.standard_normal((n, c, h, h + 1)).astype('f')
+    W = rs.standard_normal((oc, c // g, k, k)).astype('f')
+    b = rs.standard_normal(oc).astype('f')
+    want = F.convolution_2d(x, W, b, stride=s, pad=p, groups=g).array
+    got = numpy_conv.conv2d_grouped(x, W, b, g, s, s, p, p)
+    assert got.strides == want.strides and got.tobytes() == want.tobytes()
+    gy = rs.standard_normal(want.shape).astype('f')
+    node = c2d.Convolution2DFunction(stride=s, pad=p, groups=g)
+    node.apply((x, W))
+    want_gw, = c2d.Convolution2DGradW(node, W.shape, W.dtype, None).apply(
+        (x, gy))
+    got_gw = numpy_conv.conv2d_grouped_grad_w(x, gy, g, k, k, s, s, p, p,
+                                              W.dtype)
     assert got_gw.strides == want_gw.array.strides
     assert got_gw.tobytes() == want_gw.array.tobytes()

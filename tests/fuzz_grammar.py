@@ -201,13 +201,20 @@ def _op_conv(b):
     stride = b.draw(st.integers(1, 2))
     pad = b.draw(st.integers(0, 1))
     cout = b.draw(st.integers(1, 4))
+    groups = 1
+    if c > 1 and b.draw(st.booleans()):
+        # Grouped, depthwise when groups == c.
+        groups = b.draw(st.sampled_from(
+            [g for g in range(2, c + 1) if c % g == 0]))
+        cout = groups * b.draw(st.integers(1, 2))
     oh = conv_utils.get_conv_outsize(hh, ksize, stride, pad)
     ow = conv_utils.get_conv_outsize(ww, ksize, stride, pad)
     if oh < 1 or ow < 1 or not b.ok((cout, oh, ow)):
         return _op_act(b)
     n = b.name('conv')
-    b.init.append('self.%s = L.Convolution2D(%d, %d, %d, stride=%d, pad=%d)'
-                  % (n, c, cout, ksize, stride, pad))
+    b.init.append('self.%s = L.Convolution2D(%d, %d, %d, stride=%d, pad=%d%s)'
+                  % (n, c, cout, ksize, stride, pad,
+                     ', groups=%d' % groups if groups > 1 else ''))
     b.body.append('h = self.%s(h)' % n)
     b.shape = (cout, oh, ow)
     b.params += 1

@@ -180,16 +180,31 @@ def _ir_ops(rec, rops):
                        for a, b in zip(ins, rop.inputs)]
                 op.lower_from = (rop, ins, outs)
             else:
-                _lower(op, rop, ins, outs)   # cheap next to its neighbours
+                _probe(op, rop, ins)
         ops.append(op)
     return ops
 
 
-# Small ops are lowered when their schedule compiles, holding on to their
-# recorded arrays until then; larger ones (where the check costs little
-# next to the surrounding convolutions) while recording, so that no large
-# recorded array outlives the recording.
+# Small ops are lowered when their schedule compiles, checked on their
+# recorded arrays, held until then. Larger ones (a convolution) are checked
+# on the first replay's own arrays instead: no large recorded array
+# outlives the recording, and the recording iteration does not pay for the
+# check.
 _DEFER_LOWERING_BYTES = 1 << 16
+
+
+def _probe(op, rop, ins):
+    fast = lowering.propose(rop, ins)
+    if fast is None:
+        return
+
+    def decided(kernel):
+        op.fn = kernel      # what the compiled schedule will call
+        if kernel is fast:
+            op._attrs = functools.partial(_attrs_with_kernel, rop.node,
+                                          fast.__name__)
+
+    op.fn = lowering.probing(op.fn, fast, decided)
 
 
 def _lower(op, rop, ins, outs):

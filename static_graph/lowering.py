@@ -125,28 +125,56 @@ def candidate(rop):
     return rop.kind in FAST and not rop.state and not rop.rebind
 
 
-def fast_kernel(rop, in_arrays, out_arrays):
-    """A cheaper kernel for ``rop`` with these recorded inputs, or None.
-
-    The kernel bypasses the node, so ops with hidden state keep their own.
-    It is checked once on the recorded inputs: it must reproduce the
-    recorded outputs bit for bit.
-    """
+def propose(rop, in_arrays):
+    """A cheaper kernel for ``rop`` given its recorded inputs (types,
+    shapes, attributes), not yet checked; or None. The kernel bypasses the
+    node, so ops with hidden state keep their own."""
     if not candidate(rop):
         return None
     kernel = FAST[rop.kind](rop, rop.node, in_arrays)
-    if kernel is None:
-        return None
-    if kernel.__name__ == '<lambda>':
+    if kernel is not None and kernel.__name__ == '<lambda>':
         kernel.__name__ = 'numpy_' + rop.kind   # for printouts
+    return kernel
+
+
+def same_results(kernel, in_arrays, out_arrays):
+    """Does ``kernel`` give ``out_arrays`` from ``in_arrays`` bit for bit,
+    in the same memory layout (a later reduction's summation order follows
+    its input's strides)?"""
     got = kernel(tuple(in_arrays))
     if len(got) != len(out_arrays):
-        return None
+        return False
     for g, want in zip(got, out_arrays):
-        # The same layout too: a later reduction's summation order follows
-        # its input's strides.
         if type(g) is not type(want) or g.shape != want.shape or \
                 g.dtype != want.dtype or g.strides != want.strides or \
                 not numpy.array_equal(g, want):
-            return None
+            return False
+    return True
+
+
+def fast_kernel(rop, in_arrays, out_arrays):
+    """A cheaper kernel for ``rop``, checked on the recorded arrays: it
+    must reproduce the recorded outputs bit for bit. Or None."""
+    kernel = propose(rop, in_arrays)
+    if kernel is None or not same_results(kernel, in_arrays, out_arrays):
+        return None
     return kernel
+
+
+def probing(kernel, fast, decided):
+    """A kernel that runs ``kernel`` (the node's own) and, on its first
+    call, checks ``fast`` against it on that call's arrays; from then on it
+    runs whichever was chosen, and ``decided(chosen)`` is told once."""
+    chosen = []
+
+    def probe(inputs):
+        if chosen:
+            return chosen[0](inputs)
+        out = kernel(inputs)
+        ok = same_results(fast, inputs, out)
+        chosen.append(fast if ok else kernel)
+        decided(chosen[0])
+        return out
+
+    probe.__name__ = 'probe_' + fast.__name__
+    return probe

@@ -251,3 +251,68 @@ def test_numpy_grouped_conv_matches_chainer_bytes(n, c, h, oc, k, s, p, g):
                                               W.dtype)
     assert got_gw.strides == want_gw.array.strides
     assert got_gw.tobytes() == want_gw.array.tobytes()
+
+
+class BigConv(chainer.Chain):
+    def __init__(self):
+        super(BigConv, self).__init__()
+        import chainer.links as L
+        with self.init_scope():
+            self.c = L.Convolution2D(8, 8, 3, pad=1)
+
+    def forward(self, x):
+        return F.sum(F.relu(self.c(x)) ** 2)
+
+
+StaticBigConv = type('StaticBigConv', (BigConv,),
+                     {'forward': static_graph(BigConv.forward)})
+
+
+def _train_big(monkeypatch=None):
+    a, b = BigConv(), StaticBigConv()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(5)
+    names = []
+    for i in range(4):
+        x = rs.standard_normal((2, 8, 32, 32)).astype('f')
+        for m in (a, b):
+            m.cleargrads()
+            m(x).backward()
+        numpy.testing.assert_array_equal(a.c.W.grad, b.c.W.grad)
+        names.append(dict(kernels(b))['Convolution2DFunction'])
+    return names
+
+
+def test_large_ops_are_checked_on_the_first_replay():
+    """A convolution too large to check while recording (the recording
+    iteration does not pay for it) is checked on the first replay's own
+    arrays, and runs the NumPy kernel from then on."""
+    names = _train_big()
+    assert names[0] == 'probe_numpy_Convolution2DFunction'
+    assert names[1:] == ['numpy_Convolution2DFunction'] * 3, names
+
+
+def test_first_replay_check_rejects_other_bits(monkeypatch):
+    """A kernel that is off by one unit in the last place is caught by the
+    first replay's check: the node's own kernel runs, numbers stay
+    define-by-run's."""
+    from static_graph import lowering
+    real = lowering.FAST['Convolution2DFunction']
+
+    def off_by_one_ulp(rop, node, xs):
+        k = real(rop, node, xs)
+        if k is None:
+            return None
+
+        def kernel(a):
+            y, = k(a)
+            y.flat[0] = numpy.nextafter(y.flat[0], y.dtype.type(numpy.inf))
+            return y,
+        kernel.__name__ = 'off_by_one'
+        return kernel
+
+    monkeypatch.setitem(lowering.FAST, 'Convolution2DFunction',
+                        off_by_one_ulp)
+    names = _train_big()      # asserts define-by-run's gradients
+    assert names[0] == 'probe_off_by_one'
+    assert 'off_by_one' not in names[1:], names

@@ -185,6 +185,9 @@ def mark_captured(rec, chain_map):
                         '(held by %s) from values that replay would freeze'
                         % (op.source or 'an op', op.kind))
                 continue
+            # Read through the attribute, not as an op input: replay must
+            # never write into it (lower_pass donations).
+            rec.held.add(bid)
             if refreshed and bid in own:
                 continue
             buf = rec.buffers[bid]

@@ -24,6 +24,7 @@ from schedules import executor
 from schedules import planner
 from schedules import ir
 from static_graph import describe
+from static_graph import lower_pass
 from static_graph import lowering
 from static_graph import recorder
 from static_graph import signature
@@ -146,10 +147,6 @@ def link_structure(chain, written=()):
     return same, sets
 
 
-def _attrs_with_kernel(node, name):
-    return dict(describe.describe(node), kernel=name)
-
-
 def _ir_ops(rec, rops):
     ops = []
     bufs = rec.buffers
@@ -170,49 +167,9 @@ def _ir_ops(rec, rops):
                    functools.partial(describe.describe, rop.node),
                    rop.source, make_kernel(rop, static_attrs), rop.select)
         if lowering.candidate(rop):
-            ins = [bufs[b].storage for b in rop.inputs]
-            outs = [bufs[b].storage for b in rop.outputs]
-            if sum(a.nbytes for a in ins + outs) <= _DEFER_LOWERING_BYTES:
-                # Checked at compile; by then an optimizer may have updated
-                # parameters in place: check against their recorded values.
-                ins = [a.copy() if bufs[b].role in (ir.PARAM, ir.PERSIST)
-                       or bufs[b].static else a
-                       for a, b in zip(ins, rop.inputs)]
-                op.lower_from = (rop, ins, outs)
-            else:
-                _probe(op, rop, ins)
+            op.lower_from = rop     # kernel chosen by lower_pass.lower
         ops.append(op)
     return ops
-
-
-# Small ops are lowered when their schedule compiles, checked on their
-# recorded arrays, held until then. Larger ones (a convolution) are checked
-# on the first replay's own arrays instead: no large recorded array
-# outlives the recording, and the recording iteration does not pay for the
-# check.
-_DEFER_LOWERING_BYTES = 1 << 16
-
-
-def _probe(op, rop, ins):
-    fast = lowering.propose(rop, ins)
-    if fast is None:
-        return
-
-    def decided(kernel):
-        op.fn = kernel      # what the compiled schedule will call
-        if kernel is fast:
-            op._attrs = functools.partial(_attrs_with_kernel, rop.node,
-                                          fast.__name__)
-
-    op.fn = lowering.probing(op.fn, fast, decided)
-
-
-def _lower(op, rop, ins, outs):
-    kernel = lowering.fast_kernel(rop, ins, outs)
-    if kernel is not None:
-        op.fn = kernel
-        op._attrs = functools.partial(_attrs_with_kernel, rop.node,
-                                      kernel.__name__)
 
 
 def release_recording(rec):
@@ -236,19 +193,6 @@ def release_recording(rec):
             # A live variable's node (a parameter's) is not ours to touch.
             if vn.get_variable_or_none() is None:
                 vn._data = None
-
-
-def lower_ops(schedule):
-    """Lower the small ops _ir_ops deferred (lowering.py) when a schedule
-    is compiled (its third run), not while recording: a key used once or
-    twice never pays for the check. Recorded arrays of non-static buffers
-    are never written by replay; a static one may hold a later call's
-    values, and then the check fails and the op keeps its node's kernel."""
-    for op in schedule.ops:
-        if op.lower_from is not None:
-            rop, ins, outs = op.lower_from
-            op.lower_from = None
-            _lower(op, rop, ins, outs)
 
 
 class Entry(object):
@@ -314,8 +258,12 @@ class Entry(object):
         self.expose = tuple(sorted(set(expose)))
         self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids,
                                    keep=self.saved + self.expose)
+        # Never written in place: what is handed out or saved for backward,
+        # and what nodes read through attributes.
+        handed_out = set(out_bids) | set(self.expose) | rec.held
+        lower_pass.lower(self.forward, handed_out | set(self.saved))
         self.run_forward = executor.TieredSchedule(
-            self.forward, copyto, before_compile=lower_ops,
+            self.forward, copyto, before_compile=lower_pass.lower_ops,
             extra_outputs=self.forward.keep,
             copy_outputs=set(b for b in self.expose
                              if self._reused(bufs, b)))
@@ -337,11 +285,12 @@ class Entry(object):
             grad_bids = [b for b in grad_in if b is not None]
             self.backward = ir.Schedule('backward', bufs, bops, b_inputs,
                                         grad_bids)
+            lower_pass.lower(self.backward, handed_out | set(grad_bids))
             copy_set = set(b for b in grad_bids
                            if self._reused(bufs, b) or
                            bufs[b].role in _ESCAPE_ROLES)
             self.run_backward = executor.TieredSchedule(
-                self.backward, copyto, before_compile=lower_ops,
+                self.backward, copyto, before_compile=lower_pass.lower_ops,
                 copy_outputs=copy_set)
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions

@@ -120,20 +120,100 @@ FAST = {
 }
 
 
+# Kernels that write their result into an input that dies with the op
+# (lower_pass.donations): factory(rop, node, inputs, donated) where inputs
+# are all the op's inputs (the node's, then the arrays it was built with).
+def _relu_inplace(rop, node, xs, donated):
+    if donated[0] and _plain_cpu(xs[:1]):
+        maximum = numpy.maximum
+        return lambda a: (maximum(a[0], 0, dtype=a[0].dtype, out=a[0]),)
+
+
+def _relu_grad_inplace(rop, node, xs, donated):
+    keys = [k for k, _ in rop.rebind]
+    if donated[0] and keys == ['b'] and _plain_cpu(xs[:2]) and \
+            xs[0].shape == xs[1].shape:
+        multiply = numpy.multiply
+        return lambda a: (multiply(a[0], a[1] > 0, out=a[0]),)
+
+
+def _add_inplace(rop, node, xs, donated):
+    if not _plain_cpu(xs) or xs[0].dtype != xs[1].dtype:
+        return None
+    add = numpy.add
+    shape = numpy.broadcast(xs[0], xs[1]).shape
+    if donated[0] and xs[0].shape == shape:
+        return lambda a: (add(a[0], a[1], out=a[0]),)
+    if donated[1] and xs[1].shape == shape:
+        return lambda a: (add(a[0], a[1], out=a[1]),)
+
+
+def _bn_grad_inplace(rop, node, xs, donated):
+    from chainer.functions.normalization import batch_normalization as bn
+    keys = [k for k, _ in rop.rebind]
+    if not donated[0] or 'mean' not in keys or 'inv_std' not in keys or \
+            type(getattr(node, '_impl', None)) is not \
+            bn.GeneralBatchNormalizationImpl or not _plain_cpu(xs):
+        return None
+    x, gamma = xs[0], xs[1]
+    if not x.dtype == gamma.dtype == xs[2].dtype:
+        return None
+    im, ii = 3 + keys.index('mean'), 3 + keys.index('inv_std')
+    expander, axis = node.expander, node.axis
+
+    def kernel(a):
+        return _bn_grad_in_x(a[0], a[1], a[2], a[im], a[ii], expander, axis)
+
+    return kernel
+
+
+def _bn_grad_in_x(x, gamma, gy, mean, inv_std, expander, axis):
+    """Chainer's CPU BatchNormalizationGrad, step for step, with x_hat and
+    then gx computed in x's memory (x dies here)."""
+    x_hat = numpy.subtract(x, mean[expander], out=x)
+    x_hat *= inv_std[expander]
+    gbeta = gy.sum(axis=axis, dtype=gamma.dtype)
+    ggamma = (gy * x_hat).sum(axis=axis, dtype=gamma.dtype)
+    inv_m = gamma.dtype.type(1. / (x.size // gamma.size))
+    t = x_hat
+    t *= ggamma[expander]
+    t += gbeta[expander]
+    t *= inv_m
+    numpy.subtract(gy, t, out=t)
+    t *= (gamma * inv_std)[expander]
+    return t, ggamma, gbeta
+
+
+DONATING = {
+    'ReLU': _relu_inplace,
+    'ReLUGrad2': _relu_grad_inplace,
+    'Add': _add_inplace,
+    'BatchNormalizationGrad': _bn_grad_inplace,
+}
+
+
 def candidate(rop):
-    """May ``rop`` get a cheaper kernel (checked later by fast_kernel)?"""
-    return rop.kind in FAST and not rop.state and not rop.rebind
+    """May ``rop`` get a cheaper kernel (proposed by propose, checked by
+    same_results)?"""
+    return (rop.kind in FAST or rop.kind in DONATING) and not rop.state
 
 
-def propose(rop, in_arrays):
+def propose(rop, in_arrays, donated=()):
     """A cheaper kernel for ``rop`` given its recorded inputs (types,
-    shapes, attributes), not yet checked; or None. The kernel bypasses the
-    node, so ops with hidden state keep their own."""
+    shapes, attributes) and which of them it may overwrite, not yet
+    checked; or None. The kernel bypasses the node, so ops with hidden
+    state keep their own."""
     if not candidate(rop):
         return None
-    kernel = FAST[rop.kind](rop, rop.node, in_arrays)
-    if kernel is not None and kernel.__name__ == '<lambda>':
-        kernel.__name__ = 'numpy_' + rop.kind   # for printouts
+    kernel = None
+    if any(donated) and rop.kind in DONATING:
+        kernel = DONATING[rop.kind](rop, rop.node, in_arrays, donated)
+        prefix = 'numpy_inplace_'
+    if kernel is None and rop.kind in FAST and not rop.rebind:
+        kernel = FAST[rop.kind](rop, rop.node, in_arrays)
+        prefix = 'numpy_'
+    if kernel is not None and kernel.__name__ in ('<lambda>', 'kernel'):
+        kernel.__name__ = prefix + rop.kind   # for printouts
     return kernel
 
 
@@ -152,26 +232,32 @@ def same_results(kernel, in_arrays, out_arrays):
     return True
 
 
-def fast_kernel(rop, in_arrays, out_arrays):
-    """A cheaper kernel for ``rop``, checked on the recorded arrays: it
-    must reproduce the recorded outputs bit for bit. Or None."""
-    kernel = propose(rop, in_arrays)
-    if kernel is None or not same_results(kernel, in_arrays, out_arrays):
+def layout_copy(a):
+    """A copy of ``a`` with its strides (a result's layout, and so its
+    kernel's summation order, can follow its input's), or None where
+    ``empty_like`` cannot give them (a view with gaps)."""
+    c = numpy.empty_like(a)
+    if c.strides != a.strides:
         return None
-    return kernel
+    numpy.copyto(c, a)
+    return c
 
 
-def probing(kernel, fast, decided):
+def probing(kernel, fast, decided, donated=()):
     """A kernel that runs ``kernel`` (the node's own) and, on its first
-    call, checks ``fast`` against it on that call's arrays; from then on it
-    runs whichever was chosen, and ``decided(chosen)`` is told once."""
+    call, checks ``fast`` against it on that call's arrays (copies of those
+    ``fast`` may overwrite); from then on it runs whichever was chosen, and
+    ``decided(chosen)`` is told once."""
     chosen = []
 
     def probe(inputs):
         if chosen:
             return chosen[0](inputs)
         out = kernel(inputs)
-        ok = same_results(fast, inputs, out)
+        mine = tuple(layout_copy(a) if d else a for a, d in zip(
+            inputs, tuple(donated) + (False,) * len(inputs)))
+        ok = all(a is not None for a in mine) and \
+            same_results(fast, mine, out)
         chosen.append(fast if ok else kernel)
         decided(chosen[0])
         return out

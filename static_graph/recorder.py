@@ -190,6 +190,7 @@ class Recording(object):
         self.traced_views = {}    # id(view) -> plain array
         self.reports = []         # (observer, [(key, buffer id | const)])
         self.pending_backward_consts = []   # checked once captures are known
+        self.held = set()         # buffers some node attribute refers to
         self.backward_label = None
 
     # -- buffers ------------------------------------------------------------

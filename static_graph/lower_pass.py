@@ -1,0 +1,141 @@
+"""Choose each op's replay kernel, once a schedule and what it keeps are
+known.
+
+An op that ``lowering.py`` has a cheaper kernel for gets it only where that
+kernel gives the node's own results bit for bit, in the same memory layout:
+
+* small ops are checked when their schedule compiles (its third run), on
+  their recorded arrays (held until then, parameters copied: an optimizer
+  updates them in place meanwhile);
+* larger ones (a convolution) on the first replay's own arrays: no large
+  recorded array outlives the recording, and the recording iteration does
+  not pay for the check.
+
+An input that dies at an op may be *donated*: the kernel writes its result
+into that input's memory instead of allocating (ReLU, BatchNormalization's
+backward...). Donated are only temporaries that nothing else can see: not
+static, not kept for the other schedule or handed out (outputs, gradients,
+reported values), not read by a later op, and sharing memory with no
+buffer that is.
+"""
+import functools
+
+from schedules import ir
+from static_graph import describe
+from static_graph import lowering
+from static_graph import recorder
+
+_DEFER_LOWERING_BYTES = 1 << 16
+# Roles whose memory belongs to someone else (the caller, the chain,
+# Chainer's backward): never written.
+_FOREIGN_ROLES = (ir.INPUT, ir.PARAM, ir.PERSIST, ir.CONST, ir.STATE,
+                  ir.GRAD_OUT)
+
+
+def _attrs_with_kernel(node, name):
+    return dict(describe.describe(node), kernel=name)
+
+
+def _memory_groups(bufs):
+    """id(root array) -> buffer ids whose arrays share that memory."""
+    groups = {}
+    for b, buf in bufs.items():
+        if buf.storage is not None:
+            groups.setdefault(id(recorder.root_of(buf.storage)), []).append(b)
+    return groups
+
+
+def donations(schedule, keep):
+    """For each op index, a tuple of bools over its inputs: may the kernel
+    overwrite that input? ``keep``: buffers that must survive the schedule
+    (its outputs, what the other schedule reads, what is handed out)."""
+    bufs = schedule.buffers
+    last = {}
+    for i, op in enumerate(schedule.ops):
+        for b in op.inputs:
+            last[b] = i
+    groups = _memory_groups(bufs)
+
+    def untouchable(b, i):
+        buf = bufs[b]
+        return b in keep or buf.static or buf.view_of is not None or \
+            buf.role in _FOREIGN_ROLES or last.get(b, -1) > i
+
+    out = []
+    for i, op in enumerate(schedule.ops):
+        flags = []
+        for b in op.inputs:
+            buf = bufs[b]
+            ok = buf.role == ir.TEMP and last.get(b) == i and \
+                op.inputs.count(b) == 1 and buf.storage is not None and \
+                not untouchable(b, i)
+            if ok:
+                for o in groups[id(recorder.root_of(buf.storage))]:
+                    # Memory another buffer shows: it must be dead too, and
+                    # not read by this very op.
+                    if o != b and (untouchable(o, i) or o in op.inputs):
+                        ok = False
+                        break
+            flags.append(ok)
+        out.append(tuple(flags))
+    return out
+
+
+def lower(schedule, keep):
+    """Give the ops marked by ``_ir_ops`` (``op.lower_from`` holds their
+    RecordedOp) a cheaper kernel where one is proposed: checked at compile
+    for small ops (``lower_ops``), on the first replay for large ones."""
+    bufs = schedule.buffers
+    donated = None
+    for i, op in enumerate(schedule.ops):
+        rop = op.lower_from
+        if rop is None:
+            continue
+        op.lower_from = None
+        if donated is None:
+            donated = donations(schedule, keep)
+        ins = [bufs[b].storage for b in op.inputs]
+        outs = [bufs[b].storage for b in op.outputs]
+        fast = lowering.propose(rop, ins, donated[i])
+        if fast is None:
+            continue
+        if sum(a.nbytes for a in ins + outs) <= _DEFER_LOWERING_BYTES:
+            # Check on copies, in the same layout, of what may change
+            # before compile (parameters, static buffers) or what the
+            # kernel overwrites.
+            ins = [lowering.layout_copy(a) if bufs[b].role in (
+                ir.PARAM, ir.PERSIST) or bufs[b].static or d else a
+                for a, b, d in zip(ins, op.inputs, donated[i])]
+            if all(a is not None for a in ins):
+                op.lower_from = (rop, fast, ins, outs)
+        else:
+            _probe(op, rop, fast, donated[i])
+
+
+def _choose(op, rop, kernel):
+    op.fn = kernel
+    op._attrs = functools.partial(_attrs_with_kernel, rop.node,
+                                  kernel.__name__)
+
+
+def _probe(op, rop, fast, donated):
+    def decided(kernel):
+        if kernel is fast:
+            _choose(op, rop, fast)
+        else:
+            op.fn = kernel      # what the compiled schedule will call
+
+    op.fn = lowering.probing(op.fn, fast, decided, donated)
+
+
+def lower_ops(schedule):
+    """At compile: check the small ops ``lower`` deferred on their recorded
+    arrays. Recorded arrays of non-static buffers are never written by
+    replay; a static one may hold a later call's values, and then the check
+    fails and the op keeps its node's kernel."""
+    for op in schedule.ops:
+        if op.lower_from is not None:
+            rop, fast, ins, outs = op.lower_from
+            op.lower_from = None
+            if lowering.same_results(fast, ins, outs):
+                _choose(op, rop, fast)

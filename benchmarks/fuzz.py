@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument('--max-steps', type=int, default=5)
     p.add_argument('--no-shrink', action='store_true',
                    help='report the first failing example as generated')
+    p.add_argument('--exact', action='store_true',
+                   help='a result within tolerance but not bit for bit '
+                        'equal counts as a divergence')
     p.add_argument('--quiet', action='store_true',
                    help='print only the summary and the minimal examples')
     return p.parse_args(argv)
@@ -87,6 +90,7 @@ def leaves(exc):
 
 def main(argv=None):
     args = parse_args(argv)
+    grammar.EXACT = args.exact
     exclude = [e for e in args.exclude.split(',') if e]
     if args.exclude_known:
         exclude += list(grammar.KNOWN_BAD_OPS)

@@ -19,6 +19,84 @@ def out_size(size, k, s, p):
     return (size + 2 * p - k) // s + 1
 
 
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _c_contiguous(shape, strides, itemsize):
+    # NumPy's flag: axes of length 1 do not count.
+    if 0 in shape:
+        return True
+    acc = itemsize
+    for d, s in zip(reversed(shape), reversed(strides)):
+        if d != 1:
+            if s != acc:
+                return False
+            acc *= d
+    return True
+
+
+def _nocopy_strides(shape, strides, newshape):
+    """NumPy's _attempt_nocopy_reshape (C order): the strides of the view
+    ``reshape`` returns, or None where it must copy."""
+    old = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    olddims = [d for d, _ in old]
+    oldstrides = [s for _, s in old]
+    newstrides = [0] * len(newshape)
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < len(newshape) and oi < len(olddims):
+        np_, op = newshape[ni], olddims[oi]
+        while np_ != op:
+            if np_ < op:
+                np_ *= newshape[nj]
+                nj += 1
+            else:
+                op *= olddims[oj]
+                oj += 1
+        for ok in range(oi, oj - 1):
+            if oldstrides[ok] != olddims[ok + 1] * oldstrides[ok + 1]:
+                return None
+        newstrides[nj - 1] = oldstrides[oj - 1]
+        for nk in range(nj - 1, ni, -1):
+            newstrides[nk - 1] = newstrides[nk] * newshape[nk]
+        ni, oi = nj, oj
+        nj, oj = nj + 1, oj + 1
+    last = newstrides[ni - 1] if ni >= 1 else None
+    for nk in range(ni, len(newshape)):
+        newstrides[nk] = last
+    return tuple(newstrides)
+
+
+def same_as_reshaped(shape, perm, newshape, itemsize=4):
+    """Is ``a.transpose(perm).reshape(newshape)``, for a C-contiguous
+    ``a`` of this shape, laid out as a C-contiguous array (what these
+    kernels build)? NumPy returns a view where it can, and a view in
+    another order would make BLAS sum in another order. Decided on shapes
+    and strides alone, as NumPy 1.x's reshape decides."""
+    strides = _c_strides(shape, itemsize)
+    tshape = tuple(shape[i] for i in perm)
+    tstrides = tuple(strides[i] for i in perm)
+    if _c_contiguous(tshape, tstrides, itemsize):
+        return True               # a view with C strides
+    view = _nocopy_strides(tshape, tstrides, tuple(newshape))
+    return view is None or view == _c_strides(newshape, itemsize)
+
+
+def matches_tensordot(n, c, kh, kw, oh, ow, groups=1):
+    """Is the im2col matrix these kernels build laid out as the one
+    Chainer's CPU path hands to BLAS?"""
+    shape = (n, c, kh, kw, oh, ow)
+    if groups == 1:
+        return same_as_reshaped(shape, (0, 4, 5, 1, 2, 3),
+                                (n * oh * ow, c * kh * kw))
+    return same_as_reshaped(shape, (1, 2, 3, 0, 4, 5),
+                            (groups, c // groups * kh * kw, n * oh * ow))
+
+
 def _padded(x, ph, pw):
     if not ph and not pw:
         return x

@@ -66,11 +66,25 @@ def _plain_conv(node, in_arrays):
         all(lay is None for lay in node._input_layouts or ())
 
 
+def _same_col_layout(node, x, kh, kw, oh, ow):
+    """Does Chainer hand BLAS the im2col matrix in the C-contiguous layout
+    schedules.numpy_conv builds? (Not where NumPy's reshape returns a view:
+    a batch of one, say.) Same layout, same call, same bits."""
+    from schedules import numpy_conv
+    n, c = x.shape[:2]
+    return numpy_conv.matches_tensordot(n, c, kh, kw, oh, ow, node.groups)
+
+
 def _convolution_2d(rop, node, xs):
     from schedules import numpy_conv
     if not _plain_conv(node, xs) or xs[1].dtype != xs[0].dtype:
         return None
     sy, sx, ph, pw = node.sy, node.sx, node.ph, node.pw
+    kh, kw = xs[1].shape[2:]
+    oh = numpy_conv.out_size(xs[0].shape[2], kh, sy, ph)
+    ow = numpy_conv.out_size(xs[0].shape[3], kw, sx, pw)
+    if not _same_col_layout(node, xs[0], kh, kw, oh, ow):
+        return None
     g = node.groups
     if g > 1:
         grouped = numpy_conv.conv2d_grouped
@@ -85,7 +99,9 @@ def _convolution_2d(rop, node, xs):
 
 def _convolution_2d_grad_w(rop, node, xs):
     from schedules import numpy_conv
-    if not _plain_conv(node, xs) or node.w_layout is not None:
+    if not _plain_conv(node, xs) or node.w_layout is not None or \
+            not _same_col_layout(node, xs[0], node.kh, node.kw,
+                                 *xs[1].shape[2:]):
         return None
     args = (node.kh, node.kw, node.sy, node.sx, node.ph, node.pw,
             node.W_dtype)

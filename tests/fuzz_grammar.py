@@ -673,6 +673,11 @@ def _loss(out):
     return out
 
 
+# True: a result that is within tolerance but not bit for bit equal to
+# define-by-run's is a divergence too (benchmarks/fuzz.py --exact).
+EXACT = False
+
+
 class _Compare(object):
     def __init__(self, dtype):
         self.rtol, self.atol = TOLERANCES[dtype]
@@ -693,6 +698,11 @@ class _Compare(object):
                 what, a.dtype, a.shape, b.dtype, b.shape))
         if not numpy.array_equal(a, b, equal_nan=True):
             self.exact = False
+            if EXACT:
+                raise Divergence('%s: not bit for bit equal (max abs '
+                                 'difference %g)' % (what, numpy.nanmax(
+                                     numpy.abs(a.astype(numpy.float64) -
+                                               b.astype(numpy.float64)))))
         try:
             numpy.testing.assert_allclose(
                 a.astype(numpy.float64), b.astype(numpy.float64),

@@ -1,6 +1,8 @@
 """``@static_graph``: record a Chain method once per key, replay afterwards."""
 import collections
+import contextlib
 import functools
+import gc
 import inspect
 import threading
 import weakref
@@ -274,6 +276,33 @@ def _attr_changes(rec, snapshot):
     return writes
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector. Recording allocates thousands of
+    small objects (nodes, variables, buffers, ops); each 700 allocations
+    would start a collection, and the older generations' passes scan every
+    object of the process again. Measured on 200 tiny ops: building the
+    schedules took 10 ms with the collector running, 4.7 ms without.
+    Reference counting still frees what it can; the collector resumes when
+    the recording step returns (unless it was off before)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _with_gc_paused(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _gc_paused():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@_with_gc_paused
 def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             why=None):
     rec = recorder.Recording(chain)
@@ -378,6 +407,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     target_vars = [inner[i] if i < len(leaves) else
                    param_objs[i - len(leaves)] for i in targets]
 
+    @_with_gc_paused
     def finish(grad_outputs):
         recording = e.state == 'recording'
         gys, outs_for_grad, grad_out_bids = [], [], []

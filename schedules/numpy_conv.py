@@ -40,7 +40,7 @@ def _c_contiguous(shape, strides, itemsize):
     return True
 
 
-def _nocopy_strides(shape, strides, newshape):
+def _nocopy_strides(shape, strides, newshape, itemsize):
     """NumPy's _attempt_nocopy_reshape (C order): the strides of the view
     ``reshape`` returns, or None where it must copy."""
     old = [(d, s) for d, s in zip(shape, strides) if d != 1]
@@ -65,7 +65,7 @@ def _nocopy_strides(shape, strides, newshape):
             newstrides[nk - 1] = newstrides[nk] * newshape[nk]
         ni, oi = nj, oj
         nj, oj = nj + 1, oj + 1
-    last = newstrides[ni - 1] if ni >= 1 else None
+    last = newstrides[ni - 1] if ni >= 1 else itemsize
     for nk in range(ni, len(newshape)):
         newstrides[nk] = last
     return tuple(newstrides)
@@ -82,7 +82,7 @@ def same_as_reshaped(shape, perm, newshape, itemsize=4):
     tstrides = tuple(strides[i] for i in perm)
     if _c_contiguous(tshape, tstrides, itemsize):
         return True               # a view with C strides
-    view = _nocopy_strides(tshape, tstrides, tuple(newshape))
+    view = _nocopy_strides(tshape, tstrides, tuple(newshape), itemsize)
     return view is None or view == _c_strides(newshape, itemsize)
 
 

@@ -4,9 +4,9 @@ known.
 An op that ``lowering.py`` has a cheaper kernel for gets it only where that
 kernel gives the node's own results bit for bit, in the same memory layout:
 
-* small ops are checked when their schedule compiles (its third run), on
-  their recorded arrays (held until then, parameters copied: an optimizer
-  updates them in place meanwhile);
+* small ops get their kernel proposed and checked when their schedule
+  compiles (its third run), on their recorded arrays (held until then,
+  parameters copied: an optimizer updates them in place meanwhile);
 * larger ones (a convolution) on the first replay's own arrays: no large
   recorded array outlives the recording, and the recording iteration does
   not pay for the check.
@@ -96,19 +96,18 @@ def lower(schedule, keep):
             donated = donations(schedule, keep)
         ins = [bufs[b].storage for b in op.inputs]
         outs = [bufs[b].storage for b in op.outputs]
-        fast = lowering.propose(rop, ins, donated[i])
-        if fast is None:
-            continue
         if sum(a.nbytes for a in ins + outs) <= _DEFER_LOWERING_BYTES:
-            # Check on copies, in the same layout, of what may change
-            # before compile (parameters, static buffers) or what the
-            # kernel overwrites.
-            ins = [lowering.layout_copy(a) if bufs[b].role in (
-                ir.PARAM, ir.PERSIST) or bufs[b].static or d else a
-                for a, b, d in zip(ins, op.inputs, donated[i])]
-            if all(a is not None for a in ins):
-                op.lower_from = (rop, fast, ins, outs)
-        else:
+            # Proposed and checked at compile, not while recording; copies
+            # now (in the same layout) of what may change before then: the
+            # optimizer updates parameters in place.
+            ins = lowering.layout_copies(ins, [
+                bufs[b].role in (ir.PARAM, ir.PERSIST) or bufs[b].static
+                for b in op.inputs])
+            if ins is not None:
+                op.lower_from = (rop, ins, outs, donated[i])
+            continue
+        fast = lowering.propose(rop, ins, donated[i])
+        if fast is not None:
             _probe(op, rop, fast, donated[i])
 
 
@@ -135,7 +134,12 @@ def lower_ops(schedule):
     fails and the op keeps its node's kernel."""
     for op in schedule.ops:
         if op.lower_from is not None:
-            rop, fast, ins, outs = op.lower_from
+            rop, ins, outs, donated = op.lower_from
             op.lower_from = None
-            if lowering.same_results(fast, ins, outs):
+            fast = lowering.propose(rop, ins, donated)
+            if fast is None:
+                continue
+            # A donating kernel writes into its inputs: check on copies.
+            mine = lowering.layout_copies(ins, donated)
+            if mine is not None and lowering.same_results(fast, mine, outs):
                 _choose(op, rop, fast)

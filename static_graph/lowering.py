@@ -4,6 +4,8 @@ By default an op replays its own FunctionNode's forward (the generic path:
 always the same numbers as define-by-run). ``FAST`` maps an op kind to a
 factory that may return a cheaper kernel for the recorded shapes, only where
 it computes exactly the same values; the factory returns None otherwise.
+``DONATING`` does the same for kernels that write into an input dying with
+the op. When they are used is lower_pass.py's business.
 """
 import numpy
 
@@ -259,6 +261,14 @@ def layout_copy(a):
     return c
 
 
+def layout_copies(arrays, which):
+    """``arrays`` with those flagged in ``which`` (shorter: the rest
+    unflagged) replaced by layout copies; None if one cannot be made."""
+    out = tuple(layout_copy(a) if w else a for a, w in zip(
+        arrays, tuple(which) + (False,) * len(arrays)))
+    return None if any(a is None for a in out) else out
+
+
 def probing(kernel, fast, decided, donated=()):
     """A kernel that runs ``kernel`` (the node's own) and, on its first
     call, checks ``fast`` against it on that call's arrays (copies of those
@@ -270,10 +280,8 @@ def probing(kernel, fast, decided, donated=()):
         if chosen:
             return chosen[0](inputs)
         out = kernel(inputs)
-        mine = tuple(layout_copy(a) if d else a for a, d in zip(
-            inputs, tuple(donated) + (False,) * len(inputs)))
-        ok = all(a is not None for a in mine) and \
-            same_results(fast, mine, out)
+        mine = layout_copies(inputs, donated)
+        ok = mine is not None and same_results(fast, mine, out)
         chosen.append(fast if ok else kernel)
         decided(chosen[0])
         return out

@@ -22,6 +22,9 @@ from schedules import ir
 from static_graph import recorder
 
 _SCAN_DEPTH = 4
+# Buffers whose arrays are new on every call (not the chain's, not
+# constants): a reference to one must be refreshed (static) or rebound.
+_PER_CALL_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
 _SKIP_TYPES = (type, type(numpy), type(len), chainer.Link)
 
 
@@ -75,8 +78,7 @@ def classify_unknown(rec, chain_map):
             continue
         root = recorder.root_of(a)
         rbid = rec.by_id.get(id(root)) if root is not a else None
-        if rbid is not None and rec.buffers[rbid].role not in (
-                ir.CONST, ir.PARAM, ir.PERSIST):
+        if rbid is not None and rec.buffers[rbid].role in _PER_CALL_ROLES:
             # A view of a recorded buffer: keep the recorded view, make its
             # base static so the view always shows current values.
             rec.buffers[rbid].static = True
@@ -122,9 +124,6 @@ def _scan(obj, depth, arrays, nodes):
         _scan(vars(obj), depth - 1, arrays, nodes)
 
 
-_REBIND_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
-
-
 def _rebindable(rec, op, v):
     """Is attribute value v exactly a recorded buffer's array (not one of
     the op's own outputs) that replay can pass in afresh?"""
@@ -132,7 +131,7 @@ def _rebindable(rec, op, v):
         return False
     bid = rec.by_id.get(id(v))
     return bid is not None and bid not in op.outputs and \
-        rec.buffers[bid].role in _REBIND_ROLES
+        rec.buffers[bid].role in _PER_CALL_ROLES
 
 
 def mark_captured(rec, chain_map):
@@ -191,7 +190,7 @@ def mark_captured(rec, chain_map):
             if refreshed and bid in own:
                 continue
             buf = rec.buffers[bid]
-            if buf.role in (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT):
+            if buf.role in _PER_CALL_ROLES:
                 buf.static = True
         for node in nodes:
             other = by_node.get(id(node))
@@ -228,6 +227,5 @@ def promote_view_roots(rec):
         if root is a:
             continue
         rbid = rec.by_id.get(id(root))
-        if rbid is not None and rec.buffers[rbid].role in (
-                ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT):
+        if rbid is not None and rec.buffers[rbid].role in _PER_CALL_ROLES:
             rec.buffers[rbid].static = True

@@ -86,6 +86,17 @@ def both(models, fn, seed=None):
     return out
 
 
+def kept_attribute(models, step, attr, n=4):
+    """``step(model, x)`` on both twins n times with fresh inputs; what
+    ``attr`` holds on each twin after each step: [(a's, b's)] per step."""
+    kept = []
+    for i in range(n):
+        x = data(4, 3)
+        kept.append(tuple(both(models, lambda m: (step(m, x),
+                                                  getattr(m, attr))[1])))
+    return kept
+
+
 def train_step(m, *args, **kwargs):
     m.cleargrads()
     y = m(*args, **kwargs)
@@ -538,18 +549,11 @@ def test_attribute_holding_the_raw_input_array(mode):
         with chainer.no_backprop_mode():
             return m(x)
 
-    models = make_twins(body)
-    kept = {m: [] for m in models}
-    for i in range(4):
-        x = data(4, 3)
-        both(models, lambda m: call(m, x))
-        for m in models:
-            kept[m].append(m.last_input)
-    a, b = models
-    for i, (u, v) in enumerate(zip(kept[a], kept[b])):
+    kept = kept_attribute(make_twins(body), call, 'last_input')
+    for i, (u, v) in enumerate(kept):
         assert_close(u, getattr(v, 'array', v),
                      'last_input kept from call %d' % i)
-    for i, (u, v) in enumerate(zip(kept[a], kept[b])):
+    for i, (u, v) in enumerate(kept):
         assert type(v) is type(u), 'call %d: %s, not %s' % (
             i, type(v).__name__, type(u).__name__)
 
@@ -561,15 +565,8 @@ def test_attribute_holding_a_hidden_variable_kept_from_the_recording():
         self.hidden = F.relu(self.l1(x))
         return F.sum(self.l2(self.hidden) ** 2)
 
-    models = make_twins(body)
-    kept = {m: [] for m in models}
-    for i in range(4):
-        x = data(4, 3)
-        both(models, lambda m: train_step(m, x))
-        for m in models:
-            kept[m].append(m.hidden)
-    a, b = models
-    for i, (u, v) in enumerate(zip(kept[a], kept[b])):
+    kept = kept_attribute(make_twins(body), train_step, 'hidden')
+    for i, (u, v) in enumerate(kept):
         assert_close(u.array, v.array, 'hidden kept from call %d' % i)
 
 

@@ -4,8 +4,9 @@ The usual CPU convolution (Chainer's, for one) builds ``col`` as
 ``(N, C, kh, kw, oh, ow)`` after padding the image with ``numpy.pad``, and
 ``numpy.tensordot`` then copies it once more into the ``(N*oh*ow, C*kh*kw)``
 matrix it hands to BLAS. These kernels build that matrix directly (one
-strided copy per kernel offset, or none beyond a transpose for 1x1
-convolutions) and make the very same ``dot`` call, so the results are the
+strided copy per kernel offset straight from the unpadded image, zeros
+written only where a tap falls on the padding; none beyond a transpose for
+1x1 convolutions) and make the very same ``dot`` call, so the results are the
 same bits in the same memory layout.
 
 Grouped convolutions build ``(C, kh, kw, N, oh, ow)`` the same way and make
@@ -97,6 +98,33 @@ def matches_tensordot(n, c, kh, kw, oh, ow, groups=1):
                             (groups, c // groups * kh * kw, n * oh * ow))
 
 
+def _inside(size, k, s, p, out):
+    """The output positions o (a range) whose tap k reads inside the image:
+    0 <= o * s + k - p < size."""
+    lo = max(0, -(-(p - k) // s))
+    hi = min(out, (size - 1 + p - k) // s + 1)
+    return lo, max(lo, hi)
+
+
+def _fill_tap(dst, x, j, i, sy, sx, ph, pw):
+    """dst, an ``(N, C, oh, ow)`` view into a col buffer, = tap (j, i) of
+    the zero-padded image: x where the tap falls inside it, zero on the
+    padding. No padded copy of x is made."""
+    oh, ow = dst.shape[2:]
+    y0, y1 = _inside(x.shape[2], j, sy, ph, oh)
+    x0, x1 = _inside(x.shape[3], i, sx, pw, ow)
+    if y0 == y1 or x0 == x1:
+        dst[...] = 0
+        return
+    dst[:, :, :y0] = 0
+    dst[:, :, y1:] = 0
+    dst[:, :, y0:y1, :x0] = 0
+    dst[:, :, y0:y1, x1:] = 0
+    r, c = y0 * sy + j - ph, x0 * sx + i - pw
+    dst[:, :, y0:y1, x0:x1] = x[:, :, r:r + sy * (y1 - y0 - 1) + 1:sy,
+                                c:c + sx * (x1 - x0 - 1) + 1:sx]
+
+
 def _padded(x, ph, pw):
     if not ph and not pw:
         return x
@@ -116,9 +144,9 @@ def col_rows(x, kh, kw, sy, sx, ph, pw):
         v = x[:, :, :sy * (oh - 1) + 1:sy, :sx * (ow - 1) + 1:sx]
         return numpy.ascontiguousarray(
             v.transpose(0, 2, 3, 1)).reshape(n * oh * ow, c)
-    img = _padded(x, ph, pw)
     if c < 8:
         # Few channels (an RGB input layer): one 6-D strided copy.
+        img = _padded(x, ph, pw)
         s = img.strides
         v = as_strided(img, (n, oh, ow, c, kh, kw),
                        (s[0], s[2] * sy, s[3] * sx, s[1], s[2], s[3]))
@@ -126,8 +154,8 @@ def col_rows(x, kh, kw, sy, sx, ph, pw):
     buf = numpy.empty((n, oh, ow, c, kh, kw), dtype=x.dtype)
     for j in range(kh):
         for i in range(kw):
-            buf[:, :, :, :, j, i] = img[:, :, j:j + sy * oh:sy,
-                                        i:i + sx * ow:sx].transpose(0, 2, 3, 1)
+            _fill_tap(buf[:, :, :, :, j, i].transpose(0, 3, 1, 2), x, j, i,
+                      sy, sx, ph, pw)
     return buf.reshape(n * oh * ow, c * kh * kw)
 
 
@@ -186,12 +214,11 @@ def col_groups(x, kh, kw, sy, sx, ph, pw):
     C-contiguous ``(C, kh, kw, N, oh, ow)``."""
     n, c, h, w = x.shape
     oh, ow = out_size(h, kh, sy, ph), out_size(w, kw, sx, pw)
-    img = _padded(x, ph, pw)
     buf = numpy.empty((c, kh, kw, n, oh, ow), dtype=x.dtype)
     for j in range(kh):
         for i in range(kw):
-            buf[:, j, i] = img[:, :, j:j + sy * oh:sy,
-                               i:i + sx * ow:sx].transpose(1, 0, 2, 3)
+            _fill_tap(buf[:, j, i].transpose(1, 0, 2, 3), x, j, i,
+                      sy, sx, ph, pw)
     return buf
 
 

@@ -96,6 +96,15 @@ def lower(schedule, keep):
             donated = donations(schedule, keep)
         ins = [bufs[b].storage for b in op.inputs]
         outs = [bufs[b].storage for b in op.outputs]
+        if rop.state:
+            # Its state is checked on the first replay, where the arrays it
+            # updates in place can be copied before the node's own kernel
+            # runs; static state is refreshed through the node: keep it.
+            if not any(bufs[b].static for _, b in rop.state):
+                fast = lowering.propose(rop, ins, donated[i])
+                if fast is not None:
+                    _probe(op, rop, fast, donated[i])
+            continue
         if sum(a.nbytes for a in ins + outs) <= _DEFER_LOWERING_BYTES:
             # Proposed and checked at compile, not while recording; copies
             # now (in the same layout) of what may change before then: the
@@ -124,7 +133,8 @@ def _probe(op, rop, fast, donated):
         else:
             op.fn = kernel      # what the compiled schedule will call
 
-    op.fn = lowering.probing(op.fn, fast, decided, donated)
+    op.fn = lowering.probing(op.fn, fast, decided, donated,
+                             rop.node.__dict__)
 
 
 def lower_ops(schedule):

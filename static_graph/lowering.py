@@ -210,19 +210,126 @@ DONATING = {
 }
 
 
+# Kernels for ops with hidden state: factory(rop, node, inputs, donated)
+# -> kernel returning the node's results, then the state arrays it would
+# keep (in rop.state's order). ``kernel.effects`` names the node's arrays
+# it updates in place, as the node does (BatchNormalization's running
+# statistics): the first-replay check compares those too.
+def _generic_bn_cpu(node, xs, dtype_of):
+    """Chainer's generic CPU BatchNormalization path, all in one dtype (so
+    its final ``astype`` is a plain copy) and nothing iDeep could take?"""
+    from chainer.backends import intel64
+    if not _plain_cpu(xs) or intel64.is_ideep_available() or \
+            any(lay is not None for lay in node._input_layouts or ()):
+        return False
+    x = xs[0]
+    return all(a.dtype == x.dtype for a in dtype_of) and \
+        not all(x.shape[i] == 1 for i in node.axis)   # Chainer warns
+
+
+def _bn_normalize(x, mean, inv_std, gamma, beta, out):
+    """Chainer's ``_apply_bn_fwd`` on the CPU, in one buffer (``out``: x's
+    own memory where x dies here, else None for a new array): the same
+    operations on the same operands, without the temporaries and the
+    closing copy."""
+    y = numpy.subtract(x, mean, out=out)
+    y *= inv_std
+    numpy.multiply(y, gamma, out=y)
+    y += beta
+    return y
+
+
+def _bn_forward(rop, node, xs, donated):
+    from chainer.functions.normalization import batch_normalization as bn
+    keys = tuple(k for k, _ in rop.state)
+    if len(xs) != 3 or type(getattr(node, '_impl', None)) is not \
+            bn.GeneralBatchNormalizationImpl or \
+            not set(keys) <= {'mean', 'var', 'inv_std'} or \
+            not _generic_bn_cpu(node, xs, xs):
+        return None
+    d = node.__dict__
+    effects = tuple(k for k in ('running_mean', 'running_var')
+                    if d.get(k) is not None)
+    if len(effects) == 1 or any(type(d[k]) is not numpy.ndarray
+                                for k in effects):
+        return None
+    x = xs[0]
+    dtype, axis, expander, eps = x.dtype, node.axis, node.expander, node.eps
+    decay = node.decay
+    m = x.size // xs[1].size
+    adjust = m / max(m - 1., 1.)
+    inplace = bool(donated) and donated[0]
+
+    def kernel(a):
+        x, gamma, beta = a
+        mean = x.mean(axis=axis, dtype=dtype)
+        var = x.var(axis=axis, dtype=dtype)
+        inv_std = numpy.reciprocal(numpy.sqrt(var + eps, dtype=dtype))
+        y = _bn_normalize(x, mean[expander], inv_std[expander],
+                          gamma[expander], beta[expander],
+                          x if inplace else None)
+        if effects:
+            running_mean, running_var = d['running_mean'], d['running_var']
+            running_mean *= decay
+            running_mean += (1 - decay) * mean
+            running_var *= decay
+            running_var += (1 - decay) * adjust * var
+        state = {'mean': mean, 'var': var, 'inv_std': inv_std}
+        return (y,) + tuple([state[k] for k in keys])
+
+    kernel.effects = effects
+    kernel.__name__ = 'numpy_%sBatchNormalization' % (
+        'inplace_' if inplace else '')
+    return kernel
+
+
+def _fixed_bn_forward(rop, node, xs, donated):
+    keys = tuple(k for k, _ in rop.state)
+    if len(xs) != 5 or not set(keys) <= {'inv_var', 'inv_std'} or \
+            not _generic_bn_cpu(node, xs, xs):
+        return None
+    expander, eps = node.expander, node.eps
+    inplace = bool(donated) and donated[0]
+
+    def kernel(a):
+        x, gamma, beta, mean, var = a
+        inv_var = numpy.reciprocal(var + eps)
+        inv_std = numpy.sqrt(inv_var, dtype=inv_var.dtype)
+        y = _bn_normalize(x, mean[expander], inv_std[expander],
+                          gamma[expander], beta[expander],
+                          x if inplace else None)
+        state = {'inv_var': inv_var, 'inv_std': inv_std}
+        return (y,) + tuple([state[k] for k in keys])
+
+    kernel.effects = ()
+    kernel.__name__ = 'numpy_%sFixedBatchNormalization' % (
+        'inplace_' if inplace else '')
+    return kernel
+
+
+STATEFUL = {
+    'BatchNormalization': _bn_forward,
+    'FixedBatchNormalization': _fixed_bn_forward,
+}
+
+
 def candidate(rop):
     """May ``rop`` get a cheaper kernel (proposed by propose, checked by
     same_results)?"""
-    return (rop.kind in FAST or rop.kind in DONATING) and not rop.state
+    if rop.state:
+        return rop.kind in STATEFUL
+    return rop.kind in FAST or rop.kind in DONATING
 
 
 def propose(rop, in_arrays, donated=()):
     """A cheaper kernel for ``rop`` given its recorded inputs (types,
     shapes, attributes) and which of them it may overwrite, not yet
-    checked; or None. The kernel bypasses the node, so ops with hidden
-    state keep their own."""
+    checked; or None. The kernel bypasses the node: an op with hidden
+    state gets one only from STATEFUL, which returns that state too."""
     if not candidate(rop):
         return None
+    if rop.state:
+        return STATEFUL[rop.kind](rop, rop.node, in_arrays, donated)
     kernel = None
     if any(donated) and rop.kind in DONATING:
         kernel = DONATING[rop.kind](rop, rop.node, in_arrays, donated)
@@ -269,19 +376,40 @@ def layout_copies(arrays, which):
     return None if any(a is None for a in out) else out
 
 
-def probing(kernel, fast, decided, donated=()):
+def same_effects(fast, in_arrays, out_arrays, holder, before):
+    """same_results, and do ``fast``'s in-place updates of ``holder``'s
+    arrays turn the values ``before`` (copies, by attribute name) into what
+    ``holder`` holds now? ``fast`` updates the copies: the real arrays
+    are put back whatever happens."""
+    after = dict((k, holder[k]) for k in before)
+    holder.update(before)
+    try:
+        return same_results(fast, in_arrays, out_arrays) and all(
+            before[k].strides == after[k].strides and
+            numpy.array_equal(before[k], after[k], equal_nan=True)
+            for k in before)
+    finally:
+        holder.update(after)
+
+
+def probing(kernel, fast, decided, donated=(), holder=None):
     """A kernel that runs ``kernel`` (the node's own) and, on its first
     call, checks ``fast`` against it on that call's arrays (copies of those
-    ``fast`` may overwrite); from then on it runs whichever was chosen, and
-    ``decided(chosen)`` is told once."""
+    ``fast`` may overwrite; ``holder``: the node's attributes, for the
+    arrays ``fast.effects`` names); from then on it runs whichever was
+    chosen, and ``decided(chosen)`` is told once."""
     chosen = []
+    effects = getattr(fast, 'effects', ())
 
     def probe(inputs):
         if chosen:
             return chosen[0](inputs)
+        before = dict((k, holder[k].copy()) for k in effects)
         out = kernel(inputs)
         mine = layout_copies(inputs, donated)
-        ok = mine is not None and same_results(fast, mine, out)
+        ok = mine is not None and (
+            same_effects(fast, mine, out, holder, before) if effects
+            else same_results(fast, mine, out))
         chosen.append(fast if ok else kernel)
         decided(chosen[0])
         return out

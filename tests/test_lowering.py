@@ -192,7 +192,10 @@ def test_convolution_kernel_rejected_where_bits_differ():
 @pytest.mark.parametrize('n,c,h,w,oc,k,s,p', [
     (2, 5, 7, 6, 3, 3, 2, 1), (3, 16, 8, 8, 4, 1, 1, 0),
     (2, 9, 9, 5, 8, (2, 3), (3, 1), (2, 0)), (2, 3, 11, 11, 6, 5, 2, 2),
-    (1, 12, 4, 4, 7, 1, 2, 0)])
+    (1, 12, 4, 4, 7, 1, 2, 0),
+    # Padding wider than the taps reach: border taps read only zeros.
+    (2, 9, 5, 6, 4, 1, 2, 1), (2, 10, 4, 4, 3, 3, 3, 3),
+    (2, 8, 1, 3, 2, 1, 5, 2)])
 def test_numpy_conv_matches_chainer_bytes(n, c, h, w, oc, k, s, p):
     """The kernels against Chainer's own CPU functions, byte for byte and
     stride for stride, with -0.0, inf and NaN among the values."""
@@ -231,7 +234,8 @@ def test_numpy_conv_matches_chainer_bytes(n, c, h, w, oc, k, s, p):
 
 @pytest.mark.parametrize('n,c,h,oc,k,s,p,g', [
     (4, 8, 9, 8, 3, 1, 1, 8), (3, 12, 8, 6, 3, 2, 0, 3),
-    (2, 8, 7, 8, 1, 1, 0, 2)])
+    (2, 8, 7, 8, 1, 1, 0, 2), (2, 8, 3, 4, 3, 2, 2, 2),
+    (2, 8, 2, 8, 1, 2, 2, 8)])
 def test_numpy_grouped_conv_matches_chainer_bytes(n, c, h, oc, k, s, p, g):
     """Grouped (depthwise too) convolution and its weight gradient."""
     from schedules import numpy_conv
@@ -379,3 +383,128 @@ def test_convolutions_whose_col_reshape_is_a_view_keep_chainers_kernel(
     names = dict(kernels(b))
     assert not names['Convolution2DFunction'].startswith('numpy_'), names
     assert not names['Convolution2DGradW'].startswith('numpy_'), names
+
+
+def test_col_taps_fill_padding_with_zeros():
+    """The im2col taps are written straight from the unpadded image: every
+    element of the destination, padding included, is set (checked on a
+    NaN-filled destination against numpy.pad), also where a tap lies
+    wholly in the padding."""
+    from schedules import numpy_conv
+    rs = numpy.random.RandomState(5)
+    for h, w, k, s, p in [(1, 3, 1, 5, 2), (4, 4, 3, 3, 3), (5, 6, 1, 2, 1),
+                          (7, 6, 3, 2, 1), (2, 2, 3, 1, 2), (6, 5, 2, 3, 0)]:
+        x = rs.standard_normal((2, 3, h, w)).astype('f')
+        img = numpy.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+        oh, ow = (numpy_conv.out_size(h, k, s, p),
+                  numpy_conv.out_size(w, k, s, p))
+        for j in range(k):
+            for i in range(k):
+                dst = numpy.full((2, 3, oh, ow), numpy.nan, 'f')
+                numpy_conv._fill_tap(dst, x, j, i, s, s, p, p)
+                want = img[:, :, j:j + s * oh:s, i:i + s * ow:s]
+                assert dst.tobytes() == want.tobytes(), (h, w, k, s, p, j, i)
+
+
+class BNNet(chainer.Chain):
+    def __init__(self):
+        super(BNNet, self).__init__()
+        import chainer.links as L
+        with self.init_scope():
+            self.c = L.Convolution2D(3, 8, 3, pad=1)
+            self.bn = L.BatchNormalization(8)
+            self.fc = L.Linear(None, 4)
+
+    def forward(self, x, t):
+        h = F.relu(self.bn(self.c(x)))
+        return F.softmax_cross_entropy(self.fc(h), t)
+
+
+StaticBNNet = type('StaticBNNet', (BNNet,),
+                   {'forward': static_graph(BNNet.forward)})
+
+
+def _train_bn(steps=4):
+    """Train define-by-run and static twins with SGD, then evaluate both;
+    everything must agree bit for bit: loss, gradients, parameters and
+    BatchNormalization's running statistics. The static twin's kernel
+    names, per call."""
+    a, b = BNNet(), StaticBNNet()
+    rs = numpy.random.RandomState(6)
+    x0 = rs.standard_normal((4, 3, 6, 6)).astype('f')
+    with chainer.using_config('use_static_graph', False):
+        a(x0, numpy.zeros(4, 'i'))
+        b(x0, numpy.zeros(4, 'i'))
+    b.copyparams(a)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.SGD(lr=0.1)
+        o.setup(m)
+        opts.append(o)
+    names = []
+    for i in range(steps):
+        x = rs.standard_normal((4, 3, 6, 6)).astype('f')
+        t = rs.randint(0, 4, 4).astype('i')
+        losses = []
+        for m, o in zip((a, b), opts):
+            m.cleargrads()
+            loss = m(x, t)
+            loss.backward()
+            o.update()
+            losses.append(loss.array)
+        assert losses[0].tobytes() == losses[1].tobytes()
+        for (n, p), (_, q) in zip(sorted(a.namedparams()),
+                                  sorted(b.namedparams())):
+            assert p.array.tobytes() == q.array.tobytes(), n
+        for k in ('avg_mean', 'avg_var'):
+            assert getattr(a.bn, k).tobytes() == getattr(b.bn, k).tobytes()
+        names.append(dict(kernels(b))['BatchNormalization'])
+    with chainer.using_config('train', False), chainer.no_backprop_mode():
+        for i in range(3):
+            x = rs.standard_normal((4, 3, 6, 6)).astype('f')
+            t = rs.randint(0, 4, 4).astype('i')
+            assert a(x, t).array.tobytes() == b(x, t).array.tobytes()
+    return names, b
+
+
+def test_batch_normalization_kernels_replay_bit_for_bit():
+    """BatchNormalization's forward (train: statistics, running averages;
+    eval: in place, its input dying there) runs one NumPy buffer instead of
+    Chainer's three temporaries, and training and evaluation stay define-
+    by-run's bit for bit."""
+    names, b = _train_bn()
+    assert names[0] == 'probe_numpy_BatchNormalization'
+    assert names[1:] == ['numpy_BatchNormalization'] * 3, names
+    (cache,) = caches_of(b).values()
+    evals = [e for e in cache.entries.values() if e.backward is None]
+    (entry,) = evals
+    fixed = [op.fn.__name__ for op in entry.forward.ops
+             if op.kind == 'FixedBatchNormalization']
+    assert fixed == ['numpy_inplace_FixedBatchNormalization']
+
+
+def test_running_statistics_are_part_of_the_check(monkeypatch):
+    """A kernel whose outputs are right but whose running-average update is
+    off is rejected on the first replay: the node's own kernel runs, the
+    running statistics stay define-by-run's (asserted by _train_bn)."""
+    from static_graph import lowering
+    real = lowering.STATEFUL['BatchNormalization']
+
+    def drifting(rop, node, xs, donated):
+        k = real(rop, node, xs, donated)
+        if k is None:
+            return None
+        d = node.__dict__
+
+        def kernel(a):
+            out = k(a)
+            d['running_var'] *= numpy.float32(1.0000001)
+            return out
+        kernel.__name__ = 'drifting'
+        kernel.effects = k.effects
+        return kernel
+
+    monkeypatch.setitem(lowering.STATEFUL, 'BatchNormalization', drifting)
+    names, _ = _train_bn()
+    assert names[0] == 'probe_drifting'
+    assert 'drifting' not in names[1:], names

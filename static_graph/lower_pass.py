@@ -130,6 +130,10 @@ def _probe(op, rop, fast, donated):
     def decided(kernel):
         if kernel is fast:
             _choose(op, rop, fast)
+            # The state the node's own kernel left on it (statistics of the
+            # probed call): nothing reads it, the new kernel never sets it.
+            for k, _ in rop.state:
+                rop.node.__dict__[k] = None
         else:
             op.fn = kernel      # what the compiled schedule will call
 

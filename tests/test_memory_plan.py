@@ -158,3 +158,13 @@ def test_backward_nodes_get_their_arrays_as_inputs_not_static_buffers():
         if node is not None:
             assert not any(recorder.is_array(v) and v.size > 1
                            for v in vars(node).values()), op.kind
+    # Its forward runs the NumPy kernel, which returns the statistics as
+    # results: the forward node keeps none of a call's arrays either.
+    bn = [op for op in entry.forward.ops if op.kind == 'BatchNormalization']
+    assert bn and all(op.fn.__name__ == 'numpy_BatchNormalization'
+                      for op in bn)
+    for op in bn:
+        node = op._attrs.args[0]
+        assert not any(recorder.is_array(v) and v.size > 1 and
+                       k not in ('running_mean', 'running_var')
+                       for k, v in vars(node).items()), vars(node).keys()

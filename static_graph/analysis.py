@@ -87,7 +87,7 @@ def classify_unknown(rec, chain_map):
         if phase != 'forward':
             # Even a uniform one: a mask that is all True at recording
             # (every element inside a clip range) need not be later.
-            rec.pending_backward_consts.append((a, kind, source))
+            rec.pending_backward_consts.append((a, kind, source, bid))
         elif not _uniform(a):
             rec.add_reason(
                 'an array not produced by a Chainer function enters %s '
@@ -145,6 +145,23 @@ def mark_captured(rec, chain_map):
     ops = rec.forward_ops + rec.backward_ops
     by_node = {id(op.node): op for op in ops}
     n_forward = len(rec.forward_ops)
+    step_of = {}     # backward op index -> the BackwardStep that applied it
+    for step in rec.steps:
+        for j in range(step.start, step.end):
+            step_of[j] = step
+    rerun = set()    # backward op indexes whose step must run again
+
+    def python_array(j, reason):
+        """Backward op j depends on an array computed in Python: its step
+        replays by calling the node's backward() again, or, where that
+        cannot be done, the recording falls back."""
+        step = step_of.get(j)
+        if step is not None and id(step.node) in by_node and \
+                by_node[id(step.node)] in rec.forward_ops:
+            step.rerun = True
+            rerun.add(j)
+        else:
+            rec.add_reason(reason)
     forward_consts = set()
     referenced = set()   # ids of nodes another node holds
     for i, op in enumerate(ops):
@@ -179,7 +196,8 @@ def mark_captured(rec, chain_map):
                 if i < n_forward:
                     forward_consts.add(id(a))
                 elif id(a) not in forward_consts and not _shape_derived(a):
-                    rec.add_reason(
+                    python_array(
+                        i - n_forward,
                         'the backward of %s computes an array in Python '
                         '(held by %s) from values that replay would freeze'
                         % (op.source or 'an op', op.kind))
@@ -207,11 +225,63 @@ def mark_captured(rec, chain_map):
                 rec.buffers[bid].static = True
             op.rebind = []
     promote_view_roots(rec)
-    for a, kind, source in rec.pending_backward_consts:
+    for a, kind, source, bid in rec.pending_backward_consts:
         if id(a) not in forward_consts and not _shape_derived(a):
+            reason = ('the backward of %s feeds %s an array computed in '
+                      'Python from values that replay would freeze'
+                      % (source or 'an op', kind))
+            users = [j for j, op in enumerate(rec.backward_ops)
+                     if bid in op.inputs]
+            for j in users or [None]:
+                python_array(j, reason)
+    _check_reruns(rec, by_node)
+
+
+def _check_reruns(rec, by_node):
+    """A step replayed by calling backward() again must touch nothing but
+    what that call is handed (the output gradients, the node's retained
+    arrays and state, the chain's arrays, constants) and leave behind
+    nothing but the gradients it returns; otherwise the recording falls
+    back."""
+    steps = [s for s in rec.steps if s.rerun]
+    if not steps:
+        return
+    bufs = rec.buffers
+    inside = {}
+    for step in steps:
+        for op in rec.backward_ops[step.start:step.end]:
+            for b in op.outputs:
+                inside[b] = step
+    for j, op in enumerate(rec.backward_ops):
+        for b in op.inputs:
+            step = inside.get(b)
+            if step is not None and not step.start <= j < step.end and \
+                    b not in step.gx:
+                step.rerun = False
+    for b in rec.held:
+        step = inside.get(b)
+        if step is not None and b not in step.gx:
+            step.rerun = False
+    for step in steps:
+        fop = by_node[id(step.node)]
+        given = set(b for b in step.gy if b is not None)
+        given.update(b for _, b in step.retained_in)
+        given.update(step.retained_out)
+        given.update(b for _, b in fop.state)
+        made = set()
+        for op in rec.backward_ops[step.start:step.end]:
+            for b in op.inputs:
+                if b not in made and b not in given and \
+                        bufs[b].role not in (ir.PARAM, ir.PERSIST, ir.CONST):
+                    step.rerun = False
+            made.update(op.outputs)
+        if any(b is not None and b not in made for b in step.gx):
+            step.rerun = False    # hands back an array it did not make
+        if not step.rerun:
             rec.add_reason(
-                'the backward of %s feeds %s an array computed in Python from '
-                'values that replay would freeze' % (source or 'an op', kind))
+                'the backward of %s computes an array in Python and reads '
+                'or leaves arrays that calling it again at replay would not '
+                'see' % (step.label or 'an op'))
 
 
 def promote_view_roots(rec):

@@ -147,11 +147,108 @@ def link_structure(chain, written=()):
     return same, sets
 
 
+def _rerun_kernel(step, fop):
+    """Replay a backward step by calling the forward node's backward()
+    again (define-by-run for that one step): it is handed the output
+    gradients, then the arrays it retained and its state, as inputs, and
+    returns the gradients it made. The node holds them only while it
+    runs."""
+    node, target = step.node, step.target
+    gy_mask = tuple(b is not None for b in step.gy)
+    in_index = tuple(i for i, _ in step.retained_in)
+    n_out = len(step.retained_out)
+    state_keys = tuple(k for k, _ in fop.state)
+    want = tuple(b is not None for b in step.gx)
+    d = node.__dict__
+    n_inputs = len(node.inputs)
+    Variable = chainer.Variable
+
+    def kernel(a):
+        it = iter(a)
+        gys = tuple(Variable(next(it), requires_grad=False) if present
+                    else None for present in gy_mask)
+        nodes = []
+        for i in in_index:
+            x = next(it)
+            vn = node.inputs[i]
+            if vn.get_variable_or_none() is None:   # not a live parameter
+                vn._data = x
+                nodes.append(vn)
+        ys = node._retained_output_data = tuple(
+            next(it) for _ in range(n_out))
+        for i, y in zip(node._output_indexes_to_retain or (), ys):
+            # An output node another node still holds is read, not the
+            # retained data.
+            vn = node.outputs[i]()
+            if vn is not None and vn.get_variable_or_none() is None:
+                vn._data = y
+                nodes.append(vn)
+        saved = [(k, d.get(k)) for k in state_keys]
+        for k in state_keys:
+            d[k] = next(it)
+        try:
+            with chainer.using_config('enable_backprop', False):
+                gxs = node.backward(target, gys)
+        finally:
+            for vn in nodes:
+                vn._data = None
+            node._retained_output_data = None
+            d.update(saved)
+        if len(gxs) == n_inputs and n_inputs != len(target):
+            gxs = tuple(gxs[i] for i in target)
+        out = []
+        for g, w in zip(gxs, want):
+            got = g is not None and g.raw_array is not None
+            if got != w:
+                raise RuntimeError(
+                    'static_graph: the backward of %s returned %s gradient '
+                    'where the recording got %s' % (
+                        step.label or type(node).__name__,
+                        'a' if got else 'no', 'one' if w else 'none'))
+            if got:
+                out.append(g.raw_array)
+        return tuple(out)
+
+    kernel.__name__ = 'rerun_backward'
+    return kernel
+
+
+def _rerun_op(step, fop):
+    inputs = tuple(b for b in step.gy if b is not None) + \
+        tuple(b for _, b in step.retained_in) + tuple(step.retained_out) + \
+        tuple(b for _, b in fop.state)
+    outputs = tuple(b for b in step.gx if b is not None)
+    return ir.Op('%s.backward' % fop.kind, inputs, outputs,
+                 functools.partial(lower_pass.attrs_with_kernel, fop.node,
+                                   'rerun_backward'),
+                 step.label, _rerun_kernel(step, fop),
+                 tuple(range(len(outputs))))
+
+
 def _ir_ops(rec, rops):
     ops = []
     bufs = rec.buffers
     roots = stable_roots(bufs)
+    reruns = {}
+    if rops is rec.backward_ops:
+        by_node = dict((id(op.node), op) for op in rec.forward_ops)
+        for step in rec.steps:
+            if step.rerun:
+                reruns[step.start] = step
+        skip_to = 0
+        kept = []
+        for j, rop in enumerate(rops):
+            step = reruns.get(j)
+            if step is not None:
+                kept.append(step)
+                skip_to = step.end
+            elif j >= skip_to:
+                kept.append(rop)
+        rops = kept
     for rop in rops:
+        if isinstance(rop, recorder.BackwardStep):
+            ops.append(_rerun_op(rop, by_node[id(rop.node)]))
+            continue
         if _view_once(rop, bufs, roots):
             for b in rop.outputs:
                 bufs[b].static = True

@@ -32,7 +32,7 @@ _FOREIGN_ROLES = (ir.INPUT, ir.PARAM, ir.PERSIST, ir.CONST, ir.STATE,
                   ir.GRAD_OUT)
 
 
-def _attrs_with_kernel(node, name):
+def attrs_with_kernel(node, name):
     return dict(describe.describe(node), kernel=name)
 
 
@@ -122,7 +122,7 @@ def lower(schedule, keep):
 
 def _choose(op, rop, kernel):
     op.fn = kernel
-    op._attrs = functools.partial(_attrs_with_kernel, rop.node,
+    op._attrs = functools.partial(attrs_with_kernel, rop.node,
                                   kernel.__name__)
 
 

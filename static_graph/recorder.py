@@ -14,6 +14,7 @@ import threading
 import numpy
 
 import chainer
+from chainer import _backprop_utils
 from chainer import function_node
 from chainer import reporter as reporter_module
 from chainer import variable as variable_module
@@ -27,6 +28,7 @@ traced._active = _local
 _orig_apply = function_node.FunctionNode.apply
 _orig_get_array = variable_module.Variable._get_array
 _orig_report = reporter_module.Reporter.report
+_orig_backprop_step = _backprop_utils.backprop_step
 _VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
 
 _install_lock = threading.Lock()
@@ -133,6 +135,40 @@ def _patched_report(self, values, observer=None):
     return _orig_report(self, values, observer)
 
 
+def _patched_backprop_step(func, target_input_indexes, grad_outputs,
+                           grad_inputs, is_debug):
+    rec = getattr(_local, 'recording', None)
+    if rec is None or rec.depth or rec.phase != 'backward':
+        return _orig_backprop_step(func, target_input_indexes, grad_outputs,
+                                   grad_inputs, is_debug)
+    # See what the node's backward() returns (backprop_step only files it
+    # into grad_inputs): wrap it on the instance for this one step.
+    start = len(rec.backward_ops)
+    returned = []
+    d = func.__dict__
+    had = d.get('backward', MISSING)
+    bound = func.backward
+
+    def backward(indexes, gys):
+        gxs = bound(indexes, gys)
+        # Ops after this (the sums of gradients backprop_step makes) are
+        # not the node's.
+        returned.append((gxs, len(rec.backward_ops)))
+        return gxs
+
+    d['backward'] = backward
+    try:
+        _orig_backprop_step(func, target_input_indexes, grad_outputs,
+                            grad_inputs, is_debug)
+    finally:
+        if had is MISSING:
+            d.pop('backward', None)
+        else:
+            d['backward'] = had
+    rec.on_backward_step(func, target_input_indexes, grad_outputs, returned,
+                         start)
+
+
 def install():
     global _install_count
     with _install_lock:
@@ -140,6 +176,7 @@ def install():
             function_node.FunctionNode.apply = _patched_apply
             variable_module.Variable._get_array = _patched_get_array
             reporter_module.Reporter.report = _patched_report
+            _backprop_utils.backprop_step = _patched_backprop_step
         _install_count += 1
 
 
@@ -151,6 +188,7 @@ def uninstall():
             function_node.FunctionNode.apply = _orig_apply
             variable_module.Variable._get_array = _orig_get_array
             reporter_module.Reporter.report = _orig_report
+            _backprop_utils.backprop_step = _orig_backprop_step
 
 
 class RecordedOp(object):
@@ -173,6 +211,28 @@ class RecordedOp(object):
         self.rebind = []
 
 
+class BackwardStep(object):
+    """One call of a forward node's ``backward()`` while recording: the
+    backward ops it applied (``rec.backward_ops[start:end]``) and the
+    buffers it read and returned. When those ops cannot replay as recorded
+    (the method computed a mask in Python), the step is replayed by calling
+    ``backward()`` again (``rerun``)."""
+    __slots__ = ('node', 'target', 'gy', 'gx', 'retained_in', 'retained_out',
+                 'start', 'end', 'label', 'rerun')
+
+    def __init__(self, node, target, gy, gx, retained_in, retained_out,
+                 start, end, label):
+        self.node = node
+        self.target = target              # input indexes given gradients
+        self.gy = gy                      # buffer id or None per output
+        self.gx = gx                      # buffer id or None per target
+        self.retained_in = retained_in    # [(input index, buffer id)]
+        self.retained_out = retained_out  # [buffer id]
+        self.start, self.end = start, end
+        self.label = label
+        self.rerun = False
+
+
 class Recording(object):
     """Buffers and ops of one call, forward then backward."""
 
@@ -191,6 +251,7 @@ class Recording(object):
         self.reports = []         # (observer, [(key, buffer id | const)])
         self.pending_backward_consts = []   # checked once captures are known
         self.held = set()         # buffers some node attribute refers to
+        self.steps = []           # BackwardStep per node backward() call
         self.backward_label = None
 
     # -- buffers ------------------------------------------------------------
@@ -338,6 +399,31 @@ class Recording(object):
             self.forward_ops.append(op)
         else:
             self.backward_ops.append(op)
+
+    def on_backward_step(self, func, target, grad_outputs, returned, start):
+        if len(returned) != 1:
+            return      # backward_accumulate: left as recorded
+        gxs, end = returned[0]
+        if len(gxs) == len(func.inputs):
+            gxs = tuple(gxs[i] for i in target)
+        by_id = self.by_id
+
+        def bid(a):
+            return by_id.get(id(a), MISSING)
+
+        gy = tuple(None if g is None or g.raw_array is None else
+                   bid(g.raw_array) for g in grad_outputs)
+        gx = tuple(None if g is None or g.raw_array is None else
+                   bid(g.raw_array) for g in gxs)
+        retained_in = [(i, bid(func.inputs[i].data))
+                       for i in func._input_indexes_to_retain or ()]
+        retained_out = [bid(a) for a in func._retained_output_data or ()]
+        if MISSING in gy + gx + tuple(b for _, b in retained_in) + \
+                tuple(retained_out):
+            return      # reads or returns arrays no buffer holds
+        self.steps.append(BackwardStep(
+            func, tuple(target), gy, gx, retained_in, retained_out, start,
+            end, self.backward_label))
 
     def on_report(self, values, observer):
         if self.phase != 'forward':

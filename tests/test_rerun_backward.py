@@ -1,0 +1,135 @@
+"""Backward steps that compute a mask in Python (F.clip, F.maximum, F.max,
+F.maxout, mean_absolute_error...) replay by calling the forward node's
+backward() again, handed the current arrays: training stays define-by-run's
+bit for bit, and such chains replay instead of falling back."""
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from static_graph import static_graph
+from static_graph.decorator import caches_of
+
+MASKED = {
+    'clip': lambda h, p: F.clip(h, -0.5, 0.5),
+    'maximum': lambda h, p: F.maximum(h, F.broadcast_to(p, h.shape)),
+    'max': lambda h, p: F.max(h, axis=1, keepdims=True) * h,
+    'min': lambda h, p: F.min(h, axis=0),
+    'maxout': lambda h, p: F.maxout(h, 2),
+    'crelu': lambda h, p: F.crelu(h),
+    'mean_absolute_error': lambda h, p: F.mean_absolute_error(
+        h, F.broadcast_to(p, h.shape)),
+}
+
+
+def twins(fn):
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l1 = L.Linear(3, 6)
+                self.p = chainer.Parameter(
+                    numpy.linspace(-0.3, 0.3, 6).astype(numpy.float32))
+
+        def forward(self, x):
+            y = fn(self.l1(x), self.p)
+            return F.sum(y * y)
+
+    Static = type('Static', (Net,), {'forward': static_graph(Net.forward)})
+    numpy.random.seed(0)
+    a = Net()
+    numpy.random.seed(0)
+    b = Static()
+    b.copyparams(a)
+    return a, b
+
+
+def entry_of(chain):
+    (cache,) = caches_of(chain).values()
+    (entry,) = cache.entries.values()
+    return cache, entry
+
+
+def same_bits(a, b):
+    for (n, p), (_, q) in zip(sorted(a.namedparams()),
+                              sorted(b.namedparams())):
+        assert p.array.tobytes() == q.array.tobytes(), 'param ' + n
+        assert (p.grad is None) == (q.grad is None), 'grad ' + n
+        if p.grad is not None:
+            assert p.grad.tobytes() == q.grad.tobytes(), 'grad ' + n
+
+
+@pytest.mark.parametrize('name', sorted(MASKED))
+def test_masked_backward_replays_bit_for_bit(name):
+    a, b = twins(MASKED[name])
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.MomentumSGD(lr=0.01)
+        o.setup(m)
+        opts.append(o)
+    rs = numpy.random.RandomState(1)
+    for i in range(6):
+        # the sign pattern and the argmax move from call to call
+        x = (rs.standard_normal((4, 3)) * (1 + i % 3)).astype(numpy.float32)
+        for m, o in zip((a, b), opts):
+            m.cleargrads()
+            loss = m(x)
+            loss.backward()
+            o.update()
+        same_bits(a, b)
+    cache, entry = entry_of(b)
+    assert entry.state == 'complete', entry.reason
+    assert cache.replays == 5
+    reruns = [op for op in entry.backward.ops if op.kind.endswith('.backward')]
+    assert reruns and all(op.fn.__name__ == 'rerun_backward' for op in reruns)
+
+
+def test_two_calls_then_one_backward():
+    """Two calls of the chain before one backward: each call's backward
+    step gets its own call's arrays, not the later call's."""
+    a, b = twins(MASKED['maximum'])
+    rs = numpy.random.RandomState(2)
+    for i in range(4):
+        x1 = rs.standard_normal((4, 3)).astype(numpy.float32)
+        x2 = -rs.standard_normal((4, 3)).astype(numpy.float32)
+        for m in (a, b):
+            m.cleargrads()
+            (m(x1) + 2 * m(x2)).backward()
+        same_bits(a, b)
+    # The second call of the first iteration records again (the first
+    # recording had no backward yet); all later calls replay.
+    assert entry_of(b)[0].replays == 6
+
+
+def test_gradient_accumulation_and_batch_change():
+    a, b = twins(MASKED['clip'])
+    rs = numpy.random.RandomState(3)
+    for m in (a, b):
+        m.cleargrads()
+    for n in (4, 4, 2, 4, 2):
+        x = rs.standard_normal((n, 3)).astype(numpy.float32)
+        for m in (a, b):
+            m(x).backward()        # accumulates: no cleargrads
+        same_bits(a, b)
+    (cache,) = caches_of(b).values()
+    assert sorted(e.state for e in cache.entries.values()) == \
+        ['complete', 'complete']
+
+
+def test_a_step_that_hands_back_its_input_still_falls_back():
+    """F.fmod's backward returns the output gradient itself as one input's
+    gradient: calling it again could not be told apart from the ops around
+    it, so the call falls back, says why, and stays correct."""
+    a, b = twins(lambda h, p: F.fmod(h, F.broadcast_to(p + 0.7, h.shape)))
+    rs = numpy.random.RandomState(4)
+    with pytest.warns(Warning, match='computes an array in Python'):
+        for i in range(3):
+            x = rs.standard_normal((4, 3)).astype(numpy.float32)
+            for m in (a, b):
+                m.cleargrads()
+                m(x).backward()
+            same_bits(a, b)
+    cache, entry = entry_of(b)
+    assert entry.state == 'fallback'

@@ -171,9 +171,17 @@ def _rerun_kernel(step, fop):
         for i in in_index:
             x = next(it)
             vn = node.inputs[i]
-            if vn.get_variable_or_none() is None:   # not a live parameter
+            var = vn.get_variable_or_none()
+            if var is None:
                 vn._data = x
                 nodes.append(vn)
+            elif var.raw_array is not x:
+                # A live variable (a parameter's is its current array):
+                # never let backward() read another call's data.
+                raise RuntimeError(
+                    'static_graph: the backward of %s would read a live '
+                    'variable that does not hold this call\'s input'
+                    % (step.label or type(node).__name__))
         ys = node._retained_output_data = tuple(
             next(it) for _ in range(n_out))
         for i, y in zip(node._output_indexes_to_retain or (), ys):

@@ -133,3 +133,47 @@ def test_a_step_that_hands_back_its_input_still_falls_back():
             same_bits(a, b)
     cache, entry = entry_of(b)
     assert entry.state == 'fallback'
+
+
+def test_masked_ops_on_inputs_and_parameters_directly():
+    """The node's retained input is the call's input (an ndarray or a
+    Variable that requires grad) or a parameter: each replay hands the
+    backward the current one."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 3)
+                self.p = chainer.Parameter(
+                    numpy.array([0.3, -0.2, 0.1], numpy.float32))
+
+        def forward(self, x):
+            h = self.l(F.clip(x, -0.5, 0.5)) * F.clip(self.p, -0.15, 0.15)
+            return F.sum(h ** 2) + F.sum(F.max(x, axis=1))
+
+    Static = type('Static', (Net,), {'forward': static_graph(Net.forward)})
+    numpy.random.seed(0)
+    a = Net()
+    b = Static()
+    b.copyparams(a)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.SGD(lr=0.1)
+        o.setup(m)
+        opts.append(o)
+    rs = numpy.random.RandomState(5)
+    for i in range(6):
+        x = rs.standard_normal((4, 3)).astype(numpy.float32)
+        gxs = []
+        for m, o in zip((a, b), opts):
+            m.cleargrads()
+            v = chainer.Variable(x.copy()) if i % 2 else x.copy()
+            m(v).backward()
+            o.update()
+            gxs.append(v.grad if i % 2 else None)
+        same_bits(a, b)
+        if i % 2:
+            assert gxs[0].tobytes() == gxs[1].tobytes()
+    (cache,) = caches_of(b).values()
+    assert all(e.state == 'complete' for e in cache.entries.values())
+    assert cache.replays == 4

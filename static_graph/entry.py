@@ -167,7 +167,7 @@ def _rerun_kernel(step, fop):
         it = iter(a)
         gys = tuple(Variable(next(it), requires_grad=False) if present
                     else None for present in gy_mask)
-        nodes = []
+        nodes, swapped = [], []
         for i in in_index:
             x = next(it)
             vn = node.inputs[i]
@@ -176,12 +176,12 @@ def _rerun_kernel(step, fop):
                 vn._data = x
                 nodes.append(vn)
             elif var.raw_array is not x:
-                # A live variable (a parameter's is its current array):
-                # never let backward() read another call's data.
-                raise RuntimeError(
-                    'static_graph: the backward of %s would read a live '
-                    'variable that does not hold this call\'s input'
-                    % (step.label or type(node).__name__))
+                # A variable of the recording kept alive (by a Variable the
+                # method stored on the chain, say): backward() reads its
+                # array, so it holds this call's while backward() runs. (A
+                # parameter's is the current array already.)
+                swapped.append((var, var.raw_array))
+                var.array = x
         ys = node._retained_output_data = tuple(
             next(it) for _ in range(n_out))
         for i, y in zip(node._output_indexes_to_retain or (), ys):
@@ -200,6 +200,8 @@ def _rerun_kernel(step, fop):
         finally:
             for vn in nodes:
                 vn._data = None
+            for var, old in swapped:
+                var.array = old
             node._retained_output_data = None
             d.update(saved)
         if len(gxs) == n_inputs and n_inputs != len(target):

@@ -177,3 +177,31 @@ def test_masked_ops_on_inputs_and_parameters_directly():
     (cache,) = caches_of(b).values()
     assert all(e.state == 'complete' for e in cache.entries.values())
     assert cache.replays == 4
+
+
+def test_recording_variable_kept_alive():
+    """The method keeps its input Variable (a list for debugging, filled
+    during the recording call only): the recording's own variable stays
+    alive, and a replayed backward step that retained that input must
+    still read the current call's."""
+    seen = []
+
+    class Net(chainer.Chain):
+        def forward(self, x):
+            seen.append(x)
+            return F.sum(F.clip(x, -0.5, 0.5) * F.max(x, axis=1,
+                                                       keepdims=True))
+
+    Static = type('Static', (Net,), {'forward': static_graph(Net.forward)})
+    a, b = Net(), Static()
+    rs = numpy.random.RandomState(6)
+    for i in range(4):
+        x = rs.standard_normal((4, 3)).astype(numpy.float32)
+        grads = []
+        for m in (a, b):
+            v = chainer.Variable(x.copy())
+            m(v).backward()
+            grads.append(v.grad)
+        assert grads[0].tobytes() == grads[1].tobytes(), i
+    (cache,) = caches_of(b).values()
+    assert cache.replays == 3

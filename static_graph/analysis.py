@@ -149,7 +149,6 @@ def mark_captured(rec, chain_map):
     for step in rec.steps:
         for j in range(step.start, step.end):
             step_of[j] = step
-    rerun = set()    # backward op indexes whose step must run again
 
     def python_array(j, reason):
         """Backward op j depends on an array computed in Python: its step
@@ -159,7 +158,6 @@ def mark_captured(rec, chain_map):
         if step is not None and id(step.node) in by_node and \
                 by_node[id(step.node)] in rec.forward_ops:
             step.rerun = True
-            rerun.add(j)
         else:
             rec.add_reason(reason)
     forward_consts = set()

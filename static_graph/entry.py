@@ -168,33 +168,34 @@ def _rerun_kernel(step, fop):
         gys = tuple(Variable(next(it), requires_grad=False) if present
                     else None for present in gy_mask)
         nodes, swapped = [], []
-        for i in in_index:
-            x = next(it)
-            vn = node.inputs[i]
+
+        def bind(vn, x):
             var = vn.get_variable_or_none()
             if var is None:
                 vn._data = x
                 nodes.append(vn)
             elif var.raw_array is not x:
-                # A variable of the recording kept alive (by a Variable the
-                # method stored on the chain, say): backward() reads its
-                # array, so it holds this call's while backward() runs. (A
-                # parameter's is the current array already.)
+                # A variable of the recording kept alive (the method stored
+                # its input, say): backward() reads its array, so it holds
+                # this call's while backward() runs. (A parameter's is the
+                # current array already.)
                 swapped.append((var, var.raw_array))
                 var.array = x
-        ys = node._retained_output_data = tuple(
-            next(it) for _ in range(n_out))
-        for i, y in zip(node._output_indexes_to_retain or (), ys):
-            # An output node another node still holds is read, not the
-            # retained data.
-            vn = node.outputs[i]()
-            if vn is not None and vn.get_variable_or_none() is None:
-                vn._data = y
-                nodes.append(vn)
+
         saved = [(k, d.get(k)) for k in state_keys]
-        for k in state_keys:
-            d[k] = next(it)
         try:
+            for i in in_index:
+                bind(node.inputs[i], next(it))
+            ys = node._retained_output_data = tuple(
+                next(it) for _ in range(n_out))
+            for i, y in zip(node._output_indexes_to_retain or (), ys):
+                # An output node another node still holds is read, not the
+                # retained data.
+                vn = node.outputs[i]()
+                if vn is not None:
+                    bind(vn, y)
+            for k in state_keys:
+                d[k] = next(it)
             with chainer.using_config('enable_backprop', False):
                 gxs = node.backward(target, gys)
         finally:

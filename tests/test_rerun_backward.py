@@ -205,3 +205,27 @@ def test_recording_variable_kept_alive():
         assert grads[0].tobytes() == grads[1].tobytes(), i
     (cache,) = caches_of(b).values()
     assert cache.replays == 3
+
+
+def test_fuzz_found_min_with_micro_batches():
+    """Found by fuzzing (--exact): F.min's backward step retains its input
+    and its output; with micro-batches whose inputs and outputs the caller
+    keeps, the recording's own variables stay alive, and the replayed step
+    must still read each call's arrays."""
+    from tests import fuzz_grammar as grammar
+    prog = grammar.Program(
+        'float64', (1, 2, 3), 'sq', 0, [],
+        ['h = chainer.as_variable(h)', 'h = F.min(h, axis=1, keepdims=False)',
+         'loss = F.sum(h * h)'], '(loss, h)', ['extreme'], 0)
+    seq = [grammar.Step(mode='train', batch=2, micro=3, label_kw=False,
+                        twice=None, replace=0, x_as='var_nograd',
+                        update=True),
+           grammar.Step(mode='train', batch=4, micro=2, label_kw=False,
+                        twice=None, replace='persist', x_as='var',
+                        update=True)]
+    exact = grammar.EXACT
+    grammar.EXACT = True
+    try:
+        grammar.check_example(prog, seq, 0, grammar.Stats())
+    finally:
+        grammar.EXACT = exact

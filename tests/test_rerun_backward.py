@@ -207,15 +207,18 @@ def test_recording_variable_kept_alive():
     assert cache.replays == 3
 
 
-def test_fuzz_found_min_with_micro_batches():
+@pytest.mark.parametrize('axis', [1, 2])
+def test_fuzz_found_min_with_micro_batches(axis):
     """Found by fuzzing (--exact): F.min's backward step retains its input
     and its output; with micro-batches whose inputs and outputs the caller
     keeps, the recording's own variables stay alive, and the replayed step
-    must still read each call's arrays."""
+    must still read each call's arrays, both of them (over the axis of
+    length one the mask is all ones whatever it reads; over axis 2 not)."""
     from tests import fuzz_grammar as grammar
     prog = grammar.Program(
         'float64', (1, 2, 3), 'sq', 0, [],
-        ['h = chainer.as_variable(h)', 'h = F.min(h, axis=1, keepdims=False)',
+        ['h = chainer.as_variable(h)',
+         'h = F.min(h, axis=%d, keepdims=False)' % axis,
          'loss = F.sum(h * h)'], '(loss, h)', ['extreme'], 0)
     seq = [grammar.Step(mode='train', batch=2, micro=3, label_kw=False,
                         twice=None, replace=0, x_as='var_nograd',

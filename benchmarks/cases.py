@@ -93,6 +93,23 @@ class CNN(chainer.Chain):
         return F.softmax_cross_entropy(self.l2(h), t)
 
 
+class MaskedMLP(chainer.Chain):
+    """An MLP whose backward steps build their masks in Python (maxout
+    units, a clipped layer): replay calls those steps' backward() again."""
+
+    def __init__(self):
+        super(MaskedMLP, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(784, 2 * 256)
+            self.l2 = L.Linear(256, 256)
+            self.l3 = L.Linear(256, 10)
+
+    def forward(self, x, t):
+        h = F.maxout(self.l1(x), 2)
+        h = F.clip(self.l2(h), -1.0, 1.0)
+        return F.softmax_cross_entropy(self.l3(h), t)
+
+
 def mnist_batch(n, rs, image=False):
     shape = (n, 1, 28, 28) if image else (n, 784)
     return (rs.rand(*shape).astype(numpy.float32),

@@ -50,6 +50,10 @@ def all_cases():
         out.append(_case('mlp-b%d' % b, lambda: cases.MLP(),
                          lambda rs, b=b: cases.mnist_batch(b, rs), 10,
                          '784-1000-1000-10, batch %d' % b))
+    out.append(_case('masked-mlp-b32', lambda: cases.MaskedMLP(),
+                     lambda rs: cases.mnist_batch(32, rs), 10,
+                     'maxout and clip MLP, batch 32 (masks built in '
+                     'Python in backward)'))
     out.append(_case('cnn-b32', lambda: cases.CNN(),
                      lambda rs: cases.mnist_batch(32, rs, image=True), 5,
                      'MNIST CNN, batch 32'))

@@ -8,6 +8,7 @@ import chainer.functions as F
 
 from static_graph import static_graph
 from static_graph.decorator import caches_of
+from tests.twins import twin_optimizers
 
 
 class Net(chainer.Chain):
@@ -436,11 +437,7 @@ def _train_bn(steps=4):
         a(x0, numpy.zeros(4, 'i'))
         b(x0, numpy.zeros(4, 'i'))
     b.copyparams(a)
-    opts = []
-    for m in (a, b):
-        o = chainer.optimizers.SGD(lr=0.1)
-        o.setup(m)
-        opts.append(o)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.SGD(lr=0.1))
     names = []
     for i in range(steps):
         x = rs.standard_normal((4, 3, 6, 6)).astype('f')

@@ -11,6 +11,7 @@ import chainer.links as L
 
 from static_graph import static_graph
 from static_graph.decorator import caches_of
+from tests.twins import twin_optimizers
 
 MASKED = {
     'clip': lambda h, p: F.clip(h, -0.5, 0.5),
@@ -64,11 +65,8 @@ def same_bits(a, b):
 @pytest.mark.parametrize('name', sorted(MASKED))
 def test_masked_backward_replays_bit_for_bit(name):
     a, b = twins(MASKED[name])
-    opts = []
-    for m in (a, b):
-        o = chainer.optimizers.MomentumSGD(lr=0.01)
-        o.setup(m)
-        opts.append(o)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.MomentumSGD(
+        lr=0.01))
     rs = numpy.random.RandomState(1)
     for i in range(6):
         # the sign pattern and the argmax move from call to call
@@ -156,11 +154,7 @@ def test_masked_ops_on_inputs_and_parameters_directly():
     a = Net()
     b = Static()
     b.copyparams(a)
-    opts = []
-    for m in (a, b):
-        o = chainer.optimizers.SGD(lr=0.1)
-        o.setup(m)
-        opts.append(o)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.SGD(lr=0.1))
     rs = numpy.random.RandomState(5)
     for i in range(6):
         x = rs.standard_normal((4, 3)).astype(numpy.float32)

@@ -103,3 +103,13 @@ def stats(chain, method='forward'):
     if cache is None:
         return None
     return cache
+
+
+def twin_optimizers(models, make):
+    """One optimizer per model, ``make()`` each, set up on it."""
+    opts = []
+    for m in models:
+        o = make()
+        o.setup(m)
+        opts.append(o)
+    return opts

@@ -85,7 +85,7 @@ class Counter(chainer.FunctionHook):
         self.n += 1
 
 
-def build(case, seed=0):
+def build(case, seed=0, skip=()):
     """{variant: (model, optimizer)} with identical parameters."""
     numpy.random.seed(seed)
     proto = case['model']()
@@ -95,7 +95,7 @@ def build(case, seed=0):
     built = {}
     for name in cases.VARIANTS:
         cls = cases.variants(type(proto)).get(name)
-        if cls is None:
+        if cls is None or name in skip:
             continue
         numpy.random.seed(seed)
         m = case['model']()
@@ -123,17 +123,22 @@ def step(model, opt, batch, variant):
 
 
 def check_match(case, n=3):
-    """Train every variant n iterations; compare to define-by-run."""
+    """Train every variant n iterations; compare to define-by-run. A
+    variant that raises is reported as 'crash' (and not timed)."""
     built = build(case)
     rs = numpy.random.RandomState(2)
     batches = [case['batch'](rs) for _ in range(n)]
     losses = {v: [] for v in built}
-    for b in batches:
-        for v, (m, o) in built.items():
-            numpy.random.seed(3)
-            losses[v].append(float(step(m, o, b, v).array))
-    ref_m = built['dbr'][0]
     result = {}
+    for b in batches:
+        for v, (m, o) in list(built.items()):
+            numpy.random.seed(3)
+            try:
+                losses[v].append(float(step(m, o, b, v).array))
+            except Exception as e:
+                result[v] = 'crash (%s)' % type(e).__name__
+                del built[v]
+    ref_m = built['dbr'][0]
     for v, (m, o) in built.items():
         ok = numpy.allclose(losses[v], losses['dbr'], rtol=1e-4, atol=1e-6)
         for (name, p), (_, q) in zip(sorted(m.namedparams()),
@@ -144,8 +149,8 @@ def check_match(case, n=3):
     return result
 
 
-def time_case(case, rounds):
-    built = build(case)
+def time_case(case, rounds, skip=()):
+    built = build(case, skip=skip)
     rs = numpy.random.RandomState(4)
     batch = case['batch'](rs)
     for v, (m, o) in built.items():
@@ -167,12 +172,12 @@ def time_case(case, rounds):
         stats[v] = dict(time=float(numpy.median(times[v])),
                         function_nodes=counter.n)
     del built
-    for v, peak in memory_case(case, batch).items():
+    for v, peak in memory_case(case, batch, skip=skip).items():
         stats[v]['peak_bytes'] = peak
     return stats
 
 
-def memory_case(case, batch, warmup=3):
+def memory_case(case, batch, warmup=3, skip=()):
     """Peak memory of a training iteration, per variant: tracemalloc's
     peak during one iteration after ``warmup`` iterations, above what was
     allocated before the variant's first call. So it counts activations
@@ -182,7 +187,7 @@ def memory_case(case, batch, warmup=3):
     gc.collect()
     tracemalloc.start()
     try:
-        built = build(case)
+        built = build(case, skip=skip)
         out = {}
         for v, (m, o) in built.items():
             gc.collect()
@@ -341,9 +346,11 @@ def main(argv=None):
         if case['name'] not in args.cases:
             continue
         sys.stderr.write('%s ...\n' % case['name'])
+        matches = check_match(case)
+        crashed = [v for v, ok in matches.items() if ok not in (True, False)]
         results['cases'][case['name']] = dict(
-            note=case['note'], matches=check_match(case),
-            stats=time_case(case, args.rounds))
+            note=case['note'], matches=matches,
+            stats=time_case(case, args.rounds, skip=crashed))
         if not args.no_recording and case['name'] in ('tiny', 'mlp-b1',
                                                       'mlp-b8', 'mlp-b100',
                                                       'cnn-b32'):

@@ -156,7 +156,8 @@ def mark_captured(rec, chain_map):
         cannot be done, the recording falls back."""
         step = step_of.get(j)
         if step is not None and id(step.node) in by_node and \
-                by_node[id(step.node)] in rec.forward_ops:
+                by_node[id(step.node)] in rec.forward_ops and \
+                step.resolve(rec.by_id):
             step.rerun = True
         else:
             rec.add_reason(reason)

@@ -291,6 +291,9 @@ def release_recording(rec):
     rec.arrays = []
     rec.traced_views = {}
     rec.by_id = {}
+    for step in rec.steps:
+        step.raw = None     # the recorded call's gradients
+    rec.steps = []
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
         for k, _ in rop.rebind:

@@ -213,24 +213,53 @@ class RecordedOp(object):
 
 class BackwardStep(object):
     """One call of a forward node's ``backward()`` while recording: the
-    backward ops it applied (``rec.backward_ops[start:end]``) and the
-    buffers it read and returned. When those ops cannot replay as recorded
-    (the method computed a mask in Python), the step is replayed by calling
-    ``backward()`` again (``rerun``)."""
-    __slots__ = ('node', 'target', 'gy', 'gx', 'retained_in', 'retained_out',
-                 'start', 'end', 'label', 'rerun')
+    backward ops it applied (``rec.backward_ops[start:end]``) and what it
+    was handed and returned. When those ops cannot replay as recorded (the
+    method computed a mask in Python), the step is replayed by calling
+    ``backward()`` again (``rerun``); ``resolve`` then names the buffers it
+    reads and returns."""
+    __slots__ = ('node', 'target', 'start', 'end', 'label', 'rerun', 'raw',
+                 'gy', 'gx', 'retained_in', 'retained_out')
 
-    def __init__(self, node, target, gy, gx, retained_in, retained_out,
-                 start, end, label):
+    def __init__(self, node, target, grad_outputs, gxs, start, end, label):
         self.node = node
         self.target = target              # input indexes given gradients
-        self.gy = gy                      # buffer id or None per output
-        self.gx = gx                      # buffer id or None per target
-        self.retained_in = retained_in    # [(input index, buffer id)]
-        self.retained_out = retained_out  # [buffer id]
         self.start, self.end = start, end
         self.label = label
         self.rerun = False
+        self.raw = (grad_outputs, gxs)
+        self.gy = self.gx = None          # buffer id or None per output,
+        self.retained_in = None           # per target; [(index, buffer)]
+        self.retained_out = None          # [buffer id]
+
+    def resolve(self, by_id):
+        """Buffer ids of what the step read and returned (while the
+        recording's arrays are alive); False if one is no buffer."""
+        if self.gy is not None:
+            return True
+        grad_outputs, gxs = self.raw
+        func = self.node
+        if len(gxs) == len(func.inputs):
+            gxs = tuple(gxs[i] for i in self.target)
+        if len(gxs) != len(self.target):
+            return False
+
+        def bid(a):
+            return by_id.get(id(a), MISSING)
+
+        gy = tuple(None if g is None or g.raw_array is None else
+                   bid(g.raw_array) for g in grad_outputs)
+        gx = tuple(None if g is None or g.raw_array is None else
+                   bid(g.raw_array) for g in gxs)
+        retained_in = [(i, bid(func.inputs[i].data))
+                       for i in func._input_indexes_to_retain or ()]
+        retained_out = [bid(a) for a in func._retained_output_data or ()]
+        if MISSING in gy + gx + tuple(b for _, b in retained_in) + \
+                tuple(retained_out):
+            return False
+        self.gy, self.gx = gy, gx
+        self.retained_in, self.retained_out = retained_in, retained_out
+        return True
 
 
 class Recording(object):
@@ -401,29 +430,11 @@ class Recording(object):
             self.backward_ops.append(op)
 
     def on_backward_step(self, func, target, grad_outputs, returned, start):
-        if len(returned) != 1:
-            return      # backward_accumulate: left as recorded
-        gxs, end = returned[0]
-        if len(gxs) == len(func.inputs):
-            gxs = tuple(gxs[i] for i in target)
-        by_id = self.by_id
-
-        def bid(a):
-            return by_id.get(id(a), MISSING)
-
-        gy = tuple(None if g is None or g.raw_array is None else
-                   bid(g.raw_array) for g in grad_outputs)
-        gx = tuple(None if g is None or g.raw_array is None else
-                   bid(g.raw_array) for g in gxs)
-        retained_in = [(i, bid(func.inputs[i].data))
-                       for i in func._input_indexes_to_retain or ()]
-        retained_out = [bid(a) for a in func._retained_output_data or ()]
-        if MISSING in gy + gx + tuple(b for _, b in retained_in) + \
-                tuple(retained_out):
-            return      # reads or returns arrays no buffer holds
-        self.steps.append(BackwardStep(
-            func, tuple(target), gy, gx, retained_in, retained_out, start,
-            end, self.backward_label))
+        if len(returned) == 1:   # not backward_accumulate: left as recorded
+            gxs, end = returned[0]
+            self.steps.append(BackwardStep(func, tuple(target), grad_outputs,
+                                           gxs, start, end,
+                                           self.backward_label))
 
     def on_report(self, values, observer):
         if self.phase != 'forward':

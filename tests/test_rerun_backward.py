@@ -226,3 +226,38 @@ def test_fuzz_found_min_with_micro_batches(axis):
         grammar.check_example(prog, seq, 0, grammar.Stats())
     finally:
         grammar.EXACT = exact
+
+
+def test_rerun_steps_hold_no_arrays_of_the_recording():
+    """A rerun step's kernel keeps the forward node, not the recording
+    call's gradients (4 MB here)."""
+    import gc
+    import tracemalloc
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(1000, 1000)
+
+        @static_graph
+        def forward(self, x):
+            return F.sum(F.clip(self.l(x), -0.1, 0.1) ** 2)
+
+    m = Net()
+    x = numpy.random.RandomState(8).rand(500, 1000).astype(numpy.float32)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        m(x).backward()
+        m.cleargrads()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    (cache,) = caches_of(m).values()
+    (entry,) = cache.entries.values()
+    assert [op.kind for op in entry.backward.ops
+            if op.kind.endswith('.backward')] == ['Clip.backward']
+    assert held < (1 << 20), held

@@ -98,6 +98,16 @@ def explain(chain):
                     len(e.forward.ops),
                     ', backward %d ops' % len(e.backward.ops)
                     if e.backward is not None else ', no backward')
+                reruns = [op for op in (e.backward.ops if e.backward
+                                        is not None else ())
+                          if op.fn is not None and
+                          op.fn.__name__ == 'rerun_backward']
+                if reruns:
+                    line += '\n    define-by-run in backward (a mask built ' \
+                        'in Python): ' + ', '.join(
+                            '%s at %s' % (op.kind[:-len('.backward')],
+                                          op.source or '?')
+                            for op in reruns)
             elif e.state == 'recording':
                 line += ' (waiting for its first backward)'
             if e.reason:

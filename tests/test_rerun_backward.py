@@ -82,6 +82,9 @@ def test_masked_backward_replays_bit_for_bit(name):
     assert cache.replays == 5
     reruns = [op for op in entry.backward.ops if op.kind.endswith('.backward')]
     assert reruns and all(op.fn.__name__ == 'rerun_backward' for op in reruns)
+    import static_graph as sg
+    said = sg.explain(b).split('define-by-run in backward')[1]
+    assert __file__.rstrip('c') in said   # names the user's line
 
 
 def test_two_calls_then_one_backward():

@@ -9,7 +9,10 @@ kernel gives the node's own results bit for bit, in the same memory layout:
   parameters copied: an optimizer updates them in place meanwhile);
 * larger ones (a convolution) on the first replay's own arrays: no large
   recorded array outlives the recording, and the recording iteration does
-  not pay for the check.
+  not pay for the check;
+* ops with state (BatchNormalization) on the first replay too, where the
+  arrays they update in place (running statistics) can be copied before the
+  node's own kernel runs, and compared after.
 
 An input that dies at an op may be *donated*: the kernel writes its result
 into that input's memory instead of allocating (ReLU, BatchNormalization's

@@ -5,7 +5,8 @@ always the same numbers as define-by-run). ``FAST`` maps an op kind to a
 factory that may return a cheaper kernel for the recorded shapes, only where
 it computes exactly the same values; the factory returns None otherwise.
 ``DONATING`` does the same for kernels that write into an input dying with
-the op. When they are used is lower_pass.py's business.
+the op, ``STATEFUL`` for ops with hidden state (their kernels return it).
+When they are used is lower_pass.py's business.
 """
 import numpy
 
@@ -215,7 +216,7 @@ DONATING = {
 # keep (in rop.state's order). ``kernel.effects`` names the node's arrays
 # it updates in place, as the node does (BatchNormalization's running
 # statistics): the first-replay check compares those too.
-def _generic_bn_cpu(node, xs, dtype_of):
+def _generic_bn_cpu(node, xs):
     """Chainer's generic CPU BatchNormalization path, all in one dtype (so
     its final ``astype`` is a plain copy) and nothing iDeep could take?"""
     from chainer.backends import intel64
@@ -223,7 +224,7 @@ def _generic_bn_cpu(node, xs, dtype_of):
             any(lay is not None for lay in node._input_layouts or ()):
         return False
     x = xs[0]
-    return all(a.dtype == x.dtype for a in dtype_of) and \
+    return all(a.dtype == x.dtype for a in xs) and \
         not all(x.shape[i] == 1 for i in node.axis)   # Chainer warns
 
 
@@ -245,7 +246,7 @@ def _bn_forward(rop, node, xs, donated):
     if len(xs) != 3 or type(getattr(node, '_impl', None)) is not \
             bn.GeneralBatchNormalizationImpl or \
             not set(keys) <= {'mean', 'var', 'inv_std'} or \
-            not _generic_bn_cpu(node, xs, xs):
+            not _generic_bn_cpu(node, xs):
         return None
     d = node.__dict__
     effects = tuple(k for k in ('running_mean', 'running_var')
@@ -286,7 +287,7 @@ def _bn_forward(rop, node, xs, donated):
 def _fixed_bn_forward(rop, node, xs, donated):
     keys = tuple(k for k, _ in rop.state)
     if len(xs) != 5 or not set(keys) <= {'inv_var', 'inv_std'} or \
-            not _generic_bn_cpu(node, xs, xs):
+            not _generic_bn_cpu(node, xs):
         return None
     expander, eps = node.expander, node.eps
     inplace = bool(donated) and donated[0]

@@ -134,6 +134,47 @@ def _rebindable(rec, op, v):
         rec.buffers[bid].role in _PER_CALL_ROLES
 
 
+def is_scalar_value(v):
+    """A number that a forward may compute from the data and hand to the
+    backward node it builds (SoftmaxCrossEntropy's ``1 / count`` of valid
+    labels): a NumPy scalar or a Python float, tracked by identity. Not
+    Python ints and bools or NumPy bools: those objects are shared (small
+    ints, ``numpy.True_``), so identity would not say where one came
+    from."""
+    return type(v) is float or isinstance(v, numpy.generic) and \
+        not isinstance(v, numpy.bool_)
+
+
+def forward_scalars(rec):
+    """id(value) -> (forward op, attribute) for the scalars each recorded
+    forward set on its node (``self._coeff = ...``): values of this call
+    that a backward node may have been built with."""
+    out = {}
+    for op in rec.forward_ops:
+        d = op.node.__dict__
+        for k, _ in op.restore:
+            v = d.get(k, recorder.MISSING)
+            if is_scalar_value(v):
+                out.setdefault(id(v), (op, k))
+    return out
+
+
+def scalar_state(rec, fop, key):
+    """The buffer through which forward op ``fop`` hands the scalar it sets
+    on ``key`` to later ops: added to its state (returned after its results
+    by every replay, like a dropout mask) on first use."""
+    for k, b in fop.state:
+        if k == key:
+            return b
+    bid = rec.new_buffer(fop.node.__dict__[key], ir.STATE,
+                         name='%s.%s' % (fop.kind, key))
+    n_results = len(fop.outputs) - len(fop.state)
+    fop.state.append((key, bid))
+    fop.outputs = fop.outputs + (bid,)
+    fop.select = fop.select + (n_results + len(fop.state) - 1,)
+    return bid
+
+
 def mark_captured(rec, chain_map):
     """Mark static every buffer some recorded node holds a reference to.
 
@@ -141,8 +182,13 @@ def mark_captured(rec, chain_map):
     buffer, no parameter and no constant the forward already held was
     computed by Python code in a ``backward()`` method (a mask such as
     ``x1 >= x2``): replay would freeze it, so the recording falls back.
+
+    A scalar a backward node was built with that is (by identity) one a
+    forward set on its node in this call is handed to it afresh by every
+    replay, like a captured array (``forward_scalars``).
     """
     ops = rec.forward_ops + rec.backward_ops
+    scalars = forward_scalars(rec)
     by_node = {id(op.node): op for op in ops}
     n_forward = len(rec.forward_ops)
     step_of = {}     # backward op index -> the BackwardStep that applied it
@@ -162,6 +208,12 @@ def mark_captured(rec, chain_map):
         else:
             rec.add_reason(reason)
     forward_consts = set()
+    # NumPy scalars forward nodes were built with (``x * numpy.float32(2)``):
+    # constants a backward node may be built with too.
+    forward_numbers = set(
+        id(v) for op in rec.forward_ops for k, v in op.node.__dict__.items()
+        if isinstance(v, numpy.generic) and
+        k not in set(k for k, _ in op.restore))
     referenced = set()   # ids of nodes another node holds
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every
@@ -179,6 +231,25 @@ def mark_captured(rec, chain_map):
                 # ``b = y``): replay hands it the current one as an extra
                 # input, so the buffer need not be static.
                 op.rebind.append((k, rec.by_id[id(v)]))
+                continue
+            if i >= n_forward and k not in set_by_forward and \
+                    id(v) in scalars and is_scalar_value(v):
+                # Built with a number the forward computed this call
+                # (SoftmaxCrossEntropyGrad's ``coeff``): the same, for the
+                # forward's current value.
+                fop, key = scalars[id(v)]
+                op.rebind.append((k, scalar_state(rec, fop, key)))
+                continue
+            if i >= n_forward and k not in set_by_forward and \
+                    is_scalar_value(v) and type(v) is not float and \
+                    id(v) not in forward_numbers:
+                # A NumPy number made in a backward() (``1 / self.std``):
+                # like a mask built in Python.
+                python_array(
+                    i - n_forward,
+                    'the backward of %s computes a number in Python (held '
+                    'by %s) from values that replay would freeze'
+                    % (op.source or 'an op', op.kind))
                 continue
             found = []
             _scan(v, _SCAN_DEPTH, found, nodes)
@@ -223,6 +294,13 @@ def mark_captured(rec, chain_map):
             for _, bid in op.rebind:
                 rec.buffers[bid].static = True
             op.rebind = []
+    for b, buf in rec.buffers.items():
+        if buf.static and not recorder.is_array(buf.storage):
+            # A number cannot be refreshed in place for a node that reads
+            # it through another node.
+            rec.add_reason(
+                'a node reads %s, a number computed from the data, through '
+                'another node; replay could not refresh it' % buf.name)
     promote_view_roots(rec)
     for a, kind, source, bid in rec.pending_backward_consts:
         if id(a) not in forward_consts and not _shape_derived(a):
@@ -233,6 +311,14 @@ def mark_captured(rec, chain_map):
                      if bid in op.inputs]
             for j in users or [None]:
                 python_array(j, reason)
+    for step in rec.steps:
+        if step.rerun:
+            # backward() runs again at replay: hand it the numbers its
+            # forward computed this call, with the arrays it kept.
+            fop = by_node[id(step.node)]
+            for key, _ in fop.restore:
+                if is_scalar_value(fop.node.__dict__.get(key)):
+                    scalar_state(rec, fop, key)
     _check_reruns(rec, by_node)
 
 

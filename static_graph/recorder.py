@@ -287,7 +287,9 @@ class Recording(object):
     def new_buffer(self, array, role, name=None):
         bid = len(self.buffers)
         shape = getattr(array, 'shape', ())
-        dtype = getattr(array, 'dtype', numpy.dtype('float32'))
+        dtype = getattr(array, 'dtype', None)
+        if dtype is None:   # a Python number (analysis.scalar_state)
+            dtype = numpy.asarray(array).dtype
         self.buffers[bid] = ir.Buffer(bid, shape, dtype, role, name=name,
                                       storage=array)
         self.by_id[id(array)] = bid

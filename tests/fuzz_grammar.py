@@ -161,6 +161,7 @@ class _Builder(object):
         self.ops = []
         self.params = 0
         self.keeps_attr = False
+        self.ignore_labels = False
 
     def name(self, prefix):
         self.n += 1
@@ -569,6 +570,9 @@ def programs(draw, dtypes=DTYPES, max_layers=6, fallback_ops=True,
         b.body.append('y = self.%s(h)' % n)
         b.params += 1
         b.body.append('loss = F.softmax_cross_entropy(y, t)')
+        # Some labels ignored (-1), a different number every batch: the
+        # loss divides by a count its gradient node is built with.
+        b.ignore_labels = draw(st.booleans())
         if draw(st.booleans()):
             b.body.append("chainer.report({'loss': loss}, self)")
         last = 'y'
@@ -584,6 +588,7 @@ def programs(draw, dtypes=DTYPES, max_layers=6, fallback_ops=True,
     prog = Program(dtype, in_shape, head, n_classes, b.init, b.body, ret,
                    b.ops, b.params)
     prog.keeps_attr = b.keeps_attr
+    prog.ignore_labels = b.ignore_labels
     return prog
 
 
@@ -721,6 +726,8 @@ def _inputs(prog, step, rs):
              ).astype(prog.dtype)
         t = rs.randint(0, max(prog.n_classes, 1), step.batch).astype(
             numpy.int32)
+        if prog.ignore_labels:
+            t[rs.rand(step.batch) < 0.4] = -1
         calls.append((x, t))
     return calls
 

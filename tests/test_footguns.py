@@ -19,7 +19,7 @@ import chainer.links as L
 import static_graph
 from static_graph import StaticGraphWarning, diagnostics
 from static_graph.decorator import caches_of
-from tests.twins import assert_close, compare_chains
+from tests.twins import assert_close, compare_chains, twin_optimizers
 
 rs = numpy.random.RandomState(7)
 
@@ -1002,3 +1002,107 @@ def test_read_only_static_view_with_two_calls_per_iteration():
             m.cleargrads()
             (m(x1) + 2 * m(x2)).backward()
         compare_chains(*models)
+
+
+# -- numbers a forward computes from the data and hands to its backward --------
+def _ignored_label_batches(n_iter=5, n=6, k=2):
+    """Batches whose number of ignored labels (-1) changes every call,
+    all of them ignored once."""
+    out = []
+    for i in range(n_iter):
+        t = labels(n, k)
+        t[:min(i, n)] = -1
+        if i == n_iter - 1:
+            t[:] = -1
+        out.append((data(n, 3), t))
+    return out
+
+
+@pytest.mark.parametrize('loss', ['softmax', 'sigmoid'])
+def test_loss_normalized_by_valid_labels_follows_each_batch(loss):
+    """softmax/sigmoid cross-entropy divide by the number of labels that
+    are not ignored: a number the forward computes from the labels and
+    builds its gradient node with. Replay must hand the gradient node this
+    call's count, not the recording's (gradients were off by up to 0.65)."""
+    def body(self, x, t):
+        y = self.l2(F.relu(self.l1(x)))
+        if loss == 'softmax':
+            return F.softmax_cross_entropy(y, t)
+        return F.sigmoid_cross_entropy(y, t)
+
+    models = make_twins(body)
+    opts = twin_optimizers(models, lambda: chainer.optimizers.SGD(lr=0.5))
+    for i, (x, t) in enumerate(_ignored_label_batches()):
+        if loss == 'sigmoid':
+            t = numpy.stack([t, t[::-1]], axis=1)
+        la, lb = both(models, lambda m: train_step(m, x, t))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+        for o in opts:
+            o.update()
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).replays == 4
+
+
+def test_loss_count_of_the_right_call_with_two_calls_before_backward():
+    """Two calls with different numbers of ignored labels, then their
+    backwards in reverse order: each gets its own call's count."""
+    def body(self, x, t):
+        return F.softmax_cross_entropy(self.l2(F.relu(self.l1(x))), t)
+
+    models = make_twins(body)
+    for it in range(3):
+        (x1, t1), (x2, t2) = _ignored_label_batches(2 + it)[-2:]
+        t2[:4] = -1
+        grads = []
+        for m in models:
+            m.cleargrads()
+            l1, l2 = m(x1, t1), m(x2, t2)
+            l2.backward()
+            g2 = [p.grad.copy() for _, p in sorted(m.namedparams())]
+            l1.backward()
+            grads.append(g2)
+        for u, v in zip(*grads):
+            assert_close(u, v, 'second call gradient, iteration %d' % it)
+        compare_chains(*models)
+
+
+class _ScaleByStd(chainer.FunctionNode):
+    """x / std(x), treating std as a constant: its backward builds a node
+    with a number computed from the data (negated, so not by identity)."""
+
+    def forward(self, inputs):
+        x, = inputs
+        self.std = numpy.float32(x.std() + 1)
+        return x / self.std,
+
+    def backward(self, indexes, grad_outputs):
+        gy, = grad_outputs
+        return _MulBy(1 / self.std).apply((gy,))
+
+
+class _MulBy(chainer.FunctionNode):
+    def __init__(self, c):
+        self.c = c
+
+    def forward(self, inputs):
+        return inputs[0] * self.c,
+
+    def backward(self, indexes, grad_outputs):
+        return _MulBy(self.c).apply(grad_outputs)
+
+
+def test_number_derived_in_backward_from_forward_values():
+    """A backward() that builds its gradient node with a number derived
+    from what the forward computed (``1 / self.std``): replay calls that
+    backward() again instead of freezing the number."""
+    def body(self, x):
+        return F.sum(_ScaleByStd().apply((self.l1(x),))[0] ** 2)
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(5, 3, scale=1 + i)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+    assert states(models[1]) == ['complete']

@@ -151,7 +151,7 @@ def forward_scalars(rec):
     that a backward node may have been built with."""
     out = {}
     for op in rec.forward_ops:
-        d = op.node.__dict__
+        d = recorder.attrs(op.node)
         for k, _ in op.restore:
             v = d.get(k, recorder.MISSING)
             if is_scalar_value(v):
@@ -166,7 +166,7 @@ def scalar_state(rec, fop, key):
     for k, b in fop.state:
         if k == key:
             return b
-    bid = rec.new_buffer(fop.node.__dict__[key], ir.STATE,
+    bid = rec.new_buffer(recorder.attrs(fop.node)[key], ir.STATE,
                          name='%s.%s' % (fop.kind, key))
     n_results = len(fop.outputs) - len(fop.state)
     fop.state.append((key, bid))
@@ -196,14 +196,18 @@ def mark_captured(rec, chain_map):
         for j in range(step.start, step.end):
             step_of[j] = step
 
+    def reruns_ok(step):
+        """Can this step be replayed by calling its backward() again?"""
+        return id(step.node) in by_node and \
+            by_node[id(step.node)] in rec.forward_ops and \
+            step.resolve(rec.by_id)
+
     def python_array(j, reason):
         """Backward op j depends on an array computed in Python: its step
         replays by calling the node's backward() again, or, where that
         cannot be done, the recording falls back."""
         step = step_of.get(j)
-        if step is not None and id(step.node) in by_node and \
-                by_node[id(step.node)] in rec.forward_ops and \
-                step.resolve(rec.by_id):
+        if step is not None and reruns_ok(step):
             step.rerun = True
         else:
             rec.add_reason(reason)
@@ -211,7 +215,8 @@ def mark_captured(rec, chain_map):
     # NumPy scalars forward nodes were built with (``x * numpy.float32(2)``):
     # constants a backward node may be built with too.
     forward_numbers = set(
-        id(v) for op in rec.forward_ops for k, v in op.node.__dict__.items()
+        id(v) for op in rec.forward_ops
+        for k, v in recorder.attrs(op.node).items()
         if isinstance(v, numpy.generic) and
         k not in set(k for k, _ in op.restore))
     referenced = set()   # ids of nodes another node holds
@@ -222,7 +227,23 @@ def mark_captured(rec, chain_map):
         set_by_forward = set(k for k, _ in op.restore)
         own = set(op.inputs) | set(op.outputs)
         arrays, nodes = [], []
-        for k, v in op.node.__dict__.items():
+        d = recorder.attrs(op.node)
+        for k, pre in list(op.restore):
+            # What the node was built with and its forward replaced
+            # (GroupNormalization's _XHatGrad takes ``x_hat`` and sets it
+            # to None): every replay restores it before the forward, so it
+            # is held like any attribute; an array of this call is handed
+            # in afresh instead of restoring the recorded one.
+            if pre is recorder.MISSING or d.get(k, recorder.MISSING) is pre:
+                continue
+            if i >= n_forward and _rebindable(rec, op, pre):
+                op.rebind.append((k, rec.by_id[id(pre)]))
+                op.restore = [(kk, v) for kk, v in op.restore if kk != k]
+                continue
+            found = []
+            _scan(pre, _SCAN_DEPTH, found, nodes)
+            arrays.extend((a, False) for a in found)
+        for k, v in d.items():
             if k in recorder._APPLY_KEYS:
                 continue
             if i >= n_forward and k not in set_by_forward and \
@@ -302,7 +323,23 @@ def mark_captured(rec, chain_map):
                 'a node reads %s, a number computed from the data, through '
                 'another node; replay could not refresh it' % buf.name)
     promote_view_roots(rec)
+    returned_by = _returned_by(rec)
     for a, kind, source, bid in rec.pending_backward_consts:
+        step = returned_by.get(id(a))
+        if step is not None and id(a) not in forward_consts:
+            # A gradient a backward() computed in Python and returned (an
+            # old-style chainer.Function's backward_cpu, F.hinge): that
+            # step runs again at replay and makes it afresh.
+            if reruns_ok(step):
+                step.rerun = True
+                step.python_made.add(bid)
+                rec.buffers[bid].role = ir.TEMP
+                rec.buffers[bid].name = None
+            else:
+                rec.add_reason(
+                    'the backward of %s computes a gradient in Python that '
+                    'replay could not compute again' % (step.label or 'an op'))
+            continue
         if id(a) not in forward_consts and not _shape_derived(a):
             reason = ('the backward of %s feeds %s an array computed in '
                       'Python from values that replay would freeze'
@@ -317,9 +354,23 @@ def mark_captured(rec, chain_map):
             # forward computed this call, with the arrays it kept.
             fop = by_node[id(step.node)]
             for key, _ in fop.restore:
-                if is_scalar_value(fop.node.__dict__.get(key)):
+                if is_scalar_value(recorder.attrs(fop.node).get(key)):
                     scalar_state(rec, fop, key)
     _check_reruns(rec, by_node)
+
+
+def _returned_by(rec):
+    """id(array) -> the BackwardStep whose backward() returned it as a
+    gradient (while the recording's arrays are alive)."""
+    out = {}
+    for step in rec.steps:
+        if step.raw is None:
+            continue
+        for g in step.raw[1]:
+            a = getattr(g, 'raw_array', None)
+            if a is not None:
+                out.setdefault(id(a), step)
+    return out
 
 
 def _check_reruns(rec, by_node):
@@ -353,7 +404,7 @@ def _check_reruns(rec, by_node):
         given.update(b for _, b in step.retained_in)
         given.update(step.retained_out)
         given.update(b for _, b in fop.state)
-        made = set()
+        made = set(step.python_made)
         for op in rec.backward_ops[step.start:step.end]:
             for b in op.inputs:
                 if b not in made and b not in given and \

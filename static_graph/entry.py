@@ -43,7 +43,7 @@ def make_kernel(rop, static_attrs):
     rebound and its hidden state returned."""
     kernel = _state_kernel(rop, static_attrs)
     if rop.rebind:
-        kernel = _rebinding_kernel(kernel, rop.node.__dict__,
+        kernel = _rebinding_kernel(kernel, recorder.attrs(rop.node),
                                    len(rop.inputs),
                                    tuple(k for k, _ in rop.rebind))
     return kernel
@@ -53,7 +53,7 @@ def _state_kernel(rop, static_attrs):
     forward = rop.node.forward
     restore = tuple(rop.restore)
     state_keys = tuple(k for k, _ in rop.state)
-    d = rop.node.__dict__
+    d = recorder.attrs(rop.node)
     if not restore and not state_keys:
         return forward
     missing = recorder.MISSING
@@ -159,7 +159,7 @@ def _rerun_kernel(step, fop):
     n_out = len(step.retained_out)
     state_keys = tuple(k for k, _ in fop.state)
     want = tuple(b is not None for b in step.gx)
-    d = node.__dict__
+    d = recorder.attrs(node)
     n_inputs = len(node.inputs)
     Variable = chainer.Variable
 
@@ -240,21 +240,23 @@ def _ir_ops(rec, rops):
     ops = []
     bufs = rec.buffers
     roots = stable_roots(bufs)
-    reruns = {}
     if rops is rec.backward_ops:
         by_node = dict((id(op.node), op) for op in rec.forward_ops)
-        for step in rec.steps:
-            if step.rerun:
-                reruns[step.start] = step
+        # In the order backprop ran them; a step that applied no node (its
+        # backward() computed everything in Python) is empty but still runs
+        # before the ops that follow it.
+        reruns = [step for step in rec.steps if step.rerun]
         skip_to = 0
         kept = []
+        k = 0
         for j, rop in enumerate(rops):
-            step = reruns.get(j)
-            if step is not None:
-                kept.append(step)
-                skip_to = step.end
-            elif j >= skip_to:
+            while k < len(reruns) and reruns[k].start <= j:
+                kept.append(reruns[k])
+                skip_to = max(skip_to, reruns[k].end)
+                k += 1
+            if j >= skip_to:
                 kept.append(rop)
+        kept.extend(reruns[k:])
         rops = kept
     for rop in rops:
         if isinstance(rop, recorder.BackwardStep):
@@ -296,8 +298,9 @@ def release_recording(rec):
     rec.steps = []
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
+        d = recorder.attrs(node)
         for k, _ in rop.rebind:
-            node.__dict__[k] = None
+            d[k] = None
         if node.__dict__.get('_retained_output_data') is not None:
             node._retained_output_data = None
         for vn in node.inputs or ():

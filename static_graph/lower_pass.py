@@ -136,8 +136,9 @@ def _probe(op, rop, fast, donated):
             _choose(op, rop, fast)
             # The state the node's own kernel left on it (statistics of the
             # probed call): nothing reads it, the new kernel never sets it.
+            d = recorder.attrs(rop.node)
             for k, _ in rop.state:
-                rop.node.__dict__[k] = None
+                d[k] = None
         else:
             op.fn = kernel      # what the compiled schedule will call
 

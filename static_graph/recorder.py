@@ -67,6 +67,74 @@ def op_kind(node):
     return type(fn if fn is not None else node).__name__
 
 
+_FUNCTION = '_function.'
+
+
+class AdapterAttrs(object):
+    """The attributes of an old-style ``chainer.Function``'s adapter node
+    and of the Function it wraps, as one mapping: the Function's under
+    ``'_function.' + name``. An old-style Function keeps its hidden state
+    (F.hinge's ``bottom_diff``) on itself, not on the node; this lets that
+    state be recorded, restored and handed back like a node's."""
+
+    __slots__ = ('node', 'fn')
+
+    def __init__(self, node):
+        self.node = node.__dict__
+        self.fn = node._function.__dict__
+
+    def _where(self, k):
+        if k.startswith(_FUNCTION):
+            return self.fn, k[len(_FUNCTION):]
+        return self.node, k
+
+    def __getitem__(self, k):
+        d, k = self._where(k)
+        return d[k]
+
+    def __setitem__(self, k, v):
+        d, k = self._where(k)
+        d[k] = v
+
+    def __contains__(self, k):
+        d, k = self._where(k)
+        return k in d
+
+    def get(self, k, default=None):
+        d, k = self._where(k)
+        return d.get(k, default)
+
+    def pop(self, k, default=None):
+        d, k = self._where(k)
+        return d.pop(k, default)
+
+    def update(self, pairs):
+        for k, v in (pairs.items() if isinstance(pairs, dict) else pairs):
+            self[k] = v
+
+    def items(self):
+        out = [(k, v) for k, v in self.node.items() if k != '_function']
+        out.extend((_FUNCTION + k, v) for k, v in self.fn.items())
+        return out
+
+    def __iter__(self):
+        return iter([k for k, _ in self.items()])
+
+    def __len__(self):
+        return len(self.items())
+
+    def copy(self):
+        return dict(self.items())
+
+
+def attrs(node):
+    """A node's attributes as a mapping: its ``__dict__``, or for an
+    old-style Function's adapter, ``AdapterAttrs``."""
+    if getattr(node, '_function', None) is not None:
+        return AdapterAttrs(node)
+    return node.__dict__
+
+
 _Variable = chainer.Variable
 _type_info = {}   # FunctionNode class -> (kind, user defined, side effects,
 #                   declared pure); kind None for old-style Function adapters
@@ -219,7 +287,7 @@ class BackwardStep(object):
     ``backward()`` again (``rerun``); ``resolve`` then names the buffers it
     reads and returns."""
     __slots__ = ('node', 'target', 'start', 'end', 'label', 'rerun', 'raw',
-                 'gy', 'gx', 'retained_in', 'retained_out')
+                 'gy', 'gx', 'retained_in', 'retained_out', 'python_made')
 
     def __init__(self, node, target, grad_outputs, gxs, start, end, label):
         self.node = node
@@ -231,6 +299,8 @@ class BackwardStep(object):
         self.gy = self.gx = None          # buffer id or None per output,
         self.retained_in = None           # per target; [(index, buffer)]
         self.retained_out = None          # [buffer id]
+        self.python_made = set()          # gradients backward() made in
+        #                                   Python (no node), by buffer id
 
     def resolve(self, by_id):
         """Buffer ids of what the step read and returned (while the
@@ -371,12 +441,13 @@ class Recording(object):
         if user_defined and not pure:
             check = [(a, a.copy()) for a in in_arrays
                      if isinstance(a, numpy.ndarray)]
-        pre = node.__dict__.copy()
+        d = attrs(node)
+        pre = d.copy()
         for k, v in pre.items():
             if isinstance(v, traced.TracedArray):
                 # Handed to the constructor, not as an input (F.where's
                 # condition): a view of a buffer is fine, derived is not.
-                node.__dict__[k] = pre[k] = self._untrace(v, kind)
+                d[k] = pre[k] = self._untrace(v, kind)
         self.depth += 1
         try:
             outs = _orig_apply(node, inputs)
@@ -403,7 +474,7 @@ class Recording(object):
                         self.buffer_of(a, kind) for a in in_arrays])
         out_ids = [self.new_buffer(a, ir.TEMP) for a in out_arrays]
         select = list(range(len(out_ids)))
-        post = node.__dict__
+        post = attrs(node)
         changed = [k for k, v in post.items()
                    if pre.get(k, MISSING) is not v and k not in _APPLY_KEYS]
         state = []

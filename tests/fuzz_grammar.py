@@ -102,8 +102,9 @@ class Program(object):
     """The source of a chain class and what its forward expects."""
 
     def __init__(self, dtype, in_shape, head, n_classes, init_lines,
-                 body_lines, ret, ops, param_count):
+                 body_lines, ret, ops, param_count, ignore_labels=False):
         self.dtype = dtype
+        self.ignore_labels = ignore_labels   # some labels -1 each batch
         self.in_shape = tuple(in_shape)   # one sample's shape
         self.head = head                  # 'ce' | 'sq'
         self.n_classes = n_classes
@@ -437,6 +438,15 @@ def _op_layer_norm(b):
     b.params += 1
 
 
+def _op_group_norm(b):
+    """Its backward builds a node with an array that node's forward takes
+    and clears (_XHatGrad's ``x_hat``)."""
+    n = b.name('gn')
+    b.init.append('self.%s = L.GroupNormalization(2, %d)' % (n, b.shape[0]))
+    b.body.append('h = self.%s(h)' % n)
+    b.params += 1
+
+
 def _op_lrn(b):
     b.body.append('h = F.local_response_normalization(h, n=3)')
 
@@ -516,6 +526,8 @@ OPS = collections.OrderedDict([
     ('logsumexp', (_op_logsumexp, lambda s: True)),
     ('minmax_param', (_op_minmax_param, lambda s: True)),
     ('layer_norm', (_op_layer_norm, lambda s: len(s) == 1 and s[0] >= 2)),
+    ('group_norm', (_op_group_norm, lambda s: s[0] % 2 == 0 and
+                    _prod(s) > 2)),
     ('lrn', (_op_lrn, lambda s: len(s) == 3)),
     ('matmul', (_op_matmul, lambda s: len(s) == 1)),
     ('deconv', (_op_deconv, lambda s: len(s) == 3)),
@@ -569,10 +581,15 @@ def programs(draw, dtypes=DTYPES, max_layers=6, fallback_ops=True,
                                                        n_classes))
         b.body.append('y = self.%s(h)' % n)
         b.params += 1
-        b.body.append('loss = F.softmax_cross_entropy(y, t)')
-        # Some labels ignored (-1), a different number every batch: the
-        # loss divides by a count its gradient node is built with.
-        b.ignore_labels = draw(st.booleans())
+        if draw(st.integers(0, 3)) == 3:
+            # An old-style Function: its backward computes the gradient in
+            # NumPy and keeps its state on the Function object.
+            b.body.append('loss = F.hinge(y, t)')
+        else:
+            b.body.append('loss = F.softmax_cross_entropy(y, t)')
+            # Some labels ignored (-1), a different number every batch:
+            # the loss divides by a count its gradient node is built with.
+            b.ignore_labels = draw(st.booleans())
         if draw(st.booleans()):
             b.body.append("chainer.report({'loss': loss}, self)")
         last = 'y'
@@ -586,9 +603,8 @@ def programs(draw, dtypes=DTYPES, max_layers=6, fallback_ops=True,
         rets += ['(loss, %s)' % last, "{'loss': loss, 'out': %s}" % last]
     ret = draw(st.sampled_from(rets))
     prog = Program(dtype, in_shape, head, n_classes, b.init, b.body, ret,
-                   b.ops, b.params)
+                   b.ops, b.params, b.ignore_labels)
     prog.keeps_attr = b.keeps_attr
-    prog.ignore_labels = b.ignore_labels
     return prog
 
 

@@ -1106,3 +1106,25 @@ def test_number_derived_in_backward_from_forward_values():
         assert_close(la.array, lb.array, 'loss %d' % i)
         compare_chains(*models)
     assert states(models[1]) == ['complete']
+
+
+def test_node_built_with_an_array_its_forward_consumes():
+    """GroupNormalization's backward builds _XHatGrad with ``x_hat`` (an
+    array of this call) and that node's forward takes it and sets the
+    attribute to None. Replay restored the recording's array there, so
+    gradients were off; now each replay hands it the current one."""
+    def body(self, x):
+        return F.sum(self.g(self.l1(x)) ** 3)
+
+    def init(self):
+        self.l1 = L.Linear(3, 6)
+        self.g = L.GroupNormalization(2, 6)
+
+    models = make_twins(body, init)
+    for i in range(4):
+        x = data(5, 3, scale=1 + i)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).replays == 3

@@ -264,3 +264,120 @@ def test_rerun_steps_hold_no_arrays_of_the_recording():
     assert [op.kind for op in entry.backward.ops
             if op.kind.endswith('.backward')] == ['Clip.backward']
     assert held < (1 << 20), held
+
+
+# -- gradients a backward() computes in Python and returns ---------------------
+class _ScaledSquare(chainer.Function):
+    """An old-style Function, as legacy user code writes them: its state
+    lives on the Function object and its backward_cpu returns an array it
+    computed in NumPy (no node)."""
+
+    def forward_cpu(self, inputs):
+        x, = inputs
+        self.scale = numpy.abs(x).max() + 1     # data-dependent state
+        self.twice_x = 2 * x / self.scale
+        return (x * x / self.scale).astype(x.dtype),
+
+    def backward_cpu(self, inputs, grad_outputs):
+        gy, = grad_outputs
+        return (gy * self.twice_x).astype(gy.dtype),
+
+
+def _old_style_twins(loss):
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l1 = L.Linear(4, 3)
+                self.l2 = L.Linear(3, 3)
+
+        def forward(self, x, t):
+            return loss(self.l2(F.relu(self.l1(x))), t)
+
+    Static = type('Static', (Net,), {'forward': static_graph(Net.forward)})
+    numpy.random.seed(0)
+    a = Net()
+    b = Static()
+    b.copyparams(a)
+    return a, b
+
+
+OLD_STYLE = {
+    'hinge': lambda y, t: F.hinge(y, t),
+    'user_function': lambda y, t: F.sum(_ScaledSquare()(y)),
+}
+
+
+@pytest.mark.parametrize('name', sorted(OLD_STYLE))
+def test_gradient_computed_in_python_by_a_backward_follows_the_data(name):
+    """F.hinge (an old-style Function) computes its input gradient in
+    backward_cpu with NumPy and returns it: replay must call that backward
+    again, not freeze its gradient (the recording's was replayed before,
+    parameter gradients off by up to 1.4); and with two calls before the
+    first backward, each backward reads its own call's state (kept on the
+    Function object, not the node)."""
+    models = _old_style_twins(OLD_STYLE[name])
+    rs = numpy.random.RandomState(3)
+    opts = twin_optimizers(models, lambda: chainer.optimizers.SGD(lr=0.1))
+    for it in range(4):
+        batches = [(rs.randn(5, 4).astype(numpy.float32) * (1 + k),
+                    rs.randint(0, 3, 5).astype(numpy.int32))
+                   for k in range(2)]
+        grads = []
+        for m in models:
+            m.cleargrads()
+            l1, l2 = [m(x, t) for x, t in batches]
+            l1.backward()
+            first = [p.grad.copy() for _, p in sorted(m.namedparams())]
+            l2.backward()
+            grads.append((first, float(l1.array), float(l2.array)))
+        numpy.testing.assert_array_equal(grads[0][1:], grads[1][1:])
+        for u, v in zip(grads[0][0], grads[1][0]):
+            numpy.testing.assert_array_equal(u, v)
+        for (_, p), (_, q) in zip(sorted(models[0].namedparams()),
+                                  sorted(models[1].namedparams())):
+            numpy.testing.assert_array_equal(p.grad, q.grad)
+        for o in opts:
+            o.update()
+    cache, = caches_of(models[1]).values()
+    assert [e.state for e in cache.entries.values()] == ['complete']
+    assert cache.replays == 6    # both calls of the first step record
+    backward = str(list(cache.entries.values())[0].backward)
+    assert 'rerun_backward' in backward and ' const' not in backward
+
+
+def test_batch_renormalization_replays_and_trains_alike():
+    """BatchRenormalization computes its gradients in Python (an old-style
+    Function): it used to fall back; it replays now, bit for bit, with its
+    running statistics."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(4, 3)
+                self.bn = L.BatchRenormalization(3, rmax=1.5, dmax=0.5)
+
+        def forward(self, x):
+            return F.sum(self.bn(self.l(x)) ** 2)
+
+    Static = type('Static', (Net,), {'forward': static_graph(Net.forward)})
+    numpy.random.seed(0)
+    a, b = Net(), Static()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(4)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.MomentumSGD(
+        lr=0.05))
+    for it in range(5):
+        x = (rs.randn(6, 4) * (1 + it)).astype(numpy.float32)
+        for m, o in zip((a, b), opts):
+            m.cleargrads()
+            m(x).backward()
+            o.update()
+        for (_, p), (_, q) in zip(sorted(a.namedparams()),
+                                  sorted(b.namedparams())):
+            numpy.testing.assert_array_equal(p.array, q.array)
+        for k in ('avg_mean', 'avg_var'):
+            numpy.testing.assert_array_equal(getattr(a.bn, k),
+                                             getattr(b.bn, k))
+    cache, = caches_of(b).values()
+    assert [e.state for e in cache.entries.values()] == ['complete']

@@ -43,6 +43,10 @@ class Cache(object):
         self.replays = 0
         self.fallback_calls = 0
         self.last_recorded_key = None
+        # Set when a recording saw the method read recurrent state (a
+        # Variable of an earlier call's graph kept on a link): every later
+        # call runs define-by-run (_detach_link_variables).
+        self.define_by_run = None
 
     def get(self, key):
         with self.lock:
@@ -150,6 +154,9 @@ def static_graph(method=None, **options):
             return method(self, *args, **kwargs)
         key = (spec, signature.config_key())
         cache = _cache_for(self, name, opts)
+        if cache.define_by_run is not None:
+            cache.fallback_calls += 1
+            return method(self, *args, **kwargs)
         e = cache.get(key)
         why = None
         if e is not None:
@@ -276,6 +283,45 @@ def _attr_changes(rec, snapshot):
     return writes
 
 
+def _detach_link_variables(chain, rec):
+    """Variables that the chain's links hold and that belong to a graph
+    (recurrent state: L.LSTM's ``h`` and ``c``, left by the previous call)
+    are swapped for detached leaves of the recording, so that its backward
+    does not run into an earlier call's graph. Returns [(dict, name, the
+    link's Variable, the leaf, buffer id)]; ``_reattach`` puts them back."""
+    out = []
+    for path, link in chain.namedlinks():
+        d = link.__dict__
+        for k, v in list(d.items()):
+            if type(v) is chainer.Variable and v.creator_node is not None \
+                    and v.raw_array is not None:
+                a = v.raw_array.copy()
+                bid = rec.new_buffer(
+                    a, ir.INPUT, name='%s/%s' % (path.rstrip('/'), k))
+                leaf = chainer.Variable(a, requires_grad=v.requires_grad)
+                d[k] = leaf
+                out.append((d, k, v, leaf, bid))
+    return out
+
+
+def _reattach(rec, detached):
+    """After the method ran: the link Variables it did not replace are put
+    back; those it read are returned as [(link Variable, leaf, path)] (the
+    recording call takes them as inputs, so gradients reach the earlier
+    call once, as in define-by-run); buffers of the others are dropped."""
+    used = set(b for op in rec.forward_ops for b in op.inputs)
+    read = []
+    for d, k, v, leaf, bid in detached:
+        if d.get(k) is leaf:
+            d[k] = v
+        if bid in used:
+            read.append((v, leaf, rec.buffers[bid].name))
+        else:
+            del rec.buffers[bid]
+            rec.by_id.pop(id(leaf.raw_array), None)
+    return read
+
+
 @contextlib.contextmanager
 def _gc_paused():
     """Pause the cyclic garbage collector. Recording allocates thousands of
@@ -317,6 +363,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
             inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
     new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
+    detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
     with rec:
         out = method(chain, *new_args, **new_kwargs)
@@ -333,6 +380,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 inner_outs.append(chainer.Variable(a, requires_grad=False))
             out_bids.append(rec.buffer_of(a, 'the return value'))
         attr_writes = _attr_changes(rec, snapshot)
+        recurrent = _reattach(rec, detached)
         n_outs = len(out_bids)
         if chainer.config.enable_backprop:
             # A kept Variable in the graph (``self.hidden = h``) is a hidden
@@ -347,6 +395,18 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     rec.phase = 'done'
     cache.recordings += 1
     _maybe_warn_retrace(cache, key, why)
+    if recurrent:
+        # This call takes the state as inputs (its gradient flows into the
+        # earlier call once); later calls run define-by-run.
+        leaves = list(leaves) + [v for v, _, _ in recurrent]
+        inner = inner + [leaf for _, leaf, _ in recurrent]
+        reason = ('it reads recurrent state, Variables of an earlier '
+                  "call's graph kept on its links (%s, as L.LSTM keeps h "
+                  'and c); replay does not take such state as an input, so '
+                  'this method runs define-by-run from now on'
+                  % ', '.join(p for _, _, p in recurrent))
+        rec.add_reason(reason)
+        cache.define_by_run = reason
     chain_map = analysis.chain_arrays(chain)
     params, persists = analysis.classify_unknown(rec, chain_map)
 

@@ -91,6 +91,9 @@ def explain(chain):
                          cache.owner_name, cache.recordings, cache.replays,
                          cache.fallback_calls, len(cache.entries),
                          cache.size))
+        if cache.define_by_run is not None:
+            lines.append('  every call runs define-by-run: %s'
+                         % cache.define_by_run)
         for key, e in cache.entries.items():
             line = '  %s: %s' % (key_text(key), e.state)
             if e.state == 'complete':

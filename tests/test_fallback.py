@@ -331,3 +331,88 @@ def test_exception_while_recording_leaves_no_entry():
     F.sum(m(data(3, 4))).backward()
     F.sum(m(data(3, 4))).backward()
     assert cache.recordings == 1 and cache.replays == 1
+
+
+# -- recurrent state kept on links ----------------------------------------------
+class _Recurrent(chainer.Chain):
+    """A chain whose link keeps a Variable of the previous call's graph
+    (recurrent state): L.LSTM, or hand-written state."""
+
+    def __init__(self, kind):
+        super(_Recurrent, self).__init__()
+        self.kind = kind
+        with self.init_scope():
+            if kind == 'lstm':
+                self.rnn = L.LSTM(4, 3)
+            else:
+                self.rnn = L.Linear(4, 3)
+                self.lateral = L.Linear(3, 3)
+            self.out = L.Linear(3, 2)
+        self.rnn.state = None
+
+    def reset(self):
+        if self.kind == 'lstm':
+            self.rnn.reset_state()
+        else:
+            self.rnn.state = None
+
+    def forward(self, x, t):
+        if self.kind == 'lstm':
+            h = self.rnn(x)
+        else:
+            h = self.rnn(x)
+            if self.rnn.state is not None:
+                h = h + self.lateral(self.rnn.state)
+            h = F.tanh(h)
+            self.rnn.state = h
+        return F.softmax_cross_entropy(self.out(h), t)
+
+
+@pytest.mark.parametrize('kind', ['lstm', 'hand_written'])
+def test_recurrent_state_on_links_trains_like_define_by_run(kind):
+    """Truncated backpropagation through time, as Chainer's PTB example
+    does it (a loss summed over a few calls, one backward, then
+    unchain_backward): the method reads the state its previous call left
+    on a link. That crashed (the recording's backward ran into the earlier
+    call's graph); now the recording call takes the state as an input and
+    the method runs define-by-run afterwards, with one warning, training
+    bit for bit like define-by-run."""
+    Static = type('Static', (_Recurrent,), {
+        'forward': static_graph.static_graph(_Recurrent.forward)})
+    numpy.random.seed(0)
+    a = _Recurrent(kind)
+    b = Static(kind)
+    b.copyparams(a)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.SGD(lr=0.1)
+        o.setup(m)
+        opts.append(o)
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for seq in range(2):
+            for m in (a, b):
+                m.reset()
+            steps = [(rs.randn(5, 4).astype(numpy.float32),
+                      rs.randint(0, 2, 5).astype(numpy.int32))
+                     for _ in range(6)]
+            for chunk in (steps[:3], steps[3:]):
+                losses = []
+                for m, o in zip((a, b), opts):
+                    loss = 0
+                    for x, t in chunk:
+                        loss += m(x, t)
+                    m.cleargrads()
+                    loss.backward()
+                    loss.unchain_backward()
+                    o.update()
+                    losses.append(loss.array)
+                numpy.testing.assert_array_equal(*losses)
+                for (_, p), (_, q) in zip(sorted(a.namedparams()),
+                                          sorted(b.namedparams())):
+                    numpy.testing.assert_array_equal(p.array, q.array)
+    ours = [w for w in caught if issubclass(w.category, StaticGraphWarning)]
+    assert len(ours) == 1 and 'recurrent state' in str(ours[0].message)
+    assert '/rnn/' in str(ours[0].message)
+    assert "every call runs define-by-run" in static_graph.explain(b)

@@ -295,30 +295,29 @@ def _detach_link_variables(chain, rec):
         for k, v in list(d.items()):
             if type(v) is chainer.Variable and v.creator_node is not None \
                     and v.raw_array is not None:
-                a = v.raw_array.copy()
-                bid = rec.new_buffer(
-                    a, ir.INPUT, name='%s/%s' % (path.rstrip('/'), k))
-                leaf = chainer.Variable(a, requires_grad=v.requires_grad)
+                leaf = chainer.Variable(v.raw_array.copy(),
+                                        requires_grad=v.requires_grad)
+                rec.arrays.append(leaf.raw_array)   # ids stay unique
                 d[k] = leaf
-                out.append((d, k, v, leaf, bid))
+                out.append((d, k, v, leaf, '%s/%s' % (path.rstrip('/'), k)))
     return out
 
 
 def _reattach(rec, detached):
     """After the method ran: the link Variables it did not replace are put
-    back; those it read are returned as [(link Variable, leaf, path)] (the
-    recording call takes them as inputs, so gradients reach the earlier
-    call once, as in define-by-run); buffers of the others are dropped."""
-    used = set(b for op in rec.forward_ops for b in op.inputs)
+    back; those it read (an op took the leaf's array) are returned as
+    [(link Variable, leaf, path)]: the recording call takes them as inputs,
+    so gradients reach the earlier call once, as in define-by-run."""
     read = []
-    for d, k, v, leaf, bid in detached:
+    for d, k, v, leaf, path in detached:
         if d.get(k) is leaf:
             d[k] = v
-        if bid in used:
-            read.append((v, leaf, rec.buffers[bid].name))
-        else:
-            del rec.buffers[bid]
-            rec.by_id.pop(id(leaf.raw_array), None)
+        bid = rec.by_id.get(id(leaf.raw_array))
+        if bid is not None:
+            buf = rec.buffers[bid]
+            buf.role, buf.name = ir.INPUT, path
+            rec.unknown = [u for u in rec.unknown if u[0] != bid]
+            read.append((v, leaf, path))
     return read
 
 

@@ -471,8 +471,15 @@ class Entry(object):
                 return False
         # Plain attributes of the links (a temperature, a flag) read by the
         # method: a change needs a new recording.
-        return tuple([d.get(k) for d, k in self.link_attr_pairs]) == \
-            self.link_attr_values
+        now = tuple([d.get(k) for d, k in self.link_attr_pairs])
+        try:
+            return now == self.link_attr_values
+        except Exception:
+            # One now holds what cannot be compared with ==: a Variable
+            # (whose == raises) or an array where None was recorded
+            # (recurrent state: StatefulGRU's h). Not the recorded value.
+            return all(v is w or type(v) is type(w) and v == w
+                       for v, w in zip(now, self.link_attr_values))
 
     def replay(self, leaves):
         inputs = list(leaves) + self.params

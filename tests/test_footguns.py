@@ -1128,3 +1128,30 @@ def test_node_built_with_an_array_its_forward_consumes():
         compare_chains(*models)
     assert states(models[1]) == ['complete']
     assert cache(models[1]).replays == 3
+
+
+def test_kept_attribute_initialized_to_none():
+    """``self.hidden = None`` in __init__, a Variable assigned by the
+    method: the check of the links' plain attributes compared that
+    Variable with the recorded None, and Variable's == raised TypeError on
+    the third call. It records once more (the method may read the
+    attribute before it writes it: L.LSTM's ``if self.h is not None``),
+    then replays."""
+    def body(self, x):
+        self.l1.hidden = F.relu(self.l1(x))
+        return F.sum(self.l2(self.l1.hidden) ** 2)
+
+    def init(self):
+        _mlp(self)
+        self.l1.hidden = None
+
+    models = make_twins(body, init)
+    for i in range(5):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        assert_close(models[0].l1.hidden.array, models[1].l1.hidden.array,
+                     'hidden %d' % i)
+        compare_chains(*models)
+    assert cache(models[1]).recordings == 2
+    assert cache(models[1]).replays == 3

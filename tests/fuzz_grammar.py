@@ -486,7 +486,10 @@ def _op_squeeze(b):
 
 
 def _op_attr(b):
-    """Keep a Variable on the chain (repeated at every replay)."""
+    """Keep a Variable on the chain (repeated at every replay), maybe on
+    an attribute __init__ set to None (recorded as a plain value)."""
+    if not b.keeps_attr and b.draw(st.booleans()):
+        b.init.append('self.kept = None')
     b.body.append('self.kept = h')
     b.keeps_attr = True
 

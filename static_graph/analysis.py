@@ -214,11 +214,12 @@ def mark_captured(rec, chain_map):
     forward_consts = set()
     # NumPy scalars forward nodes were built with (``x * numpy.float32(2)``):
     # constants a backward node may be built with too.
-    forward_numbers = set(
-        id(v) for op in rec.forward_ops
-        for k, v in recorder.attrs(op.node).items()
-        if isinstance(v, numpy.generic) and
-        k not in set(k for k, _ in op.restore))
+    forward_numbers = set()
+    for op in rec.forward_ops:
+        changed = set(k for k, _ in op.restore)
+        forward_numbers.update(
+            id(v) for k, v in recorder.attrs(op.node).items()
+            if isinstance(v, numpy.generic) and k not in changed)
     referenced = set()   # ids of nodes another node holds
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every

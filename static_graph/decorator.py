@@ -288,7 +288,7 @@ def _detach_link_variables(chain, rec):
     (recurrent state: L.LSTM's ``h`` and ``c``, left by the previous call)
     are swapped for detached leaves of the recording, so that its backward
     does not run into an earlier call's graph. Returns [(dict, name, the
-    link's Variable, the leaf, buffer id)]; ``_reattach`` puts them back."""
+    link's Variable, the leaf, path)]; ``_reattach`` puts them back."""
     out = []
     for path, link in chain.namedlinks():
         d = link.__dict__
@@ -308,10 +308,9 @@ def _reattach(rec, detached):
     back; those it read (an op took the leaf's array) are returned as
     [(link Variable, leaf, path)]: the recording call takes them as inputs,
     so gradients reach the earlier call once, as in define-by-run."""
+    _put_back(detached)
     read = []
     for d, k, v, leaf, path in detached:
-        if d.get(k) is leaf:
-            d[k] = v
         bid = rec.by_id.get(id(leaf.raw_array))
         if bid is not None:
             buf = rec.buffers[bid]
@@ -319,6 +318,12 @@ def _reattach(rec, detached):
             rec.unknown = [u for u in rec.unknown if u[0] != bid]
             read.append((v, leaf, path))
     return read
+
+
+def _put_back(detached):
+    for d, k, v, leaf, _ in detached:
+        if d.get(k) is leaf:
+            d[k] = v
 
 
 @contextlib.contextmanager
@@ -365,7 +370,11 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
     with rec:
-        out = method(chain, *new_args, **new_kwargs)
+        try:
+            out = method(chain, *new_args, **new_kwargs)
+        except BaseException:
+            _put_back(detached)   # the links keep the caller's Variables
+            raise
         out_spec, out_leaves = signature.flatten_outputs(out)
         out_bids, out_kinds, inner_outs = [], [], []
         for o in out_leaves:

@@ -416,3 +416,28 @@ def test_recurrent_state_on_links_trains_like_define_by_run(kind):
     assert len(ours) == 1 and 'recurrent state' in str(ours[0].message)
     assert '/rnn/' in str(ours[0].message)
     assert "every call runs define-by-run" in static_graph.explain(b)
+
+
+def test_recurrent_state_survives_a_method_that_raises():
+    """A recording swaps a link's graph Variables for detached leaves; a
+    method that raises before it touches them leaves the caller's
+    Variables on the link."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.rnn = L.LSTM(4, 3)
+
+        @static_graph.static_graph
+        def forward(self, x, fail=False):
+            if fail:
+                raise ValueError('boom')
+            return F.sum(self.rnn(x))
+
+    m = Net()
+    m(numpy.ones((2, 4), numpy.float32))
+    h, c = m.rnn.h, m.rnn.c
+    assert h.creator is not None
+    with pytest.raises(ValueError):
+        m(numpy.ones((2, 4), numpy.float32), fail=True)
+    assert m.rnn.c is c and m.rnn.h is h

@@ -1155,3 +1155,27 @@ def test_kept_attribute_initialized_to_none():
         compare_chains(*models)
     assert cache(models[1]).recordings == 2
     assert cache(models[1]).replays == 3
+
+
+@pytest.mark.xfail(strict=True, reason='design limit (README, Not supported '
+                   'in replay): Chainer sets a kept Variable\'s grad from '
+                   'what flows in from outside the replayed call only')
+def test_gradient_of_a_kept_variable_with_retain_grad():
+    """Grad-CAM style: ``self.feature = h`` kept, then
+    ``backward(retain_grad=True)`` and ``model.feature.grad``.
+    Define-by-run fills it; a replay is one node whose inside Chainer
+    does not see, so the kept Variable's grad stays None."""
+    def body(self, x):
+        self.feature = F.relu(self.l1(x))
+        return F.sum(self.l2(self.feature) ** 2)
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(5, 3)
+        grads = []
+        for m in models:
+            m.cleargrads()
+            m(x).backward(retain_grad=True)
+            grads.append(m.feature.grad)
+        assert grads[1] is not None
+        assert_close(grads[0], grads[1], 'feature.grad %d' % i)

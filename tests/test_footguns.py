@@ -97,6 +97,15 @@ def kept_attribute(models, step, attr, n=4):
     return kept
 
 
+def train_alike(models, batches):
+    """``train_step`` on both twins for each tuple of arguments: the same
+    loss and chains after every step."""
+    for i, args in enumerate(batches):
+        la, lb = both(models, lambda m: train_step(m, *args))
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+
+
 def train_step(m, *args, **kwargs):
     m.cleargrads()
     y = m(*args, **kwargs)
@@ -1100,11 +1109,7 @@ def test_number_derived_in_backward_from_forward_values():
         return F.sum(_ScaleByStd().apply((self.l1(x),))[0] ** 2)
 
     models = make_twins(body)
-    for i in range(4):
-        x = data(5, 3, scale=1 + i)
-        la, lb = both(models, lambda m: train_step(m, x))
-        assert_close(la.array, lb.array, 'loss %d' % i)
-        compare_chains(*models)
+    train_alike(models, [(data(5, 3, scale=1 + i),) for i in range(4)])
     assert states(models[1]) == ['complete']
 
 
@@ -1121,11 +1126,7 @@ def test_node_built_with_an_array_its_forward_consumes():
         self.g = L.GroupNormalization(2, 6)
 
     models = make_twins(body, init)
-    for i in range(4):
-        x = data(5, 3, scale=1 + i)
-        la, lb = both(models, lambda m: train_step(m, x))
-        assert_close(la.array, lb.array, 'loss %d' % i)
-        compare_chains(*models)
+    train_alike(models, [(data(5, 3, scale=1 + i),) for i in range(4)])
     assert states(models[1]) == ['complete']
     assert cache(models[1]).replays == 3
 

@@ -22,6 +22,7 @@ if compat.UNSUPPORTED is None:
     from static_graph import entry as entry_module
     from static_graph import recorder
     from static_graph import signature
+    from static_graph import traced
 
 _caches = weakref.WeakKeyDictionary()   # chain -> {method name: Cache}
 _caches_lock = threading.Lock()
@@ -320,6 +321,21 @@ def _reattach(rec, detached):
     return read
 
 
+def _write_back_inputs(leaves, inner):
+    """The recording ran on copies of the array arguments: a method that
+    wrote into one (its fallback reason is recorded) leaves the caller's
+    array changed, as define-by-run would."""
+    for leaf, mine in zip(leaves, inner):
+        if isinstance(leaf, chainer.Variable):
+            leaf, mine = leaf.raw_array, mine.raw_array
+        if type(leaf) is not numpy.ndarray or mine is None:
+            continue
+        mine = traced.plain(mine) if isinstance(mine, traced.TracedArray) \
+            else mine
+        if recorder._changed(leaf, mine) and leaf.flags.writeable:
+            numpy.copyto(leaf, mine)
+
+
 def _put_back(detached):
     for d, k, v, leaf, _ in detached:
         if d.get(k) is leaf:
@@ -375,6 +391,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         except BaseException:
             _put_back(detached)   # the links keep the caller's Variables
             raise
+        rec.check_writes()
+        _write_back_inputs(leaves, inner)
         out_spec, out_leaves = signature.flatten_outputs(out)
         out_bids, out_kinds, inner_outs = [], [], []
         for o in out_leaves:

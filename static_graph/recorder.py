@@ -347,6 +347,7 @@ class Recording(object):
         self.reasons = []
         self.unknown = []         # (buffer id, phase, kind, source)
         self.traced_views = {}    # id(view) -> plain array
+        self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.reports = []         # (observer, [(key, buffer id | const)])
         self.pending_backward_consts = []   # checked once captures are known
         self.held = set()         # buffers some node attribute refers to
@@ -387,7 +388,31 @@ class Recording(object):
         view = array.view(traced.TracedArray)
         self.traced_views[id(view)] = array
         self.arrays.append(view)
+        if id(array) not in self.handed_out:
+            self.handed_out[id(array)] = (array, array.copy())
         return view
+
+    def is_recorded(self, array):
+        """Is ``array`` (or what it is a view of) an array of this
+        recording?"""
+        while array is not None:
+            if id(array) in self.by_id:
+                return True
+            array = getattr(array, 'base', None)
+        return False
+
+    def check_writes(self):
+        """Did user code change an array it was handed (an input, one read
+        through ``Variable.array``) in place? Then replay, which does not
+        run that code, would not repeat the write."""
+        for array, before in self.handed_out.values():
+            if _changed(before, array):
+                self.add_reason(
+                    'user code changed the values of an array it was handed '
+                    '(an input, or one read through Variable.array) in '
+                    'place; replay would not repeat the write')
+                break
+        self.handed_out = {}
 
     def _untrace(self, a, kind):
         if not isinstance(a, traced.TracedArray):

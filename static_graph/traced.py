@@ -7,7 +7,10 @@ raw input arrays and arrays read through ``Variable.array``/``.data`` from
 user code are handed out as ``TracedArray`` views: reading their values
 (``bool``, ``float``, ``int``, ``item``, ``tolist``, ...) records a fallback
 reason, and NumPy results computed from them stay traced so the recorder can
-tell them from true constants when they reach a Chainer function.
+tell them from true constants when they reach a Chainer function. Writing
+into one in place (``h.array[:, 0] = 0``, ``x *= 2``) records a reason too:
+replay would not repeat the write (the recorder also compares what it
+handed out with a snapshot, for writes these hooks cannot see).
 """
 import os
 import sys
@@ -47,8 +50,40 @@ def _flag(what):
                        'would freeze them' % (what, user_location(2)))
 
 
+def _flag_write(array, what):
+    rec = getattr(_active, 'recording', None) if _active is not None else None
+    if rec is not None and rec.is_recorded(array):
+        rec.add_reason('user code writes into an array in place (%s) at %s; '
+                       'replay would not repeat the write'
+                       % (what, user_location(2)))
+
+
+def _in_place(name, symbol):
+    op = getattr(numpy.ndarray, name)
+
+    def method(self, other):
+        _flag_write(self, symbol)
+        return op(self, other)
+
+    method.__name__ = name
+    return method
+
+
 class TracedArray(numpy.ndarray):
     """An ndarray view whose value reads are reported to the recording."""
+
+    def __setitem__(self, key, value):
+        _flag_write(self, '[...] =')
+        numpy.ndarray.__setitem__(self, key, value)
+
+    for _name, _symbol in (
+            ('__iadd__', '+='), ('__isub__', '-='), ('__imul__', '*='),
+            ('__itruediv__', '/='), ('__ifloordiv__', '//='),
+            ('__imod__', '%='), ('__ipow__', '**='), ('__imatmul__', '@='),
+            ('__iand__', '&='), ('__ior__', '|='), ('__ixor__', '^='),
+            ('__ilshift__', '<<='), ('__irshift__', '>>=')):
+        locals()[_name] = _in_place(_name, _symbol)
+    del _name, _symbol
 
     def __array_wrap__(self, obj, context=None, return_scalar=False):
         # Keep 0-d results as traced arrays so `x.sum() > 0` stays traced.

@@ -1180,3 +1180,52 @@ def test_gradient_of_a_kept_variable_with_retain_grad():
             grads.append(m.feature.grad)
         assert grads[1] is not None
         assert_close(grads[0], grads[1], 'feature.grad %d' % i)
+
+
+# -- user code writing into arrays in place ------------------------------------
+def _write_setitem(h, x):
+    h.array[:, 0] = 0
+
+
+def _write_in_place_operator(h, x):
+    a = h.array
+    a *= 2
+
+
+def _write_ufunc_out(h, x):
+    numpy.clip(h.data, -0.1, 0.1, out=h.data)
+
+
+def _write_input(h, x):
+    x[0] = 1
+
+
+@pytest.mark.parametrize('write,line', [
+    (_write_setitem, True), (_write_in_place_operator, True),
+    (_write_ufunc_out, False), (_write_input, True)])
+def test_method_writing_into_an_array_in_place(write, line):
+    """``h.array[:, 0] = 0``, ``a *= 2``, ``numpy.clip(..., out=h.data)``
+    or ``x[0] = 1`` on an input: define-by-run computes with the written
+    values; replay would not repeat the write (it replayed silently with
+    other numbers). The call falls back, naming the line where a hook sees
+    the write, and a write into an input reaches the caller's array."""
+    def body(self, x):
+        if write is _write_input:
+            write(None, x)
+        h = self.l1(x)
+        if write is not _write_input:
+            write(h, x)
+        return F.sum(self.l2(h) ** 2)
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(4, 3)
+        xs = [x.copy(), x.copy()]
+        la, lb = [train_step(m, xi) for m, xi in zip(models, xs)]
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        compare_chains(*models)
+        numpy.testing.assert_array_equal(xs[0], xs[1])
+    assert states(models[1]) == ['fallback']
+    reason = list(cache(models[1]).entries.values())[0].reason
+    assert 'in place' in reason
+    assert (__file__.rstrip('c') in reason) == line

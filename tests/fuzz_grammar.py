@@ -502,6 +502,13 @@ def _op_branch(b):
     b.body.append('    h = h * -0.5')
 
 
+def _op_inplace_write(b):
+    """Writes into an activation in place: must fall back (and stay
+    correct)."""
+    b.body.append('h = chainer.as_variable(h)')
+    b.body.append('h.array[...] *= 0.5')
+
+
 def _op_numpy_const(b):
     """A non-uniform constant array: must fall back (and stay correct)."""
     b.body.append(
@@ -541,6 +548,7 @@ OPS = collections.OrderedDict([
 FALLBACK_OPS = collections.OrderedDict([
     ('branch', _op_branch),
     ('numpy_const', _op_numpy_const),
+    ('inplace_write', _op_inplace_write),
 ])
 
 
@@ -757,7 +765,7 @@ def _call(model, prog, step, x, t):
     elif step.x_as == 'var_nograd':
         xv = chainer.Variable(x.copy(), requires_grad=False)
     else:
-        xv = x
+        xv = x.copy()   # each twin its own: a method may write into it
     if prog.head == 'ce':
         out = model(xv, t=t) if step.label_kw else model(xv, t)
     else:

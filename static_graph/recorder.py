@@ -29,6 +29,13 @@ _orig_apply = function_node.FunctionNode.apply
 _orig_get_array = variable_module.Variable._get_array
 _orig_report = reporter_module.Reporter.report
 _orig_backprop_step = _backprop_utils.backprop_step
+# NumPy's array constructors do not dispatch on their argument: a traced
+# array would come back plain (numpy.asarray(h.array)), its values no
+# longer seen. While recording they keep it traced.
+_NUMPY_CONSTRUCTORS = ('asarray', 'array', 'ascontiguousarray',
+                       'asfortranarray')
+_orig_numpy = dict((name, getattr(numpy, name))
+                   for name in _NUMPY_CONSTRUCTORS)
 _VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
 
 _install_lock = threading.Lock()
@@ -179,6 +186,32 @@ def _patched_get_array(self):
     return rec.trace(a)
 
 
+def _keeps_traced(name):
+    orig = _orig_numpy[name]
+    TracedArray = traced.TracedArray
+
+    def constructor(a, *args, **kwargs):
+        out = orig(a, *args, **kwargs)
+        if type(a) is not TracedArray or type(out) is not numpy.ndarray:
+            return out
+        rec = getattr(_local, 'recording', None)
+        if rec is None:
+            return out
+        if numpy.shares_memory(out, traced.plain(a)):
+            # A view: traced, and known to be one (a Chainer function
+            # taking it sees the recorded buffer behind it).
+            return rec.trace(out)
+        return out.view(TracedArray)   # a copy: computed from the values
+
+    constructor.__name__ = name
+    constructor.__doc__ = orig.__doc__
+    return constructor
+
+
+_patched_numpy = dict((name, _keeps_traced(name))
+                      for name in _NUMPY_CONSTRUCTORS)
+
+
 def _detached_copy(v):
     if isinstance(v, chainer.Variable):
         a = v.raw_array
@@ -245,6 +278,8 @@ def install():
             variable_module.Variable._get_array = _patched_get_array
             reporter_module.Reporter.report = _patched_report
             _backprop_utils.backprop_step = _patched_backprop_step
+            for name, fn in _patched_numpy.items():
+                setattr(numpy, name, fn)
         _install_count += 1
 
 
@@ -257,6 +292,8 @@ def uninstall():
             variable_module.Variable._get_array = _orig_get_array
             reporter_module.Reporter.report = _orig_report
             _backprop_utils.backprop_step = _orig_backprop_step
+            for name, fn in _orig_numpy.items():
+                setattr(numpy, name, fn)
 
 
 class RecordedOp(object):

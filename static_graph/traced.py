@@ -124,6 +124,41 @@ class TracedArray(numpy.ndarray):
             _flag('iteration')
         return super(TracedArray, self).__iter__()
 
+    def tobytes(self, *args, **kwargs):
+        _flag('.tobytes()')
+        return numpy.ndarray.tobytes(self, *args, **kwargs)
+
+    def view(self, *args, **kwargs):
+        out = numpy.ndarray.view(self, *args, **kwargs)
+        if type(out) is numpy.ndarray and not sys._getframe(
+                1).f_code.co_filename.startswith(INTERNAL_DIRS):
+            # A plain view handed to user code: what it does with the
+            # values can no longer be seen.
+            _flag('.view(numpy.ndarray)')
+        return out
+
+    def __array_function__(self, func, types, args, kwargs):
+        # NumPy functions on traced arrays give traced results (a copy
+        # made by numpy.copy stays traced); a plain number or bool computed
+        # from them (numpy.array_equal, numpy.allclose) is a value read.
+        result = numpy.ndarray.__array_function__(self, func, types, args,
+                                                  kwargs)
+        if isinstance(result, (bool, int, float, complex)):
+            _flag('numpy.%s()' % func.__name__)
+            return result
+        return retrace(result)
+
+
+def retrace(result):
+    """Plain ndarrays (and NumPy scalars) in a result, as TracedArrays."""
+    if type(result) is numpy.ndarray:
+        return result.view(TracedArray)
+    if isinstance(result, numpy.generic):
+        return numpy.asarray(result).view(TracedArray)
+    if type(result) in (tuple, list):
+        return type(result)(retrace(r) for r in result)
+    return result
+
 
 def plain(array):
     """The plain ndarray view of a TracedArray."""

@@ -1229,3 +1229,53 @@ def test_method_writing_into_an_array_in_place(write, line):
     reason = list(cache(models[1]).entries.values())[0].reason
     assert 'in place' in reason
     assert (__file__.rstrip('c') in reason) == line
+
+
+# -- array values read through a plain copy or view ----------------------------
+ESCAPES = {
+    'numpy.asarray': lambda a: numpy.asarray(a).sum() > 0,
+    'numpy.array': lambda a: numpy.array(a, dtype=numpy.float64).sum() > 0,
+    'numpy.copy': lambda a: numpy.copy(a).sum() > 0,
+    'view': lambda a: a.view(numpy.ndarray).sum() > 0,
+    'tobytes': lambda a: numpy.frombuffer(a.tobytes(), a.dtype).sum() > 0,
+    'numpy.array_equal': lambda a: not numpy.array_equal(a, abs(a)),
+    'numpy.ascontiguousarray': lambda a: numpy.ascontiguousarray(
+        a.T).sum() > 0,
+}
+
+
+@pytest.mark.parametrize('name', sorted(ESCAPES))
+def test_branch_on_values_read_through_a_plain_array(name):
+    """A branch on values taken through an untraced copy or view
+    (``numpy.asarray(h.array).sum() > 0``) was frozen at the recording:
+    the traced array came back as a plain ndarray. The call falls back,
+    naming the line, and trains as define-by-run."""
+    def body(self, x):
+        h = self.l1(x)
+        if ESCAPES[name](h.array):
+            h = F.relu(h)
+        else:
+            h = h * -2
+        return F.sum(self.l2(h) ** 2)
+
+    models = make_twins(body)
+    train_alike(models, [(data(4, 3) + (2 if i % 2 else -2),)
+                         for i in range(4)])
+    assert states(models[1]) == ['fallback']
+    reason = list(cache(models[1]).entries.values())[0].reason
+    assert 'reads array values' in reason and __file__.rstrip('c') in reason
+
+
+def test_numpy_asarray_of_an_input_still_replays():
+    """``x = numpy.asarray(x, dtype=numpy.float32)`` at the top of forward
+    (a view of the input) and ``numpy.ascontiguousarray(t)`` read no
+    values: the chain replays."""
+    def body(self, x, t):
+        x = numpy.asarray(x, dtype=numpy.float32)
+        t = numpy.ascontiguousarray(t)
+        return F.softmax_cross_entropy(self.l2(F.relu(self.l1(x))), t)
+
+    models = make_twins(body)
+    train_alike(models, [(data(6, 3), labels(6, 2)) for _ in range(4)])
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).replays == 3

@@ -321,18 +321,28 @@ def _reattach(rec, detached):
     return read
 
 
-def _write_back_inputs(leaves, inner):
+def _write_back_inputs(rec, leaves, inner, leaf_bids):
     """The recording ran on copies of the array arguments: a method that
     wrote into one (its fallback reason is recorded) leaves the caller's
-    array changed, as define-by-run would."""
-    for leaf, mine in zip(leaves, inner):
+    array changed, and one that gave an argument Variable another array
+    (``x.array = ...``) does so to the caller's, as define-by-run would."""
+    for leaf, mine, bid in zip(leaves, inner, leaf_bids):
         if isinstance(leaf, chainer.Variable):
+            if mine.raw_array is not rec.buffers[bid].storage:
+                rec.add_reason('the method assigns a new array to its '
+                               'argument Variable (x.array = ...), which '
+                               'replay would not repeat')
+                a = mine.raw_array
+                leaf.array = traced.plain(a) if isinstance(
+                    a, traced.TracedArray) else a
+                continue
             leaf, mine = leaf.raw_array, mine.raw_array
         if type(leaf) is not numpy.ndarray or mine is None:
             continue
         mine = traced.plain(mine) if isinstance(mine, traced.TracedArray) \
             else mine
-        if recorder._changed(leaf, mine) and leaf.flags.writeable:
+        if leaf.shape == mine.shape and leaf.dtype == mine.dtype and \
+                leaf.flags.writeable and recorder._changed(leaf, mine):
             numpy.copyto(leaf, mine)
 
 
@@ -392,7 +402,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             _put_back(detached)   # the links keep the caller's Variables
             raise
         rec.check_writes()
-        _write_back_inputs(leaves, inner)
+        _write_back_inputs(rec, leaves, inner, leaf_bids)
         out_spec, out_leaves = signature.flatten_outputs(out)
         out_bids, out_kinds, inner_outs = [], [], []
         for o in out_leaves:

@@ -1279,3 +1279,24 @@ def test_numpy_asarray_of_an_input_still_replays():
     train_alike(models, [(data(6, 3), labels(6, 2)) for _ in range(4)])
     assert states(models[1]) == ['complete']
     assert cache(models[1]).replays == 3
+
+
+def test_method_giving_its_argument_variable_another_array():
+    """``x.array = ...`` on an argument Variable changes the caller's
+    Variable under define-by-run; replay would not repeat it. The call
+    falls back, and the recording call leaves the caller's Variable as
+    define-by-run does."""
+    def body(self, x):
+        x.array = x.array[:, :3] * 0 + 1
+        return F.sum(self.l2(F.relu(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    for i in range(3):
+        xs = [chainer.Variable(data(4, 5)) for _ in models]
+        xs[1].array[...] = xs[0].array
+        la, lb = [train_step(m, xv) for m, xv in zip(models, xs)]
+        assert_close(la.array, lb.array, 'loss %d' % i)
+        assert xs[1].shape == xs[0].shape == (4, 3)
+        assert_close(xs[0].array, xs[1].array, 'argument %d' % i)
+        compare_chains(*models)
+    assert states(models[1]) == ['fallback']

@@ -187,8 +187,11 @@ def _bn_grad_inplace(rop, node, xs, donated):
 
 
 def _bn_grad_in_x(x, gamma, gy, mean, inv_std, expander, axis):
-    """Chainer's CPU BatchNormalizationGrad, step for step, with x_hat and
-    then gx computed in x's memory (x dies here)."""
+    """Chainer's CPU BatchNormalizationGrad, step for step, with x_hat
+    computed in x's memory (x dies here), and gx too where gy has x's
+    layout. Otherwise (x a view in another order: a convolution's output
+    is NHWC memory) gx gets the layout NumPy gives Chainer's ``gy - ...``,
+    so that later reductions over it sum in the same order."""
     x_hat = numpy.subtract(x, mean[expander], out=x)
     x_hat *= inv_std[expander]
     gbeta = gy.sum(axis=axis, dtype=gamma.dtype)
@@ -198,9 +201,12 @@ def _bn_grad_in_x(x, gamma, gy, mean, inv_std, expander, axis):
     t *= ggamma[expander]
     t += gbeta[expander]
     t *= inv_m
-    numpy.subtract(gy, t, out=t)
-    t *= (gamma * inv_std)[expander]
-    return t, ggamma, gbeta
+    if gy.strides == t.strides:
+        gx = numpy.subtract(gy, t, out=t)
+    else:
+        gx = numpy.subtract(gy, t)
+    gx *= (gamma * inv_std)[expander]
+    return gx, ggamma, gbeta
 
 
 DONATING = {

@@ -472,6 +472,14 @@ def test_batch_normalization_kernels_replay_bit_for_bit():
     names, b = _train_bn()
     assert names[0] == 'probe_numpy_BatchNormalization'
     assert names[1:] == ['numpy_BatchNormalization'] * 3, names
+    # Its backward too, on a convolution's output (NHWC memory): gx gets
+    # the layout Chainer's expression gives (it came back in x's before,
+    # and the first-replay check kept Chainer's kernel).
+    (cache,) = caches_of(b).values()
+    train = [e for e in cache.entries.values() if e.backward is not None]
+    grads = [op.fn.__name__ for op in train[0].backward.ops
+             if op.kind == 'BatchNormalizationGrad']
+    assert grads == ['numpy_inplace_BatchNormalizationGrad']
     (cache,) = caches_of(b).values()
     evals = [e for e in cache.entries.values() if e.backward is None]
     (entry,) = evals

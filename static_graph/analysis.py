@@ -141,8 +141,18 @@ def is_scalar_value(v):
     Python ints and bools or NumPy bools: those objects are shared (small
     ints, ``numpy.True_``), so identity would not say where one came
     from."""
-    return type(v) is float or isinstance(v, numpy.generic) and \
-        not isinstance(v, numpy.bool_)
+    return type(v) is float or _numpy_number(v)
+
+
+def _numpy_number(v):
+    return isinstance(v, numpy.generic) and not isinstance(v, numpy.bool_)
+
+
+def _scalar_keys(op):
+    """The attributes op's forward set to a scalar (``self._coeff``)."""
+    d = recorder.attrs(op.node)
+    return [k for k, _ in op.restore
+            if is_scalar_value(d.get(k, recorder.MISSING))]
 
 
 def forward_scalars(rec):
@@ -152,10 +162,8 @@ def forward_scalars(rec):
     out = {}
     for op in rec.forward_ops:
         d = recorder.attrs(op.node)
-        for k, _ in op.restore:
-            v = d.get(k, recorder.MISSING)
-            if is_scalar_value(v):
-                out.setdefault(id(v), (op, k))
+        for k in _scalar_keys(op):
+            out.setdefault(id(d[k]), (op, k))
     return out
 
 
@@ -263,8 +271,7 @@ def mark_captured(rec, chain_map):
                 op.rebind.append((k, scalar_state(rec, fop, key)))
                 continue
             if i >= n_forward and k not in set_by_forward and \
-                    is_scalar_value(v) and type(v) is not float and \
-                    id(v) not in forward_numbers:
+                    _numpy_number(v) and id(v) not in forward_numbers:
                 # A NumPy number made in a backward() (``1 / self.std``):
                 # like a mask built in Python.
                 python_array(
@@ -354,9 +361,8 @@ def mark_captured(rec, chain_map):
             # backward() runs again at replay: hand it the numbers its
             # forward computed this call, with the arrays it kept.
             fop = by_node[id(step.node)]
-            for key, _ in fop.restore:
-                if is_scalar_value(recorder.attrs(fop.node).get(key)):
-                    scalar_state(rec, fop, key)
+            for key in _scalar_keys(fop):
+                scalar_state(rec, fop, key)
     _check_reruns(rec, by_node)
 
 

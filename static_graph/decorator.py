@@ -332,15 +332,12 @@ def _write_back_inputs(rec, leaves, inner, leaf_bids):
                 rec.add_reason('the method assigns a new array to its '
                                'argument Variable (x.array = ...), which '
                                'replay would not repeat')
-                a = mine.raw_array
-                leaf.array = traced.plain(a) if isinstance(
-                    a, traced.TracedArray) else a
+                leaf.array = traced.untraced(mine.raw_array)
                 continue
             leaf, mine = leaf.raw_array, mine.raw_array
         if type(leaf) is not numpy.ndarray or mine is None:
             continue
-        mine = traced.plain(mine) if isinstance(mine, traced.TracedArray) \
-            else mine
+        mine = traced.untraced(mine)
         if leaf.shape == mine.shape and leaf.dtype == mine.dtype and \
                 leaf.flags.writeable and recorder._changed(leaf, mine):
             numpy.copyto(leaf, mine)

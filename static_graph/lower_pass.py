@@ -108,7 +108,7 @@ def lower(schedule, keep):
                 if fast is not None:
                     _probe(op, rop, fast, donated[i])
             continue
-        if sum(getattr(a, "nbytes", 0) for a in ins + outs) <= \
+        if sum(getattr(a, 'nbytes', 0) for a in ins + outs) <= \
                 _DEFER_LOWERING_BYTES:
             # Proposed and checked at compile, not while recording; copies
             # now (in the same layout) of what may change before then: the

@@ -124,9 +124,6 @@ class AdapterAttrs(object):
         out.extend((_FUNCTION + k, v) for k, v in self.fn.items())
         return out
 
-    def __iter__(self):
-        return iter([k for k, _ in self.items()])
-
     def __len__(self):
         return len(self.items())
 
@@ -215,13 +212,11 @@ _patched_numpy = dict((name, _keeps_traced(name))
 def _detached_copy(v):
     if isinstance(v, chainer.Variable):
         a = v.raw_array
-        return chainer.Variable(a if a is None else traced.plain(a).copy()
-                                if isinstance(a, traced.TracedArray)
-                                else a.copy(), requires_grad=False)
-    if isinstance(v, traced.TracedArray):
-        return traced.plain(v).copy()
+        return chainer.Variable(
+            a if a is None else traced.untraced(a).copy(),
+            requires_grad=False)
     if is_array(v):
-        return v.copy()
+        return traced.untraced(v).copy()
     return v
 
 

@@ -163,3 +163,8 @@ def retrace(result):
 def plain(array):
     """The plain ndarray view of a TracedArray."""
     return array.view(numpy.ndarray)
+
+
+def untraced(array):
+    """``array`` itself, or its plain view if it is a TracedArray."""
+    return plain(array) if isinstance(array, TracedArray) else array

@@ -34,10 +34,11 @@ DEFAULT_WARN_RETRACE = 8
 class Cache(object):
     """The entries of one method of one chain, least recently used first."""
 
-    def __init__(self, owner_name, size, warn_retrace):
+    def __init__(self, owner_name, size, warn_retrace, recompute=True):
         self.owner_name = owner_name
         self.size = size
         self.warn_retrace = warn_retrace
+        self.recompute = recompute
         self.entries = collections.OrderedDict()
         self.lock = threading.RLock()
         self.recordings = 0
@@ -80,7 +81,8 @@ def _cache_for(chain, name, options):
         cache = per_chain.get(name)
         if cache is None:
             cache = Cache('%s.%s' % (type(chain).__name__, name),
-                          options['cache_size'], options['warn_retrace'])
+                          options['cache_size'], options['warn_retrace'],
+                          options['recompute'])
             per_chain[name] = cache
         return cache
 
@@ -109,14 +111,20 @@ def static_graph(method=None, **options):
         are kept per chain and method, least recently used out (default 16).
     warn_retrace: warn when a chain has recorded this many times, and again
         at 2, 4, 8... times as many (default 8).
+    recompute: let the backward compute BatchNormalization and ReLU outputs
+        again from arrays it holds anyway instead of keeping them from the
+        forward (the same bits, less memory; default True).
     """
-    unknown = set(options) - {'cache_size', 'warn_retrace'}
+    unknown = set(options) - {'cache_size', 'warn_retrace', 'recompute'}
     if unknown:
         raise TypeError('static_graph got unknown option(s): %s'
                         % ', '.join(sorted(unknown)))
     opts = {'cache_size': DEFAULT_CACHE_SIZE,
-            'warn_retrace': DEFAULT_WARN_RETRACE}
+            'warn_retrace': DEFAULT_WARN_RETRACE, 'recompute': True}
     opts.update(options)
+    if not isinstance(opts['recompute'], bool):
+        raise TypeError('recompute must be True or False, got %r'
+                        % (opts['recompute'],))
     if not isinstance(opts['cache_size'], int) or opts['cache_size'] < 1:
         raise ValueError('cache_size must be a positive int, got %r'
                          % (opts['cache_size'],))
@@ -468,7 +476,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         e.build(rec, chain, len(leaves), leaf_bids, out_bids, out_kinds,
                 out_spec, params, persists, attr_writes=attr_writes,
                 reports=reports, link_attrs=_plain_attrs(snapshot),
-                **backward)
+                recompute=cache.recompute, **backward)
         e.verify()
 
     if not need_backward:

@@ -23,9 +23,11 @@ from chainer import function_node
 from schedules import executor
 from schedules import planner
 from schedules import ir
+from schedules import recompute as schedule_recompute
 from static_graph import describe
 from static_graph import lower_pass
 from static_graph import lowering
+from static_graph import recompute_rules
 from static_graph import recorder
 from static_graph import signature
 
@@ -328,8 +330,10 @@ class Entry(object):
     def build(self, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
               params, persists, grad_in=None, grad_targets=None,
               grad_out_bids=None, attr_writes=(), reports=(),
-              link_attrs=((), ())):
-        """Turn a finished recording into compiled schedules."""
+              link_attrs=((), ()), recompute=True):
+        """Turn a finished recording into compiled schedules. recompute:
+        let the backward compute cheap activations again instead of saving
+        them (recompute_rules.py)."""
         bufs = rec.buffers
         self.n_leaves = n_leaves
         self.link_attr_pairs, self.link_attr_values = link_attrs
@@ -359,17 +363,24 @@ class Entry(object):
                         not bufs[b].static and b not in param_bids:
                     saved.append(b)
                     seen.add(b)
+        expose = []
+        for _, items in reports:
+            expose.extend(v for _, how, v in items if how == 'buffer')
+        expose.extend(w[2] for w in attr_writes)
+        self.expose = tuple(sorted(set(expose)))
+        if saved and recompute:
+            recipes = recompute_rules.recipes(
+                rec, saved, param_bids,
+                set(out_bids) | set(self.expose) | set(grad_in), bops)
+            if recipes:
+                fops, bops, saved = schedule_recompute.rematerialize(
+                    bufs, fops, bops, saved, recipes, live=param_bids)
         self.saved = tuple(saved)
         self.out_copy = tuple(self._reused(bufs, b) or
                               bufs[b].role in (ir.PARAM, ir.PERSIST)
                               for b in out_bids)
         copyto = _copyto_for([bufs[b].storage for b in f_inputs] or [])
         self._copyto = copyto
-        expose = []
-        for _, items in reports:
-            expose.extend(v for _, how, v in items if how == 'buffer')
-        expose.extend(w[2] for w in attr_writes)
-        self.expose = tuple(sorted(set(expose)))
         self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids,
                                    keep=self.saved + self.expose)
         # Never written in place: what is handed out or saved for backward,

@@ -145,12 +145,19 @@ def test_backward_nodes_get_their_arrays_as_inputs_not_static_buffers():
                 if k == 'BatchNormalization' and bufs[b].role == 'state']
     assert len(relu_out) == 1 and len(bn_state) >= 2
     grad_ops = dict((op.kind, op) for op in entry.backward.ops)
-    assert relu_out[0] in grad_ops['ReLUGrad2'].inputs
+    # The ReLU output reaches its backward op computed again (test_recompute)
+    # from saved arrays: BatchNormalization's input, mean and inverse std.
+    (again,) = [op for op in entry.backward.ops
+                if op.kind == 'Recompute[BatchNormalization+ReLU]']
+    assert again.attrs == {'of': '%%%d' % relu_out[0]}
+    assert again.outputs[0] in grad_ops['ReLUGrad2'].inputs
     read = set(bn_state) & set(grad_ops['BatchNormalizationGrad'].inputs)
     assert len(read) == 2     # mean and inverse std
-    for b in relu_out + bn_state:
+    assert read <= set(again.inputs)
+    for b in relu_out + bn_state + list(again.outputs):
         assert not bufs[b].static, bufs[b]
-    for b in relu_out + sorted(read):
+    assert relu_out[0] not in entry.saved
+    for b in sorted(read) + list(again.inputs):
         assert b in entry.saved
     from static_graph import recorder
     for op in entry.backward.ops:

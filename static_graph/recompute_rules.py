@@ -14,8 +14,10 @@ arithmetic on the CPU:
   block).
 
 A saved buffer gets a recipe only where everything it reads is held anyway
-(saved and not recomputed, or a parameter) and where, on the recorded
-arrays, it gives the recorded values in the recorded memory layout.
+(saved and not recomputed, or a parameter), is not the caller's or handed
+out (user code could change it in place before the backward), and where,
+on the recorded arrays, it gives the recorded values in the recorded memory
+layout.
 """
 import numpy
 
@@ -139,7 +141,13 @@ def recipes(rec, saved, available, exclude, backward_ops):
     producer = _main_outputs(rec)
     candidates = [b for b in saved if b in producer and
                   producer[b].kind in RULES]
-    held = (set(saved) - set(candidates)) | set(available)
+    cand = set(candidates)
+    # What a recipe may read: arrays only replay writes, and parameters
+    # (the forward keeps a copy of those it reads). Not the caller's arrays
+    # or what is handed out: user code may change them in place before the
+    # backward, and define-by-run's saved output would not see that.
+    held = set(b for b in saved if b not in cand and b not in exclude
+               and bufs[b].role != ir.INPUT) | set(available)
     no_op_reads = set(b for op in backward_ops if op.fn is None
                       for b in op.inputs)
     out = {}

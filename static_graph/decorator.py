@@ -512,7 +512,6 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     def finish(grad_outputs):
         recording = e.state == 'recording'
         gys, outs_for_grad, grad_out_bids = [], [], []
-        labels = {id(op.node): op.source for op in rec.forward_ops}
         for o, g in zip(inner_outs, grad_outputs):
             if g is None or not o.requires_grad:
                 grad_out_bids.append(None)
@@ -524,7 +523,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             outs_for_grad.append(o)
         if recording:
             rec.phase = 'backward'
-            with rec, recorder.BackwardLabeler(rec, labels):
+            rec.labels = {id(op.node): op.source for op in rec.forward_ops}
+            with rec:
                 grads = chainer.grad(outs_for_grad, target_vars,
                                      grad_outputs=gys)
         else:

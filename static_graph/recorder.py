@@ -237,6 +237,10 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
     if rec is None or rec.depth or rec.phase != 'backward':
         return _orig_backprop_step(func, target_input_indexes, grad_outputs,
                                    grad_inputs, is_debug)
+    # Ops this step applies are labelled with the forward op's source.
+    label = rec.labels.get(id(func), MISSING)
+    rec.backward_label = label if label is not MISSING else \
+        'backward of %s' % op_kind(func)
     # See what the node's backward() returns (backprop_step only files it
     # into grad_inputs): wrap it on the instance for this one step.
     start = len(rec.backward_ops)
@@ -385,6 +389,7 @@ class Recording(object):
         self.held = set()         # buffers some node attribute refers to
         self.steps = []           # BackwardStep per node backward() call
         self.backward_label = None
+        self.labels = {}          # id(forward node) -> its source
 
     # -- buffers ------------------------------------------------------------
     def new_buffer(self, array, role, name=None):
@@ -593,17 +598,3 @@ class Recording(object):
         _local.recording = None
         uninstall()
         return False
-
-
-class BackwardLabeler(chainer.FunctionHook):
-    """Labels backward ops with the forward op whose backward made them."""
-
-    name = 'static_graph_backward_labeler'
-
-    def __init__(self, recording, labels):
-        self.recording = recording
-        self.labels = labels   # id(forward node) -> label
-
-    def backward_preprocess(self, function, in_data, out_grad):
-        self.recording.backward_label = self.labels.get(
-            id(function), 'backward of %s' % op_kind(function))

@@ -50,6 +50,18 @@ def test_plan_is_valid_and_shown():
     assert 'static' in str(s.forward)
 
 
+def test_backward_ops_carry_their_forward_line():
+    s = recorded()
+    lines = [op.source.rsplit(':', 1)[1] for op in s.forward.ops
+             if op.source]
+    assert lines == ['26'] * 4 + ['27', '28', '28', '28'], lines
+    by_kind = dict((op.kind, op.source.rsplit(':', 1)[1])
+                   for op in s.backward.ops)
+    assert by_kind['LinearGradWeight'] == '28'
+    assert by_kind['DropoutGrad'] == '27'
+    assert by_kind['ReLUGrad2'] == by_kind['Convolution2DGradW'] == '26'
+
+
 def test_plot(tmp_path):
     pytest.importorskip('matplotlib', reason='plotting needs matplotlib')
     from schedules import plot

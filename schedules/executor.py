@@ -76,7 +76,10 @@ class TieredSchedule(object):
         return self.run(args)
 
 
-def _table(schedule, extra_outputs=(), copy_outputs=(), preset=()):
+def _table(schedule, extra_outputs=(), copy_outputs=(), preset=(),
+           free=True):
+    # The interpreter holds every buffer until it returns: ``free`` is for
+    # compile_schedule.
     bufs = schedule.buffers
     slot = {}
 
@@ -124,7 +127,7 @@ def _interpret(table, args, copyto):
 
 
 def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
-                     preset=()):
+                     preset=(), free=True):
     """Compile ``schedule``.
 
     copyto: ``copyto(dst, src)`` of the array module (numpy.copyto,
@@ -135,6 +138,8 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         static storage that the next run overwrites).
     preset: buffer ids that are defined outside (bound through ``args`` after
         the schedule inputs, in this order).
+    free: release each buffer after its last use (False: when the run
+        returns, for comparison).
     """
     bufs = schedule.buffers
     env = {'copyto': copyto}
@@ -185,7 +190,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
             last.setdefault(b, i)
     for b, i in last.items():
         buf = bufs[b]
-        if b in keep or buf.static or buf.role in _LIVE_ROLES:
+        if b in keep or buf.static or buf.role in _LIVE_ROLES or not free:
             continue
         frees.setdefault(i, []).append(b)
 

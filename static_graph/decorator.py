@@ -34,11 +34,13 @@ DEFAULT_WARN_RETRACE = 8
 class Cache(object):
     """The entries of one method of one chain, least recently used first."""
 
-    def __init__(self, owner_name, size, warn_retrace, recompute=True):
+    def __init__(self, owner_name, size, warn_retrace, recompute=True,
+                 plan_memory=True):
         self.owner_name = owner_name
         self.size = size
         self.warn_retrace = warn_retrace
         self.recompute = recompute
+        self.plan_memory = plan_memory
         self.entries = collections.OrderedDict()
         self.lock = threading.RLock()
         self.recordings = 0
@@ -82,7 +84,7 @@ def _cache_for(chain, name, options):
         if cache is None:
             cache = Cache('%s.%s' % (type(chain).__name__, name),
                           options['cache_size'], options['warn_retrace'],
-                          options['recompute'])
+                          options['recompute'], options['plan_memory'])
             per_chain[name] = cache
         return cache
 
@@ -114,17 +116,23 @@ def static_graph(method=None, **options):
     recompute: let the backward compute BatchNormalization and ReLU outputs
         again from arrays it holds anyway instead of keeping them from the
         forward (the same bits, less memory; default True).
+    plan_memory: False turns memory reuse off for comparison: every buffer
+        of a schedule lives until it returns, no kernel writes into an
+        input that dies with it, nothing is recomputed (default True).
     """
-    unknown = set(options) - {'cache_size', 'warn_retrace', 'recompute'}
+    unknown = set(options) - {'cache_size', 'warn_retrace', 'recompute',
+                              'plan_memory'}
     if unknown:
         raise TypeError('static_graph got unknown option(s): %s'
                         % ', '.join(sorted(unknown)))
     opts = {'cache_size': DEFAULT_CACHE_SIZE,
-            'warn_retrace': DEFAULT_WARN_RETRACE, 'recompute': True}
+            'warn_retrace': DEFAULT_WARN_RETRACE, 'recompute': True,
+            'plan_memory': True}
     opts.update(options)
-    if not isinstance(opts['recompute'], bool):
-        raise TypeError('recompute must be True or False, got %r'
-                        % (opts['recompute'],))
+    for flag in ('recompute', 'plan_memory'):
+        if not isinstance(opts[flag], bool):
+            raise TypeError('%s must be True or False, got %r'
+                            % (flag, opts[flag]))
     if not isinstance(opts['cache_size'], int) or opts['cache_size'] < 1:
         raise ValueError('cache_size must be a positive int, got %r'
                          % (opts['cache_size'],))
@@ -476,7 +484,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         e.build(rec, chain, len(leaves), leaf_bids, out_bids, out_kinds,
                 out_spec, params, persists, attr_writes=attr_writes,
                 reports=reports, link_attrs=_plain_attrs(snapshot),
-                recompute=cache.recompute, **backward)
+                recompute=cache.recompute, plan_memory=cache.plan_memory,
+                **backward)
         e.verify()
 
     if not need_backward:

@@ -330,10 +330,14 @@ class Entry(object):
     def build(self, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
               params, persists, grad_in=None, grad_targets=None,
               grad_out_bids=None, attr_writes=(), reports=(),
-              link_attrs=((), ()), recompute=True):
+              link_attrs=((), ()), recompute=True, plan_memory=True):
         """Turn a finished recording into compiled schedules. recompute:
         let the backward compute cheap activations again instead of saving
-        them (recompute_rules.py)."""
+        them (recompute_rules.py); plan_memory=False: no memory reuse at
+        all (no early frees, no kernel writing into a dying input, nothing
+        recomputed), for comparison."""
+        self.plan_memory = plan_memory
+        recompute = recompute and plan_memory
         bufs = rec.buffers
         self.n_leaves = n_leaves
         self.link_attr_pairs, self.link_attr_values = link_attrs
@@ -386,10 +390,11 @@ class Entry(object):
         # Never written in place: what is handed out or saved for backward,
         # and what nodes read through attributes.
         handed_out = set(out_bids) | set(self.expose) | rec.held
-        lower_pass.lower(self.forward, handed_out | set(self.saved))
+        lower_pass.lower(self.forward, handed_out | set(self.saved),
+                         donate=plan_memory)
         self.run_forward = executor.TieredSchedule(
             self.forward, copyto, before_compile=lower_pass.lower_ops,
-            extra_outputs=self.forward.keep,
+            free=plan_memory, extra_outputs=self.forward.keep,
             copy_outputs=set(b for b in self.expose
                              if self._reused(bufs, b)))
         # What a later call overwrites, and so what a pending call's backward
@@ -410,13 +415,14 @@ class Entry(object):
             grad_bids = [b for b in grad_in if b is not None]
             self.backward = ir.Schedule('backward', bufs, bops, b_inputs,
                                         grad_bids)
-            lower_pass.lower(self.backward, handed_out | set(grad_bids))
+            lower_pass.lower(self.backward, handed_out | set(grad_bids),
+                             donate=plan_memory)
             copy_set = set(b for b in grad_bids
                            if self._reused(bufs, b) or
                            bufs[b].role in _ESCAPE_ROLES)
             self.run_backward = executor.TieredSchedule(
                 self.backward, copyto, before_compile=lower_pass.lower_ops,
-                copy_outputs=copy_set)
+                free=plan_memory, copy_outputs=copy_set)
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
@@ -439,8 +445,9 @@ class Entry(object):
     def memory_plan(self, alignment=64):
         """The liveness-based memory plan of one call (forward, then
         backward): ``planner.Plan`` with ``arena_bytes`` against
-        ``total_bytes``. Computed on first request; it also sets the
-        buffers' arena offsets, which the printout then shows."""
+        ``total_bytes`` (equal under ``plan_memory=False``). Computed on
+        first request; it also sets the buffers' arena offsets, which the
+        printout then shows."""
         if getattr(self, '_plan', None) is None:
             scheds = [self.forward]
             # Static buffers are read through references nodes hold, not
@@ -450,6 +457,8 @@ class Entry(object):
             if self.backward is not None:
                 scheds.append(self.backward)
                 keep += list(self.backward.outputs)
+            if not self.plan_memory:   # nothing is reused
+                keep = list(self.forward.buffers)
             self._plan = planner.plan_schedules(scheds, keep=keep,
                                                 alignment=alignment)
         return self._plan

@@ -84,10 +84,11 @@ def donations(schedule, keep):
     return out
 
 
-def lower(schedule, keep):
+def lower(schedule, keep, donate=True):
     """Give the ops marked by ``_ir_ops`` (``op.lower_from`` holds their
     RecordedOp) a cheaper kernel where one is proposed: checked at compile
-    for small ops (``lower_ops``), on the first replay for large ones."""
+    for small ops (``lower_ops``), on the first replay for large ones.
+    donate: may kernels write into inputs that die with them?"""
     bufs = schedule.buffers
     donated = None
     for i, op in enumerate(schedule.ops):
@@ -96,7 +97,8 @@ def lower(schedule, keep):
             continue
         op.lower_from = None
         if donated is None:
-            donated = donations(schedule, keep)
+            donated = donations(schedule, keep) if donate else \
+                [(False,) * len(o.inputs) for o in schedule.ops]
         ins = [bufs[b].storage for b in op.inputs]
         outs = [bufs[b].storage for b in op.outputs]
         if rop.state:

@@ -187,3 +187,49 @@ def test_backward_nodes_get_their_arrays_as_inputs_not_static_buffers():
         assert not any(recorder.is_array(v) and v.size > 1 and
                        k not in ('running_mean', 'running_var')
                        for k, v in vars(node).items()), vars(node).keys()
+
+
+def test_plan_memory_off_for_comparison():
+    """plan_memory=False: the same numbers, no reuse at all, more memory."""
+    import gc
+    import tracemalloc
+    from tests.test_recompute import Block, batch
+    from tests.twins import train_twins
+
+    def make(static, **options):
+        if not static:
+            return Block()
+        deco = static_graph.static_graph(**options)
+        return type('StaticBlock', (Block,),
+                    {'forward': deco(Block.forward)})()
+
+    batches = [batch(16) for _ in range(4)]
+    steps = [lambda m, b=b: m(*b) for b in batches]
+    peaks = {}
+    for on in (True, False):
+        _, m = train_twins(lambda s: make(s, plan_memory=on), steps,
+                           lambda: chainer.optimizers.MomentumSGD(0.1),
+                           rtol=0, atol=0)
+        (s,) = static_graph.cached(m)
+        kernels = [getattr(op.fn, '__name__', '') for op in
+                   s.forward.ops + s.backward.ops]
+        source = s.entry.run_forward.source + s.entry.run_backward.source
+        plan = s.memory_plan()
+        if on:
+            assert any('inplace' in k for k in kernels)
+            assert '    del ' in source
+            assert plan.arena_bytes < plan.total_bytes
+        else:
+            assert not any('inplace' in k or k == 'recompute'
+                           for k in kernels), kernels
+            assert '    del ' not in source
+            assert plan.arena_bytes == plan.total_bytes
+        gc.collect()
+        tracemalloc.start()
+        try:
+            m.cleargrads()
+            m(*batches[0]).backward()
+            peaks[on] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peaks[True] < peaks[False], peaks

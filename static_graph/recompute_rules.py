@@ -14,16 +14,18 @@ arithmetic on the CPU:
   block).
 
 A saved buffer gets a recipe only where everything it reads is held anyway
-(saved and not recomputed, or a parameter), is not the caller's or handed
-out (user code could change it in place before the backward), and where,
-on the recorded arrays, it gives the recorded values in the recorded memory
-layout.
+(saved and not recomputed, or a parameter), where neither it nor what it
+reads shares memory with the caller's arrays, parameters, constants or
+anything handed out (user code could change those in place before the
+backward), and where, on the recorded arrays, it gives the recorded values
+in the recorded memory layout.
 """
 import numpy
 
 from schedules import ir
 from schedules import recompute
 from static_graph import lowering
+from static_graph import recorder
 
 _MAX_DEPTH = 3
 
@@ -142,20 +144,36 @@ def recipes(rec, saved, available, exclude, backward_ops):
     candidates = [b for b in saved if b in producer and
                   producer[b].kind in RULES]
     cand = set(candidates)
-    # What a recipe may read: arrays only replay writes, and parameters
-    # (the forward keeps a copy of those it reads). Not the caller's arrays
-    # or what is handed out: user code may change them in place before the
-    # backward, and define-by-run's saved output would not see that.
-    held = set(b for b in saved if b not in cand and b not in exclude
-               and bufs[b].role != ir.INPUT) | set(available)
+    groups = {}
+    for x, buf in bufs.items():
+        if buf.storage is not None:
+            groups.setdefault(id(recorder.root_of(buf.storage)),
+                              []).append(x)
+
+    def private(x):
+        """Is x's memory written by replay alone? Not if it is (or is a
+        view of, or the very array of) the caller's input, a parameter, a
+        constant, or something handed out: user code may change that in
+        place before the backward, and define-by-run's saved output (or
+        the value recomputed from it) would not see the change."""
+        storage = bufs[x].storage
+        if storage is None:
+            return False
+        return all(bufs[o].role in (ir.TEMP, ir.STATE) and o not in exclude
+                   for o in groups[id(recorder.root_of(storage))])
+
+    # What a recipe may read: such private arrays, and parameters
+    # themselves (the forward keeps a copy of those it reads).
+    held = set(b for b in saved if b not in cand and private(b)) | \
+        set(available)
     no_op_reads = set(b for op in backward_ops if op.fn is None
                       for b in op.inputs)
     out = {}
     for b in candidates:
         buf = bufs[b]
-        if b in exclude or b in no_op_reads or buf.role != ir.TEMP or \
-                buf.static or buf.view_of is not None or \
-                type(buf.storage) is not numpy.ndarray:
+        if b in no_op_reads or buf.role != ir.TEMP or buf.static or \
+                buf.view_of is not None or \
+                type(buf.storage) is not numpy.ndarray or not private(b):
             continue
         tree = _compose(b, producer, bufs, held)
         if tree is None:

@@ -123,7 +123,7 @@ def _interpret(table, args, copyto):
                 s[i] = r[pos]
             else:
                 copyto(storage, r[pos])
-    return tuple(s[i].copy() if c else s[i] for i, c in rets)
+    return tuple(s[i].copy(order='K') if c else s[i] for i, c in rets)
 
 
 def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
@@ -228,7 +228,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     outs = []
     for b in tuple(schedule.outputs) + tuple(extra_outputs):
         r = ref(b)
-        outs.append(r + '.copy()' if b in copy_outputs else r)
+        outs.append(r + ".copy(order='K')" if b in copy_outputs else r)
     lines.append('    return (%s)' % ''.join(o + ', ' for o in outs))
     source = '\n'.join(lines) + '\n'
     code = compile(source, '<schedule %s>' % schedule.name, 'exec')

@@ -312,7 +312,7 @@ def _detach_link_variables(chain, rec):
         for k, v in list(d.items()):
             if type(v) is chainer.Variable and v.creator_node is not None \
                     and v.raw_array is not None:
-                leaf = chainer.Variable(v.raw_array.copy(),
+                leaf = chainer.Variable(recorder.copy_exact(v.raw_array),
                                         requires_grad=v.requires_grad)
                 rec.arrays.append(leaf.raw_array)   # ids stay unique
                 d[k] = leaf
@@ -398,11 +398,11 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     inner, leaf_bids = [], []
     for leaf, path in zip(leaves, paths):
         if isinstance(leaf, chainer.Variable):
-            a = leaf.raw_array.copy()
+            a = recorder.copy_exact(leaf.raw_array)
             leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
             inner.append(chainer.Variable(a, requires_grad=leaf.requires_grad))
         else:
-            a = leaf.copy()
+            a = recorder.copy_exact(leaf)
             leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
             inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
     new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
@@ -525,7 +525,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             if g is None or not o.requires_grad:
                 grad_out_bids.append(None)
                 continue
-            ga = g.raw_array.copy()
+            ga = recorder.copy_exact(g.raw_array)
             grad_out_bids.append(rec.new_buffer(ga, ir.GRAD_OUT,
                                                 name='grad'))
             gys.append(chainer.Variable(ga))
@@ -568,7 +568,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 for pos, a, b in zip(targets, arrays, grad_in):
                     if a is not None and (bufs[b].static or bufs[b].role in
                                           entry_module._ESCAPE_ROLES):
-                        a = a.copy()
+                        a = a.copy(order='K')
                     result[pos] = a
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
@@ -597,7 +597,7 @@ def _outputs_after_recording(e, inner_outs, out_kinds):
     vals = []
     for v, k, copy in zip(inner_outs, out_kinds, e.out_copy):
         if copy:
-            v = chainer.Variable(v.raw_array.copy(),
+            v = chainer.Variable(recorder.copy_exact(v.raw_array),
                                  requires_grad=v.requires_grad)
         vals.append(v if k == 'V' else v.raw_array)
     return vals

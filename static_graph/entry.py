@@ -557,7 +557,7 @@ class ReplayNode(function_node.FunctionNode):
             result = entry.run_forward.run(inputs)
             n = len(entry.forward.outputs)
             # Copy what later calls rewrite while no other thread can.
-            outs = tuple(o.copy() if c else o
+            outs = tuple(recorder.copy_exact(o) if c else o
                          for o, c in zip(result[:n], entry.out_copy))
         m = n + len(entry.saved)
         self.exposed = result[m:]
@@ -650,7 +650,7 @@ class RecordNode(function_node.FunctionNode):
     backward_accumulate = accumulate
 
     def forward(self, inputs):
-        return tuple(a.copy() for a in self.out_arrays)
+        return tuple(recorder.copy_exact(a) for a in self.out_arrays)
 
     def backward(self, indexes, grad_outputs):
         finish, self.finish = self.finish, None

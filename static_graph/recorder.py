@@ -69,6 +69,24 @@ def root_of(a):
     return a
 
 
+def copy_exact(a):
+    """A copy of ``a`` in fresh memory with ``a``'s very strides (a view's
+    gaps and a broadcast's zero strides included), so that NumPy's
+    reductions over it sum in the same order as over ``a``. Other arrays
+    (CuPy) get a copy in ``a``'s memory order."""
+    if type(a) is not numpy.ndarray or a.flags.c_contiguous or \
+            a.flags.f_contiguous or a.size == 0 or \
+            any(s % a.itemsize for s in a.strides):
+        return a.copy(order='K')
+    lo = sum(s * (n - 1) for s, n in zip(a.strides, a.shape) if s < 0)
+    hi = sum(s * (n - 1) for s, n in zip(a.strides, a.shape) if s > 0)
+    flat = numpy.empty((hi - lo) // a.itemsize + 1, a.dtype)
+    out = numpy.lib.stride_tricks.as_strided(
+        flat[-lo // a.itemsize:], a.shape, a.strides)
+    numpy.copyto(out, a)
+    return out
+
+
 def op_kind(node):
     fn = getattr(node, '_function', None)   # old-style chainer.Function
     return type(fn if fn is not None else node).__name__
@@ -213,10 +231,10 @@ def _detached_copy(v):
     if isinstance(v, chainer.Variable):
         a = v.raw_array
         return chainer.Variable(
-            a if a is None else traced.untraced(a).copy(),
+            a if a is None else copy_exact(traced.untraced(a)),
             requires_grad=False)
     if is_array(v):
-        return traced.untraced(v).copy()
+        return copy_exact(traced.untraced(v))
     return v
 
 

@@ -279,3 +279,4 @@ def test_two_calls_before_one_backward():
 def test_option_is_checked():
     with pytest.raises(TypeError, match='recompute must be True or False'):
         static_graph.static_graph(recompute='yes')
+

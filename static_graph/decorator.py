@@ -550,7 +550,18 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 rec, chain_map)
             if more_params:
                 rec.add_reason('a parameter is used only in backward')
-            if rec.reasons:
+            if set(analysis.chain_arrays(chain)) != set(chain_map):
+                # A parameter or persistent array was replaced (W.array =
+                # ...) between the call and this backward, which read the
+                # new one: not a recording of one consistent call. The next
+                # call records again.
+                cache.discard(key, e)
+                e.state = 'discarded'
+                diagnostics.logger.info(
+                    '%s.%s: a parameter array was replaced between the '
+                    'recorded call and its backward; not kept, the next '
+                    'call records again', type(chain).__name__, name)
+            elif rec.reasons:
                 fall_back(rec.reasons[0])
             else:
                 try:

@@ -371,6 +371,29 @@ def test_parameter_array_replacement_not_ignored():
         compare_chains(*models)
 
 
+def test_parameter_array_replaced_between_call_and_backward():
+    """``W.array = new`` after a call and before its backward, as a tool
+    that swaps weights might: define-by-run's backward reads the new array.
+    A recording call's backward did too, and that array, unknown to the
+    recording, was kept in the schedule and read by later replays once it
+    was no longer the parameter's (gradients off by 1.7). Such a recording
+    is not kept; the next call records again."""
+    def body(self, x):
+        return F.sum(self.l2(F.tanh(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    for i in range(6):
+        x = data(4, 3)
+        for m in models:
+            m.cleargrads()
+            loss = m(x)
+            if i % 3:
+                m.l2.W.array = m.l2.W.array + 0.5
+            loss.backward()
+        compare_chains(*models, rtol=0, atol=0)
+    assert cache(models[1]).replays >= 2
+
+
 def test_persistent_replacement_not_ignored():
     def body(self, x):
         return F.sum(self.l2(self.bn(self.l1(x))) ** 2)

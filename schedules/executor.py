@@ -70,14 +70,19 @@ class TieredSchedule(object):
             self.run = self._compile_run
         if self._table is None:
             self._table = _table(self.schedule, **self.options)
-        return _interpret(self._table, args, self.copyto)
+        return _interpret(self._table, args, self.copyto,
+                          self.options.get('copy', _copy))
 
     def __call__(self, args):
         return self.run(args)
 
 
+def _copy(a):
+    return a.copy(order='K')
+
+
 def _table(schedule, extra_outputs=(), copy_outputs=(), preset=(),
-           free=True):
+           free=True, copy=_copy):
     # The interpreter holds every buffer until it returns: ``free`` is for
     # compile_schedule.
     bufs = schedule.buffers
@@ -104,7 +109,7 @@ def _table(schedule, extra_outputs=(), copy_outputs=(), preset=(),
     return len(slot), bound, fixed, ops, rets
 
 
-def _interpret(table, args, copyto):
+def _interpret(table, args, copyto, copy=_copy):
     n, bound, fixed, ops, rets = table
     s = [None] * n
     for i, storage in fixed:
@@ -123,11 +128,11 @@ def _interpret(table, args, copyto):
                 s[i] = r[pos]
             else:
                 copyto(storage, r[pos])
-    return tuple(s[i].copy(order='K') if c else s[i] for i, c in rets)
+    return tuple(copy(s[i]) if c else s[i] for i, c in rets)
 
 
 def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
-                     preset=(), free=True):
+                     preset=(), free=True, copy=_copy):
     """Compile ``schedule``.
 
     copyto: ``copyto(dst, src)`` of the array module (numpy.copyto,
@@ -140,9 +145,11 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         the schedule inputs, in this order).
     free: release each buffer after its last use (False: when the run
         returns, for comparison).
+    copy: ``copy(array)`` for ``copy_outputs`` (default: NumPy's or CuPy's
+        copy in the array's memory order).
     """
     bufs = schedule.buffers
-    env = {'copyto': copyto}
+    env = {'copyto': copyto, 'copy': copy}
     lines = ['def run(args):']
     names = {}
 
@@ -228,7 +235,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     outs = []
     for b in tuple(schedule.outputs) + tuple(extra_outputs):
         r = ref(b)
-        outs.append(r + ".copy(order='K')" if b in copy_outputs else r)
+        outs.append('copy(%s)' % r if b in copy_outputs else r)
     lines.append('    return (%s)' % ''.join(o + ', ' for o in outs))
     source = '\n'.join(lines) + '\n'
     code = compile(source, '<schedule %s>' % schedule.name, 'exec')

@@ -579,7 +579,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 for pos, a, b in zip(targets, arrays, grad_in):
                     if a is not None and (bufs[b].static or bufs[b].role in
                                           entry_module._ESCAPE_ROLES):
-                        a = a.copy(order='K')
+                        a = recorder.copy_exact(a)
                     result[pos] = a
         return [chainer.Variable(a) if a is not None else None
                 for a in result]

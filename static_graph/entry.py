@@ -25,6 +25,7 @@ from schedules import planner
 from schedules import ir
 from schedules import recompute as schedule_recompute
 from static_graph import describe
+from static_graph import diagnostics
 from static_graph import lower_pass
 from static_graph import lowering
 from static_graph import recompute_rules
@@ -394,7 +395,8 @@ class Entry(object):
                          donate=plan_memory)
         self.run_forward = executor.TieredSchedule(
             self.forward, copyto, before_compile=lower_pass.lower_ops,
-            free=plan_memory, extra_outputs=self.forward.keep,
+            free=plan_memory, copy=recorder.copy_exact,
+            extra_outputs=self.forward.keep,
             copy_outputs=set(b for b in self.expose
                              if self._reused(bufs, b)))
         # What a later call overwrites, and so what a pending call's backward
@@ -415,19 +417,43 @@ class Entry(object):
             grad_bids = [b for b in grad_in if b is not None]
             self.backward = ir.Schedule('backward', bufs, bops, b_inputs,
                                         grad_bids)
+            # The incoming gradients' memory layouts, and the ops as
+            # recorded (their nodes' own kernels, which never write into
+            # their inputs): a backward whose gradients come in another
+            # layout runs these (see ReplayNode.backward).
+            self.grad_out_layouts = tuple(
+                signature.layout(bufs[b].storage) for b in gouts)
+            self._plain_backward_ops = [
+                ir.Op(op.kind, op.inputs, op.outputs, op._attrs, op.source,
+                      op.fn, op.select) for op in bops]
+            self._plain_backward = None
             lower_pass.lower(self.backward, handed_out | set(grad_bids),
                              donate=plan_memory)
-            copy_set = set(b for b in grad_bids
-                           if self._reused(bufs, b) or
-                           bufs[b].role in _ESCAPE_ROLES)
+            self._backward_copies = set(
+                b for b in grad_bids if self._reused(bufs, b) or
+                bufs[b].role in _ESCAPE_ROLES)
             self.run_backward = executor.TieredSchedule(
                 self.backward, copyto, before_compile=lower_pass.lower_ops,
-                free=plan_memory, copy_outputs=copy_set)
+                free=plan_memory, copy=recorder.copy_exact,
+                copy_outputs=self._backward_copies)
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
         release_recording(rec)
         self.state = 'complete'
+
+    def plain_backward(self):
+        """The backward schedule with every op's own node kernel: no kernel
+        that writes into an input, whose safety was decided on the
+        recording's memory layouts (compiled on first use)."""
+        if self._plain_backward is None:
+            sched = ir.Schedule('backward (as recorded)', self.backward.buffers,
+                                self._plain_backward_ops,
+                                self.backward.inputs, self.backward.outputs)
+            self._plain_backward = executor.TieredSchedule(
+                sched, self._copyto, copy=recorder.copy_exact,
+                copy_outputs=self._backward_copies)
+        return self._plain_backward
 
     def _reused(self, bufs, b):
         """Is buffer b memory that a later call writes again (static, or a
@@ -611,16 +637,27 @@ class ReplayNode(function_node.FunctionNode):
                         entry._copyto(s, v)
                     self.snapshot = None
                     entry.owner = weakref.ref(self)
+            run = entry.run_backward
+            if any(signature.layout(g) != lay
+                   for g, lay in zip(gys, entry.grad_out_layouts)):
+                # A gradient in another memory layout than the recorded
+                # one (the loss outside changed): which results are views
+                # of it may differ, so no kernel may write into an input.
+                run = entry.plain_backward()
+                diagnostics.logger.info(
+                    '%s: a gradient came in another memory layout than at '
+                    'recording; this backward runs the ops\' own kernels',
+                    entry.method_name)
             args = list(gys)
             args.extend(self.saved)
             self.saved = None   # the schedule frees each at its last use
             args.extend(p.array for p in entry.params)
             if entry._copyto is numpy.copyto:
-                grads = entry.run_backward.run(args)
+                grads = run.run(args)
             else:   # CuPy: run on the arrays' device, as apply does forward
                 with chainer.using_device(
                         backend.get_device_from_array(*args)):
-                    grads = entry.run_backward.run(args)
+                    grads = run.run(args)
         self.done = True
         self.saved = None
         by_input = {}

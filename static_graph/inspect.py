@@ -26,19 +26,28 @@ class CachedSchedule(collections.namedtuple(
         return self.entry.memory_plan()
 
 
+def _layout_text(layout):
+    if layout == 'C':
+        return ''
+    if layout == 'F':
+        return ' order=F'
+    return ' strides=(%s)' % ','.join(map(str, layout))
+
+
 def _spec_text(spec):
     tag = spec[0]
     if tag == 'V':
-        _, shape, dtype, dev, rg = spec
-        return 'Variable %s[%s]%s%s' % (
+        _, shape, dtype, dev, rg, layout = spec
+        return 'Variable %s[%s]%s%s%s' % (
             ir.dtype_short(numpy.dtype(dtype)), ','.join(map(str, shape)),
-            '' if dev == -1 else ' @gpu%s' % dev,
+            _layout_text(layout), '' if dev == -1 else ' @gpu%s' % dev,
             '' if rg else ' requires_grad=False')
     if tag == 'A':
-        _, shape, dtype, dev = spec
-        return '%s[%s]%s' % (ir.dtype_short(numpy.dtype(dtype)),
-                             ','.join(map(str, shape)),
-                             '' if dev == -1 else ' @gpu%s' % dev)
+        _, shape, dtype, dev, layout = spec
+        return '%s[%s]%s%s' % (ir.dtype_short(numpy.dtype(dtype)),
+                               ','.join(map(str, shape)),
+                               _layout_text(layout),
+                               '' if dev == -1 else ' @gpu%s' % dev)
     if tag in (tuple, list):
         inner = ', '.join(_spec_text(s) for s in spec[1])
         return '(%s)' % inner if tag is tuple else '[%s]' % inner

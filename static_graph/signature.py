@@ -50,6 +50,20 @@ def device_tag(array):
     return getattr(device, 'id', repr(device))
 
 
+def layout(array):
+    """The memory layout of an array, as a key: 'C', 'F', or its strides
+    (those of length-1 axes as 0, which no operation reads). NumPy decides
+    from it whether a reshape is a view or a copy, so a kernel may write
+    in place only into memory of the layout it was recorded with; and a
+    reduction sums in an order that follows it."""
+    if array.flags.c_contiguous:
+        return 'C'
+    if array.flags.f_contiguous:
+        return 'F'
+    return tuple(s if n > 1 else 0
+                 for s, n in zip(array.strides, array.shape))
+
+
 def flatten(arg_names, args, kwargs):
     """Return (spec, leaves, paths) for a call.
 
@@ -75,12 +89,13 @@ def flatten(arg_names, args, kwargs):
             leaves.append(obj)
             paths.append(path)
             return ('V', array.shape, array.dtype.str, device_tag(array),
-                    obj.requires_grad)
+                    obj.requires_grad, layout(array))
         if isinstance(obj, numpy.ndarray) or (cupy_nd and
                                               isinstance(obj, cupy_nd)):
             leaves.append(obj)
             paths.append(path)
-            return ('A', obj.shape, obj.dtype.str, device_tag(obj))
+            return ('A', obj.shape, obj.dtype.str, device_tag(obj),
+                    layout(obj))
         if isinstance(obj, _SCALARS):
             return (type(obj), obj)
         if isinstance(obj, (tuple, list)):

@@ -521,6 +521,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     def finish(grad_outputs):
         recording = e.state == 'recording'
         gys, outs_for_grad, grad_out_bids = [], [], []
+        position = {}   # id(output Variable) -> its index in outs_for_grad
+        more = []       # (index, gradient) of an output returned again
         for o, g in zip(inner_outs, grad_outputs):
             if g is None or not o.requires_grad:
                 grad_out_bids.append(None)
@@ -528,16 +530,29 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             ga = recorder.copy_exact(g.raw_array)
             grad_out_bids.append(rec.new_buffer(ga, ir.GRAD_OUT,
                                                 name='grad'))
+            if id(o) in position:
+                more.append((position[id(o)], chainer.Variable(ga)))
+                continue
+            position[id(o)] = len(outs_for_grad)
             gys.append(chainer.Variable(ga))
             outs_for_grad.append(o)
+
+        def backprop():
+            # ``return h, h``: chainer.grad keeps one gradient per output
+            # Variable, so the gradients of the copies are added first (an
+            # op of the recorded backward).
+            for i, g in more:
+                gys[i] = gys[i] + g
+            return chainer.grad(outs_for_grad, target_vars,
+                                grad_outputs=gys)
+
         if recording:
             rec.phase = 'backward'
             rec.labels = {id(op.node): op.source for op in rec.forward_ops}
             with rec:
-                grads = chainer.grad(outs_for_grad, target_vars,
-                                     grad_outputs=gys)
+                grads = backprop()
         else:
-            grads = chainer.grad(outs_for_grad, target_vars, grad_outputs=gys)
+            grads = backprop()
         arrays = [g.raw_array if g is not None else None for g in grads]
         result = [None] * (len(leaves) + len(param_objs))
         for pos, a in zip(targets, arrays):

@@ -394,6 +394,25 @@ def test_parameter_array_replaced_between_call_and_backward():
     assert cache(models[1]).replays >= 2
 
 
+def test_same_variable_returned_twice():
+    """``return h, h``: chainer.grad keeps one gradient per output
+    Variable, so the recorded backward dropped one (bias gradient 27
+    instead of 37)."""
+    def body(self, x):
+        h = self.l1(x)
+        return h, h
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(9, 3)
+        for m in models:
+            m.cleargrads()
+            h1, h2 = m(x)
+            (F.sum(h1 * h1) + F.sum(h2 * 3.0)).backward()
+        compare_chains(*models, rtol=0, atol=0)
+    assert cache(models[1]).replays == 3
+
+
 def test_persistent_replacement_not_ignored():
     def body(self, x):
         return F.sum(self.l2(self.bn(self.l1(x))) ** 2)

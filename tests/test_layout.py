@@ -9,7 +9,7 @@ import chainer.links as L
 
 import static_graph
 from static_graph.recorder import copy_exact
-from tests.twins import compare_chains
+from tests.twins import compare_chains, static_twins
 
 rs = numpy.random.RandomState(13)
 
@@ -42,10 +42,7 @@ def test_copies_handed_out_keep_the_memory_layout():
     the recording runs on its arguments in their layout: a reduction
     downstream (or inside) sums in the same order, so even the recording
     iteration matches bit for bit (C-ordered copies were 3e-5 off)."""
-    static = type('StaticConvBN', (ConvBN,),
-                  {'forward': static_graph.static_graph(ConvBN.forward)})
-    models = ConvBN(), static()
-    models[1].copyparams(models[0])
+    models = static_twins(ConvBN)
     for i in range(3):
         # The caller's batch is an NHWC array seen as NCHW.
         x = rs.standard_normal((4, 6, 6, 3)).astype('f').transpose(0, 3, 1, 2)
@@ -65,10 +62,7 @@ def test_gradient_and_input_views_keep_their_strides_in_the_recording():
     gradient it is handed; those copies keep the originals' strides (a
     broadcast's zero strides too, as F.average's backward hands over), so
     the recorded backward's reductions sum as define-by-run's do."""
-    static = type('StaticConvBN', (ConvBN,),
-                  {'forward': static_graph.static_graph(ConvBN.forward)})
-    models = ConvBN(), static()
-    models[1].copyparams(models[0])
+    models = static_twins(ConvBN)
     for i in range(3):
         row = rs.standard_normal((4, 3, 1, 6)).astype('f')
         x = numpy.broadcast_to(row, (4, 3, 6, 6))   # zero strides
@@ -93,12 +87,9 @@ def test_argument_layout_is_part_of_the_key():
     write into that copy; called with a C-ordered batch (a view of the
     training set), the reshape is a view of the caller's array: the same
     schedule wrote the ReLU into the training set. A layout is a key."""
-    static = type('StaticFlat', (Flat,),
-                  {'forward': static_graph.static_graph(Flat.forward)})
     data = rs.standard_normal((40, 3, 4, 4)).astype('f')
     nhwc = numpy.ascontiguousarray(data[:8].transpose(0, 2, 3, 1))
-    models = Flat(), static()
-    models[1].copyparams(models[0])
+    models = static_twins(Flat)
     kept = data.copy()
     for i in range(5):
         x = nhwc.transpose(0, 3, 1, 2) if i == 0 else data[8 * i:8 * i + 8]
@@ -115,20 +106,17 @@ def test_static_input_layouts_follow_the_call():
     """An input a node holds (F.where's condition) is copied into a buffer
     of the recording's layout at each replay: a broadcast mask there (one
     memory cell per row) garbled later full masks."""
-    def body(self, x, mask):
-        y = F.where(mask, x, F.broadcast_to(self.p, x.shape))
-        return F.sum(F.sum(y, axis=2) ** 2)
-
     class Net(chainer.Chain):
         def __init__(self):
             super(Net, self).__init__()
             with self.init_scope():
                 self.p = chainer.Parameter(numpy.zeros((1, 1, 1), 'f'))
 
-    plain = type('Plain', (Net,), {'forward': body})
-    static = type('Static', (Net,),
-                  {'forward': static_graph.static_graph(body)})
-    models = plain(), static()
+        def forward(self, x, mask):
+            y = F.where(mask, x, F.broadcast_to(self.p, x.shape))
+            return F.sum(F.sum(y, axis=2) ** 2)
+
+    models = static_twins(Net)
     for i in range(4):
         x = rs.standard_normal((6, 5, 40)).astype('f')
         mask = rs.standard_normal((6, 5, 40)) > 0
@@ -162,10 +150,7 @@ def test_gradient_in_another_layout_than_at_recording():
     C-ordered, the reshape is a view of the caller's gradient array, which
     Chainer also handed to ``w``: such a backward runs the ops' own kernels
     (w's gradient was off by 4.6)."""
-    static = type('StaticShaped', (Shaped,),
-                  {'forward': static_graph.static_graph(Shaped.forward)})
-    models = Shaped(), static()
-    models[1].copyparams(models[0])
+    models = static_twins(Shaped)
     for i in range(6):
         x = rs.standard_normal((4, 12)).astype('f')
         for m in models:
@@ -192,10 +177,7 @@ def test_gradient_passed_through_keeps_its_layout():
         def forward(self, h):
             return F.identity(h)
 
-    static = type('StaticThrough', (Through,),
-                  {'forward': static_graph.static_graph(Through.forward)})
-    models = Through(), static()
-    models[1].copyparams(models[0])
+    models = static_twins(Through)
     for i in range(5):
         x = rs.standard_normal((16, 29)).astype('f')
         for m in models:

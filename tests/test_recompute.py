@@ -14,7 +14,7 @@ import static_graph
 from schedules import ir
 from schedules import recompute
 from static_graph import recompute_rules
-from tests.twins import compare_chains, train_twins
+from tests.twins import compare_chains, static_twins, train_twins
 
 rs = numpy.random.RandomState(11)
 
@@ -193,10 +193,7 @@ def test_arrays_the_user_may_change_before_backward_are_not_read(change):
     """Define-by-run's backward uses the ReLU outputs of its forward. A
     recipe reading the caller's array, or one handed back, would see what
     user code wrote into it after the forward."""
-    static = type('StaticOnInput', (OnInput,),
-                  {'forward': static_graph.static_graph(OnInput.forward)})
-    models = OnInput(), static()
-    models[1].copyparams(models[0])
+    models = static_twins(OnInput)
     for i in range(4):
         x = rs.standard_normal((4, 3, 5, 5)).astype('f')
         for m in models:
@@ -243,10 +240,7 @@ def test_no_recipe_reads_memory_user_code_can_change(how):
     transposed view: changed in place between the call and its backward,
     define-by-run's saved ReLU output does not see it, so nothing is
     recomputed from that memory (no recipe formed before the fix here)."""
-    static = type('StaticAliases', (Aliases,),
-                  {'forward': static_graph.static_graph(Aliases.forward)})
-    models = Aliases(how), static(how)
-    models[1].copyparams(models[0])
+    models = static_twins(Aliases, how)
     for i in range(4):
         x = rs.standard_normal((4, 3, 5, 5)).astype('f')
         for m in models:

@@ -9,6 +9,7 @@ import numpy
 import chainer
 
 from static_graph.decorator import caches_of
+from static_graph.decorator import static_graph
 
 
 def assert_close(a, b, what, rtol=1e-5, atol=1e-6):
@@ -113,3 +114,14 @@ def twin_optimizers(models, make):
         o.setup(m)
         opts.append(o)
     return opts
+
+
+def static_twins(cls, *args, **options):
+    """(define-by-run chain, static chain): ``cls(*args)`` and the same
+    class with ``forward`` decorated (with ``options``), same parameters."""
+    deco = static_graph(**options) if options else static_graph
+    static = type('Static' + cls.__name__, (cls,),
+                  {'forward': deco(cls.forward)})
+    a, b = cls(*args), static(*args)
+    b.copyparams(a)
+    return a, b

@@ -356,6 +356,25 @@ def mark_captured(rec, chain_map):
                      if bid in op.inputs]
             for j in users or [None]:
                 python_array(j, reason)
+    # A backward() that changes an array its forward made in place and
+    # returns it as a gradient (connectionist_temporal_classification
+    # scales its softmax output so): the schedule would hand back the
+    # forward's values.
+    forward_made = set(b for op in rec.forward_ops for b in op.outputs)
+    for step in rec.steps:
+        if not step.resolve(rec.by_id):
+            continue
+        made = set(b for op in rec.backward_ops[step.start:step.end]
+                   for b in op.outputs)
+        for b in step.gx:
+            if b is not None and b in forward_made and b not in made and \
+                    b not in step.gy:
+                rec.add_reason(
+                    'the backward of %s returns as a gradient an array its '
+                    'forward made (%s), changed in place; replay would hand '
+                    'back the forward\'s values'
+                    % (step.label or 'an op', rec.buffers[b].name or
+                       '%%%d' % b))
     for step in rec.steps:
         if step.rerun:
             # backward() runs again at replay: hand it the numbers its

@@ -413,6 +413,28 @@ def test_same_variable_returned_twice():
     assert cache(models[1]).replays == 3
 
 
+def test_backward_returning_a_forward_array_changed_in_place():
+    """F.connectionist_temporal_classification's backward scales its
+    softmax output in place and returns it as the gradient: the schedule
+    handed back the forward's softmax instead (input gradients off by up to
+    0.6, a probe found it). Such a call falls back, with the reason."""
+    def body(self, x, t):
+        return F.connectionist_temporal_classification(
+            list(F.separate(x, axis=0)), t, 0)
+
+    models = make_twins(body)
+    for i in range(3):
+        x, t = data(3, 2, 5), rs.randint(1, 5, (2, 1)).astype('i')
+        grads = []
+        for m in models:
+            v = chainer.Variable(x.copy())
+            m(v, t).backward()
+            grads.append(v.grad)
+        assert_close(grads[0], grads[1], 'input gradient', rtol=0, atol=0)
+    assert states(models[1]) == ['fallback']
+    assert 'changed in place' in cache(models[1]).entries.popitem()[1].reason
+
+
 def test_persistent_replacement_not_ignored():
     def body(self, x):
         return F.sum(self.l2(self.bn(self.l1(x))) ** 2)

@@ -243,7 +243,15 @@ def _ir_ops(rec, rops):
     ops = []
     bufs = rec.buffers
     roots = stable_roots(bufs)
+    sums = set()     # indexes in rops of ops no backward() applied (the
+    #                  sums of gradient contributions backprop makes)
     if rops is rec.backward_ops:
+        inside = set()
+        for step in rec.steps:
+            inside.update(range(step.start, step.end))
+        sums = set(j for j in range(len(rops)) if j not in inside)
+        index = dict((id(rop), j) for j, rop in enumerate(rops))
+        rec.sum_ops = []
         by_node = dict((id(op.node), op) for op in rec.forward_ops)
         # In the order backprop ran them; a step that applied no node (its
         # backward() computed everything in Python) is empty but still runs
@@ -281,6 +289,8 @@ def _ir_ops(rec, rops):
                    rop.source, make_kernel(rop, static_attrs), rop.select)
         if lowering.candidate(rop):
             op.lower_from = rop     # kernel chosen by lower_pass.lower
+        if sums and index.get(id(rop)) in sums:
+            rec.sum_ops.append(op)
         ops.append(op)
     return ops
 
@@ -423,6 +433,10 @@ class Entry(object):
             # layout runs these (see ReplayNode.backward).
             self.grad_out_layouts = tuple(
                 signature.layout(bufs[b].storage) for b in gouts)
+            self._sum_chains = _sum_chains(
+                bops, set(id(op) for op in getattr(rec, 'sum_ops', ())),
+                grad_in)
+            self._accumulating = {}
             self._plain_backward_ops = [
                 ir.Op(op.kind, op.inputs, op.outputs, op._attrs, op.source,
                       op.fn, op.select) for op in bops]
@@ -441,6 +455,41 @@ class Entry(object):
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
         release_recording(rec)
         self.state = 'complete'
+
+    def accumulating_backward(self, ks):
+        """The backward schedule for a call whose targets ``ks`` (positions
+        in ``grad_targets``) already hold a gradient, which becomes an
+        input: define-by-run adds it to the first contribution and then
+        each next one (``((g + c1) + c2) + c3``); compiled on first use."""
+        run = self._accumulating.get(ks)
+        if run is not None:
+            return run
+        bufs = self.backward.buffers
+        ops = [ir.Op(op.kind, op.inputs, op.outputs, op._attrs, op.source,
+                     op.fn, op.select) for op in self.backward.ops]
+        before = {}
+        extra = []
+        for k in sorted(ks):
+            first, i = self._sum_chains[k]
+            g = max(bufs) + 1
+            bufs[g] = ir.Buffer(g, bufs[first].shape, bufs[first].dtype,
+                                ir.GRAD_OUT, name='earlier gradient')
+            s = g + 1
+            bufs[s] = ir.Buffer(s, bufs[first].shape, bufs[first].dtype,
+                                ir.TEMP)
+            extra.append(g)
+            before[i] = ir.Op('Add', (g, first), (s,), None, ops[i].source,
+                              _add_kernel)
+            ops[i].inputs = (s,) + ops[i].inputs[1:]
+        ops = [o for i, op in enumerate(ops)
+               for o in ((before[i], op) if i in before else (op,))]
+        sched = ir.Schedule('backward (accumulating)', bufs, ops,
+                            tuple(self.backward.inputs) + tuple(extra),
+                            self.backward.outputs)
+        run = self._accumulating[ks] = executor.TieredSchedule(
+            sched, self._copyto, copy=recorder.copy_exact,
+            free=self.plan_memory, copy_outputs=self._backward_copies)
+        return run
 
     def plain_backward(self):
         """The backward schedule with every op's own node kernel: no kernel
@@ -534,13 +583,46 @@ class Entry(object):
         return outs
 
 
+def _sum_chains(bops, sum_ids, grad_in):
+    """{target position: (its first gradient contribution, index in bops
+    of the first sum)} for targets whose gradient Chainer summed from two
+    or more contributions as it went (``(c1 + c2) + c3``)."""
+    producer = {}
+    for i, op in enumerate(bops):
+        for b in op.outputs:
+            producer[b] = i
+    out = {}
+    for k, b in enumerate(grad_in):
+        first = None
+        while b is not None:
+            i = producer.get(b)
+            if i is None or id(bops[i]) not in sum_ids or \
+                    bops[i].kind != 'Add' or len(bops[i].inputs) != 2 or \
+                    bops[i].fn is None:
+                break
+            first, b = i, bops[i].inputs[0]
+        if first is not None:
+            out[k] = (b, first)
+    return out
+
+
+def _add_kernel(a):
+    return (chainer.utils.force_array(a[0] + a[1]),)
+
+
 def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     """``backward_accumulate`` for our nodes. Chainer takes the gradients
     accumulated so far out of the input variables before calling it; if our
     backward fails (an exception, KeyboardInterrupt) they are put back, so
-    parameters keep their gradients."""
+    parameters keep their gradients. A replay adds such a gradient where
+    define-by-run does (``ReplayNode.backward``'s ``earlier``)."""
+    included = ()
     try:
-        gxs = node.backward(target_input_indexes, grad_outputs)
+        if isinstance(node, ReplayNode):
+            gxs, included = node.backward_from(
+                target_input_indexes, grad_outputs, grad_inputs)
+        else:
+            gxs = node.backward(target_input_indexes, grad_outputs)
     except BaseException:
         for i, g in zip(target_input_indexes, grad_inputs):
             if g is None:
@@ -549,8 +631,9 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
             if var is not None and var.grad_var is None:
                 var.grad_var = g
         raise
-    return tuple(gx if g is None else g if gx is None else gx + g
-                 for gx, g in zip(gxs, grad_inputs))
+    return tuple(gx if g is None or i in included else
+                 g if gx is None else g + gx
+                 for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
 
 
 class ReplayNode(function_node.FunctionNode):
@@ -596,6 +679,12 @@ class ReplayNode(function_node.FunctionNode):
     backward_accumulate = accumulate
 
     def backward(self, indexes, grad_outputs):
+        return self.backward_from(indexes, grad_outputs)[0]
+
+    def backward_from(self, indexes, grad_outputs, earlier=()):
+        """The gradients for ``indexes``, and the indexes whose gradient
+        already includes the one given in ``earlier`` (the gradients the
+        inputs held before, per index, or None)."""
         entry = self.entry
         if self.saved is None and self.done:
             raise RuntimeError(
@@ -638,12 +727,19 @@ class ReplayNode(function_node.FunctionNode):
                     self.snapshot = None
                     entry.owner = weakref.ref(self)
             run = entry.run_backward
+            held = {}   # target position -> the gradient it holds already
+            for i, g in zip(indexes, earlier):
+                k = entry.grad_targets.index(i)
+                if g is not None and k in entry._sum_chains:
+                    held[k] = g.raw_array
+            if held:
+                run = entry.accumulating_backward(frozenset(held))
             if any(signature.layout(g) != lay
                    for g, lay in zip(gys, entry.grad_out_layouts)):
                 # A gradient in another memory layout than the recorded
                 # one (the loss outside changed): which results are views
                 # of it may differ, so no kernel may write into an input.
-                run = entry.plain_backward()
+                run, held = entry.plain_backward(), {}
                 diagnostics.logger.info(
                     '%s: a gradient came in another memory layout than at '
                     'recording; this backward runs the ops\' own kernels',
@@ -652,6 +748,7 @@ class ReplayNode(function_node.FunctionNode):
             args.extend(self.saved)
             self.saved = None   # the schedule frees each at its last use
             args.extend(p.array for p in entry.params)
+            args.extend(held[k] for k in sorted(held))
             if entry._copyto is numpy.copyto:
                 grads = run.run(args)
             else:   # CuPy: run on the arrays' device, as apply does forward
@@ -664,9 +761,10 @@ class ReplayNode(function_node.FunctionNode):
         it = iter(grads)
         for target, slot in zip(entry.grad_targets, entry.grad_slots):
             by_input[target] = next(it) if slot is not None else None
+        included = set(entry.grad_targets[k] for k in held)
         return tuple(
             chainer.Variable(by_input[i]) if by_input.get(i) is not None
-            else None for i in indexes)
+            else None for i in indexes), included
 
 
 class RecordNode(function_node.FunctionNode):

@@ -435,6 +435,32 @@ def test_backward_returning_a_forward_array_changed_in_place():
     assert 'changed in place' in cache(models[1]).entries.popitem()[1].reason
 
 
+def test_gradient_accumulation_with_a_weight_used_several_times():
+    """Micro-batches without cleargrads, the same Linear applied three
+    times (an unrolled RNN): define-by-run adds the gradient the parameter
+    holds to the first contribution, then each next one; replay added it
+    to the method's sum (last bits differed, a probe found it). The
+    backward then runs a variant taking that gradient as an input."""
+    def body(self, x):
+        h = x
+        for _ in range(3):
+            h = F.tanh(self.l(h))
+        return F.sum(h)
+
+    def init(self):
+        self.l = L.Linear(4, 4)
+
+    models = make_twins(body, init)
+    for m in models:
+        m.cleargrads()
+    for i in range(4):
+        x = data(2, 4)
+        for m in models:
+            m(chainer.Variable(x)).backward()
+        compare_chains(*models, rtol=0, atol=0)
+    assert cache(models[1]).replays == 3
+
+
 def test_persistent_replacement_not_ignored():
     def body(self, x):
         return F.sum(self.l2(self.bn(self.l1(x))) ** 2)

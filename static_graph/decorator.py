@@ -291,8 +291,9 @@ def _attr_changes(rec, snapshot):
             elif recorder.is_array(v):
                 a = rec._untrace(v, 'attribute ' + k)
                 writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
-            elif isinstance(v, _SAFE_ATTR_TYPES) and old == v:
-                continue
+            elif type(v) in _SAFE_ATTR_TYPES and type(old) is type(v) and \
+                    old == v:
+                continue     # (a Variable or array before: not ==)
             else:
                 rec.add_reason('the method sets attribute %r (%s), which '
                                'replay would not repeat'

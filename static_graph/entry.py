@@ -453,6 +453,8 @@ class Entry(object):
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
+        self.link_sizes = tuple((link, len(link.__dict__))
+                                for link, _, _ in self.link_sets)
         release_recording(rec)
         self.state = 'complete'
 
@@ -565,7 +567,11 @@ class Entry(object):
                     getattr(link, '_children', children) != children:
                 return False
         # Plain attributes of the links (a temperature, a flag) read by the
-        # method: a change needs a new recording.
+        # method: a change needs a new recording; so does one added or
+        # deleted (an instance attribute now shadowing a class default).
+        for link, n in self.link_sizes:
+            if len(link.__dict__) != n:
+                return False
         now = tuple([d.get(k) for d, k in self.link_attr_pairs])
         try:
             return now == self.link_attr_values

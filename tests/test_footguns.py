@@ -461,6 +461,60 @@ def test_gradient_accumulation_with_a_weight_used_several_times():
     assert cache(models[1]).replays == 3
 
 
+def test_instance_attribute_shadowing_a_class_default():
+    """``model.temperature = 2.0`` where ``temperature`` was a class
+    attribute (L.Classifier's ``compute_accuracy``): the instance dict had
+    no such name at recording, so the key missed it (outputs off by 1.35;
+    found by a probe). Adding or deleting a link attribute records again."""
+    class Net(chainer.Chain):
+        temperature = 1.0
+
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                _mlp(self)
+
+        def forward(self, x):
+            return F.sum(self.l2(self.l1(x)) / self.temperature)
+
+    static = type('StaticNet', (Net,),
+                  {'forward': static_graph.static_graph(Net.forward)})
+    models = Net(), static()
+    models[1].copyparams(models[0])
+    for i, temperature in enumerate([None, None, 2.0, 2.0, 'delete']):
+        x = data(4, 3)
+        for m in models:
+            if temperature == 'delete':
+                del m.temperature
+            elif temperature is not None:
+                m.temperature = temperature
+            m.cleargrads()
+            m(x).backward()
+        compare_chains(*models, rtol=0, atol=0)
+    assert cache(models[1]).recordings == 3
+
+
+def test_attribute_holding_a_variable_reset_to_none():
+    """The method sets ``self.extra = None`` and, with ``keep``, a Variable:
+    recording the ``keep=False`` key after a ``keep=True`` call compared the
+    old Variable with None using == (TypeError). Such a key falls back."""
+    def body(self, x, keep=True):
+        y = self.l1(x)
+        self.extra = None
+        if keep:
+            self.extra = F.sum(y)
+        return F.sum(y * y)
+
+    models = make_twins(body)
+    for keep in (True, False, True, False):
+        x = data(4, 3)
+        for m in models:
+            m.cleargrads()
+            m(x, keep=keep).backward()
+        assert (models[0].extra is None) == (models[1].extra is None)
+        compare_chains(*models, rtol=0, atol=0)
+
+
 def test_persistent_replacement_not_ignored():
     def body(self, x):
         return F.sum(self.l2(self.bn(self.l1(x))) ** 2)

@@ -72,6 +72,15 @@ class Buffer(object):
             ' ' + self.name if self.name else '')
 
 
+def add_buffer(buffers, like, role, name=None, storage=None):
+    """A new buffer in ``buffers`` (a schedule's table) with ``like``'s
+    shape and dtype; returns its id."""
+    b = max(buffers) + 1
+    buffers[b] = Buffer(b, like.shape, like.dtype, role, name=name,
+                        storage=storage)
+    return b
+
+
 class Op(object):
     """One step of a schedule: ``outputs = fn(inputs)``.
 
@@ -110,6 +119,12 @@ class Op(object):
     @attrs.setter
     def attrs(self, value):
         self._attrs = value
+
+    def copy(self):
+        """The same op (kind, buffers, attributes, source, kernel) as a new
+        object, for another schedule over the same buffers."""
+        return Op(self.kind, self.inputs, self.outputs, self._attrs,
+                  self.source, self.fn, self.select)
 
     def __repr__(self):
         return 'Op(%s %r -> %r)' % (self.kind, self.inputs, self.outputs)

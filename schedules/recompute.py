@@ -32,13 +32,6 @@ def _snapshot(a):
     return (a[0].copy(),)
 
 
-def _new_buffer(buffers, like, name, storage):
-    nb = max(buffers) + 1
-    buffers[nb] = ir.Buffer(nb, like.shape, like.dtype, ir.TEMP, name=name,
-                            storage=storage)
-    return nb
-
-
 def rematerialize(buffers, forward_ops, backward_ops, saved, recipes,
                   live=()):
     """``(forward_ops, backward_ops, saved)`` where each buffer ``b`` of
@@ -66,8 +59,8 @@ def rematerialize(buffers, forward_ops, backward_ops, saved, recipes,
     for b in sorted(first):
         for x in recipes[b].inputs:
             if x in live and x not in copies:
-                copies[x] = _new_buffer(buffers, buffers[x],
-                                        'snapshot %%%d' % x, None)
+                copies[x] = ir.add_buffer(buffers, buffers[x], ir.TEMP,
+                                          'snapshot %%%d' % x)
                 forward_ops.append(ir.Op('Snapshot', (x,), (copies[x],),
                                          fn=_snapshot))
     rename = {}
@@ -75,9 +68,9 @@ def rematerialize(buffers, forward_ops, backward_ops, saved, recipes,
     for b, i in sorted(first.items()):
         # The recorded array as storage: a later op's kernel is chosen by
         # checks on recorded arrays.
-        rename[b] = nb = _new_buffer(buffers, buffers[b],
-                                     'recomputed %%%d' % b,
-                                     buffers[b].storage)
+        rename[b] = nb = ir.add_buffer(buffers, buffers[b], ir.TEMP,
+                                       'recomputed %%%d' % b,
+                                       buffers[b].storage)
         r = recipes[b]
         before.setdefault(i, []).append(
             ir.Op(r.kind, [copies.get(x, x) for x in r.inputs], (nb,),

@@ -250,7 +250,6 @@ def _side_effects(e, exposed, outs):
 
 
 # -- recording ------------------------------------------------------------------
-_SAFE_ATTR_TYPES = (type(None), bool, int, float, str)
 
 
 class _Unreplayable(Exception):
@@ -291,7 +290,7 @@ def _attr_changes(rec, snapshot):
             elif recorder.is_array(v):
                 a = rec._untrace(v, 'attribute ' + k)
                 writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
-            elif type(v) in _SAFE_ATTR_TYPES and type(old) is type(v) and \
+            elif type(v) in _PLAIN and type(old) is type(v) and \
                     old == v:
                 continue     # (a Variable or array before: not ==)
             else:

@@ -243,15 +243,14 @@ def _ir_ops(rec, rops):
     ops = []
     bufs = rec.buffers
     roots = stable_roots(bufs)
-    sums = set()     # indexes in rops of ops no backward() applied (the
-    #                  sums of gradient contributions backprop makes)
+    sums = set()     # ids of rops no backward() applied (the sums of
+    #                  gradient contributions backprop makes)
     if rops is rec.backward_ops:
         inside = set()
         for step in rec.steps:
             inside.update(range(step.start, step.end))
-        sums = set(j for j in range(len(rops)) if j not in inside)
-        index = dict((id(rop), j) for j, rop in enumerate(rops))
-        rec.sum_ops = []
+        sums = set(id(rop) for j, rop in enumerate(rops) if j not in inside)
+        rec.sum_ops = set()   # ids of their IR ops
         by_node = dict((id(op.node), op) for op in rec.forward_ops)
         # In the order backprop ran them; a step that applied no node (its
         # backward() computed everything in Python) is empty but still runs
@@ -289,8 +288,8 @@ def _ir_ops(rec, rops):
                    rop.source, make_kernel(rop, static_attrs), rop.select)
         if lowering.candidate(rop):
             op.lower_from = rop     # kernel chosen by lower_pass.lower
-        if sums and index.get(id(rop)) in sums:
-            rec.sum_ops.append(op)
+        if id(rop) in sums:
+            rec.sum_ops.add(id(op))
         ops.append(op)
     return ops
 
@@ -433,25 +432,21 @@ class Entry(object):
             # layout runs these (see ReplayNode.backward).
             self.grad_out_layouts = tuple(
                 signature.layout(bufs[b].storage) for b in gouts)
-            self._sum_chains = _sum_chains(
-                bops, set(id(op) for op in getattr(rec, 'sum_ops', ())),
-                grad_in)
+            self._sum_chains = _sum_chains(bops, rec.sum_ops, grad_in)
             self._accumulating = {}
-            self._plain_backward_ops = [
-                ir.Op(op.kind, op.inputs, op.outputs, op._attrs, op.source,
-                      op.fn, op.select) for op in bops]
+            self._plain_backward_ops = [op.copy() for op in bops]
             self._plain_backward = None
             lower_pass.lower(self.backward, handed_out | set(grad_bids),
                              donate=plan_memory)
             self._backward_copies = set(
                 b for b in grad_bids if self._reused(bufs, b) or
                 bufs[b].role in _ESCAPE_ROLES)
-            self.run_backward = executor.TieredSchedule(
-                self.backward, copyto, before_compile=lower_pass.lower_ops,
-                free=plan_memory, copy=recorder.copy_exact,
-                copy_outputs=self._backward_copies)
+            self.run_backward = self._backward_runner(
+                self.backward, before_compile=lower_pass.lower_ops)
             self.grad_slots = tuple(grad_in)        # per target; None = none
             self.grad_targets = tuple(grad_targets)  # outer input positions
+            self.target_position = dict(
+                (t, k) for k, t in enumerate(grad_targets))
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
         self.link_sizes = tuple((link, len(link.__dict__))
                                 for link, _, _ in self.link_sets)
@@ -467,18 +462,14 @@ class Entry(object):
         if run is not None:
             return run
         bufs = self.backward.buffers
-        ops = [ir.Op(op.kind, op.inputs, op.outputs, op._attrs, op.source,
-                     op.fn, op.select) for op in self.backward.ops]
+        ops = [op.copy() for op in self.backward.ops]
         before = {}
         extra = []
         for k in sorted(ks):
             first, i = self._sum_chains[k]
-            g = max(bufs) + 1
-            bufs[g] = ir.Buffer(g, bufs[first].shape, bufs[first].dtype,
-                                ir.GRAD_OUT, name='earlier gradient')
-            s = g + 1
-            bufs[s] = ir.Buffer(s, bufs[first].shape, bufs[first].dtype,
-                                ir.TEMP)
+            g = ir.add_buffer(bufs, bufs[first], ir.GRAD_OUT,
+                              'earlier gradient')
+            s = ir.add_buffer(bufs, bufs[first], ir.TEMP)
             extra.append(g)
             before[i] = ir.Op('Add', (g, first), (s,), None, ops[i].source,
                               _add_kernel)
@@ -488,9 +479,7 @@ class Entry(object):
         sched = ir.Schedule('backward (accumulating)', bufs, ops,
                             tuple(self.backward.inputs) + tuple(extra),
                             self.backward.outputs)
-        run = self._accumulating[ks] = executor.TieredSchedule(
-            sched, self._copyto, copy=recorder.copy_exact,
-            free=self.plan_memory, copy_outputs=self._backward_copies)
+        run = self._accumulating[ks] = self._backward_runner(sched)
         return run
 
     def plain_backward(self):
@@ -501,10 +490,17 @@ class Entry(object):
             sched = ir.Schedule('backward (as recorded)', self.backward.buffers,
                                 self._plain_backward_ops,
                                 self.backward.inputs, self.backward.outputs)
-            self._plain_backward = executor.TieredSchedule(
-                sched, self._copyto, copy=recorder.copy_exact,
-                copy_outputs=self._backward_copies)
+            self._plain_backward = self._backward_runner(sched)
         return self._plain_backward
+
+    def _backward_runner(self, schedule, **options):
+        """How a backward schedule (or a variant over its buffers) runs:
+        gradients that later calls could overwrite are handed out as
+        copies in their own layout."""
+        return executor.TieredSchedule(
+            schedule, self._copyto, free=self.plan_memory,
+            copy=recorder.copy_exact, copy_outputs=self._backward_copies,
+            **options)
 
     def _reused(self, bufs, b):
         """Is buffer b memory that a later call writes again (static, or a
@@ -735,9 +731,10 @@ class ReplayNode(function_node.FunctionNode):
             run = entry.run_backward
             held = {}   # target position -> the gradient it holds already
             for i, g in zip(indexes, earlier):
-                k = entry.grad_targets.index(i)
-                if g is not None and k in entry._sum_chains:
-                    held[k] = g.raw_array
+                if g is not None:
+                    k = entry.target_position[i]
+                    if k in entry._sum_chains:
+                        held[k] = g.raw_array
             if held:
                 run = entry.accumulating_backward(frozenset(held))
             if any(signature.layout(g) != lay

@@ -39,7 +39,7 @@ def attrs_with_kernel(node, name):
     return dict(describe.describe(node), kernel=name)
 
 
-def _memory_groups(bufs):
+def memory_groups(bufs):
     """id(root array) -> buffer ids whose arrays share that memory."""
     groups = {}
     for b, buf in bufs.items():
@@ -57,7 +57,7 @@ def donations(schedule, keep):
     for i, op in enumerate(schedule.ops):
         for b in op.inputs:
             last[b] = i
-    groups = _memory_groups(bufs)
+    groups = memory_groups(bufs)
 
     def untouchable(b, i):
         buf = bufs[b]

@@ -24,6 +24,7 @@ import numpy
 
 from schedules import ir
 from schedules import recompute
+from static_graph import lower_pass
 from static_graph import lowering
 from static_graph import recorder
 
@@ -144,11 +145,7 @@ def recipes(rec, saved, available, exclude, backward_ops):
     candidates = [b for b in saved if b in producer and
                   producer[b].kind in RULES]
     cand = set(candidates)
-    groups = {}
-    for x, buf in bufs.items():
-        if buf.storage is not None:
-            groups.setdefault(id(recorder.root_of(buf.storage)),
-                              []).append(x)
+    groups = lower_pass.memory_groups(bufs)
 
     def private(x):
         """Is x's memory written by replay alone? Not if it is (or is a

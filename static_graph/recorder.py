@@ -8,6 +8,7 @@ node such as Dropout draws a fresh mask instead of reusing the old one).
 The wrappers are installed only while some thread records; other threads
 pass straight through.
 """
+import random
 import sys
 import threading
 
@@ -37,6 +38,49 @@ _NUMPY_CONSTRUCTORS = ('asarray', 'array', 'ascontiguousarray',
 _orig_numpy = dict((name, getattr(numpy, name))
                    for name in _NUMPY_CONSTRUCTORS)
 _VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
+
+
+def _global_rng_functions(module, instance, skip):
+    """The module-level functions of ``module`` that are methods of its
+    global generator ``instance`` (numpy.random.rand, random.random...)."""
+    return dict((name, fn) for name, fn in vars(module).items()
+                if getattr(fn, '__self__', None) is instance and
+                not name.startswith('_') and name not in skip)
+
+
+def _flag_draw(module_name, name):
+    orig = _orig_rng[module_name, name]
+
+    def draw(*args, **kwargs):
+        rec = getattr(_local, 'recording', None)
+        if rec is not None and not rec.depth and not sys._getframe(
+                1).f_code.co_filename.startswith(traced.INTERNAL_DIRS):
+            rec.add_reason(
+                'user code draws random numbers (%s.%s) at %s; replay '
+                'would freeze them (use Chainer functions such as '
+                'F.dropout or F.gaussian, or pass them in as arguments)'
+                % (module_name, name, traced.user_location(2)))
+        return orig(*args, **kwargs)
+
+    draw.__name__ = name
+    draw.__doc__ = orig.__doc__
+    return draw
+
+
+# The global generators of numpy.random and of Python's random module, whose
+# draws user code makes between Chainer functions (a mixup coefficient, a
+# random augmentation): not repeated by replay. While recording, such a
+# draw (or a reseeding) from user code is a reason to fall back.
+_RNG_MODULES = {'numpy.random': numpy.random, 'random': random}
+_orig_rng = {}
+for _m, _inst, _skip in (
+        ('numpy.random', numpy.random.mtrand._rand, ('get_state',)),
+        ('random', random._inst, ('getstate', 'getrandbits'))):
+    for _name, _fn in _global_rng_functions(
+            _RNG_MODULES[_m], _inst, _skip).items():
+        _orig_rng[_m, _name] = _fn
+del _m, _inst, _skip, _name, _fn
+_patched_rng = dict((key, _flag_draw(*key)) for key in _orig_rng)
 
 _install_lock = threading.Lock()
 _install_count = 0
@@ -297,6 +341,8 @@ def install():
             _backprop_utils.backprop_step = _patched_backprop_step
             for name, fn in _patched_numpy.items():
                 setattr(numpy, name, fn)
+            for (module, name), fn in _patched_rng.items():
+                setattr(_RNG_MODULES[module], name, fn)
         _install_count += 1
 
 
@@ -311,6 +357,8 @@ def uninstall():
             _backprop_utils.backprop_step = _orig_backprop_step
             for name, fn in _orig_numpy.items():
                 setattr(numpy, name, fn)
+            for (module, name), fn in _orig_rng.items():
+                setattr(_RNG_MODULES[module], name, fn)
 
 
 class RecordedOp(object):

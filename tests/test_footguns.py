@@ -925,24 +925,50 @@ def test_chain_attribute_read_by_the_method():
         compare_chains(*models)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'documented limit (README, "Design limits"): a Python value computed in '
-    'the method from something other than its arguments, link attributes '
-    'or chainer.config (random.random(), time, a global) is frozen at '
-    'recording, as with tf.function; pass it as an argument'))
-def test_python_random_scalar_in_the_method():
+@pytest.mark.parametrize('draw', [
+    lambda: random.uniform(0.5, 1.5),
+    lambda: numpy.random.uniform(0.5, 1.5),
+    # A (1, 1) array: uniform, so it would pass for a constant.
+    lambda: numpy.random.beta(0.4, 0.4, size=(1, 1)).astype(numpy.float32),
+])
+def test_random_draw_in_the_method_falls_back(draw):
+    """A mixup coefficient or random scale drawn from Python's or NumPy's
+    global generator between Chainer functions: replay would not draw it
+    again."""
     def body(self, x):
-        return F.sum(self.l2(F.relu(self.l1(x))) * random.uniform(0.5, 1.5))
+        return F.sum(self.l2(F.relu(self.l1(x))) * draw())
+
+    models = make_twins(body)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always', StaticGraphWarning)
+        for i in range(4):
+            x = data(4, 3)
+            losses = []
+            for m in models:
+                random.seed(i)
+                numpy.random.seed(i)
+                losses.append(train_step(m, x).array)
+            assert_close(losses[0], losses[1], 'loss %d' % i, rtol=0,
+                         atol=0)
+            compare_chains(*models, rtol=0, atol=0)
+    assert states(models[1]) == ['fallback']
+    assert any('draws random numbers' in str(x.message) and
+               'test_footguns.py' in str(x.message) for x in w)
+
+
+def test_random_draws_inside_functions_still_replay():
+    """Chainer's own draws (F.dropout's mask) happen inside a function and
+    are made again by replay: no fallback."""
+    def body(self, x):
+        return F.sum(self.l2(F.dropout(F.relu(self.l1(x)), 0.3)))
 
     models = make_twins(body)
     for i in range(4):
         x = data(4, 3)
-        losses = []
-        for m in models:
-            random.seed(i)
-            losses.append(train_step(m, x).array)
-        assert_close(losses[0], losses[1], 'loss %d' % i)
-        compare_chains(*models)
+        la, lb = both(models, lambda m: train_step(m, x), seed=i)
+        assert_close(la.array, lb.array, 'loss %d' % i, rtol=0, atol=0)
+        compare_chains(*models, rtol=0, atol=0)
+    assert states(models[1]) == ['complete']
 
 
 def test_user_config_flag_read_by_the_method():

@@ -521,13 +521,44 @@ class Recording(object):
         if not isinstance(a, traced.TracedArray):
             return a
         base = self.traced_views.get(id(a))
-        if base is None:
-            self.add_reason(
-                'an array computed with NumPy from input or Variable values '
-                'enters %s at %s; replay would freeze it (use Chainer '
-                'functions instead)' % (kind, traced.user_location(3)))
-            return traced.plain(a)
-        return base
+        if base is not None:
+            return base
+        plain = traced.plain(a)
+        if self._view_of_buffer(plain):
+            # x[:, None], x[::-1], a reshape: the recorded view, whose base
+            # replay keeps static, shows every call's values.
+            return plain
+        self.add_reason(
+            'an array computed with NumPy from input or Variable values '
+            'enters %s at %s; replay would freeze it (use Chainer '
+            'functions instead)' % (kind, traced.user_location(3)))
+        return plain
+
+    def _view_of_buffer(self, a):
+        root = root_of(a)
+        return root is not a and id(root) in self.by_id
+
+    def _check_nested(self, kind, value):
+        """Arrays held inside a node's tuple or list attribute (GetItem's
+        ``slices``): a view of a recorded buffer is seen like any, one
+        computed from values is not, and a boolean mask decides the shape
+        of the result."""
+        for x in value:
+            if type(x) in (tuple, list):
+                self._check_nested(kind, x)
+            elif isinstance(x, traced.TracedArray):
+                if x.dtype == numpy.bool_:
+                    self.add_reason(
+                        '%s indexes with a boolean mask from the data at '
+                        '%s: the shape of its result depends on the '
+                        'values' % (kind, traced.user_location(4)))
+                elif id(x) not in self.traced_views and \
+                        not self._view_of_buffer(x):
+                    self.add_reason(
+                        'an array computed with NumPy from input or '
+                        'Variable values is used by %s at %s; replay would '
+                        'freeze it (use Chainer functions instead)'
+                        % (kind, traced.user_location(4)))
 
     # -- hooks ----------------------------------------------------------------
     def on_apply(self, node, inputs):
@@ -576,6 +607,8 @@ class Recording(object):
                 # Handed to the constructor, not as an input (F.where's
                 # condition): a view of a buffer is fine, derived is not.
                 d[k] = pre[k] = self._untrace(v, kind)
+            elif type(v) in (tuple, list):
+                self._check_nested(kind, v)
         self.depth += 1
         try:
             outs = _orig_apply(node, inputs)

@@ -76,6 +76,24 @@ class TracedArray(numpy.ndarray):
         _flag_write(self, '[...] =')
         numpy.ndarray.__setitem__(self, key, value)
 
+    def __getitem__(self, key):
+        if _has_traced_mask(key):
+            _flag('indexing with a boolean mask (the result\'s shape '
+                  'depends on the values)')
+        out = numpy.ndarray.__getitem__(self, key)
+        if not isinstance(out, numpy.ndarray):
+            _flag('reading an element, x[i, j]')
+        return out
+
+    # Methods whose result's shape depends on the values.
+    def nonzero(self):
+        _flag('.nonzero()')
+        return numpy.ndarray.nonzero(self)
+
+    def compress(self, *args, **kwargs):
+        _flag('.compress()')
+        return numpy.ndarray.compress(self, *args, **kwargs)
+
     for _name, _symbol in (
             ('__iadd__', '+='), ('__isub__', '-='), ('__imul__', '*='),
             ('__itruediv__', '/='), ('__ifloordiv__', '//='),
@@ -86,9 +104,15 @@ class TracedArray(numpy.ndarray):
     del _name, _symbol
 
     def __array_wrap__(self, obj, context=None, return_scalar=False):
-        # Keep 0-d results as traced arrays so `x.sum() > 0` stays traced.
         if not isinstance(obj, numpy.ndarray):
             obj = numpy.asarray(obj)
+        if obj.ndim == 0 and self.ndim > 0:
+            # A reduction to one number (x.sum(), numpy.sum(t >= 0)): a
+            # value read. Handed back as the NumPy scalar define-by-run
+            # gets, so this call computes what it would (Chainer takes
+            # ``v / n`` by a scalar another way than by an array).
+            _flag('a reduction to one value, x.sum()')
+            return obj[()]
         return obj.view(TracedArray)
 
     def __bool__(self):
@@ -141,20 +165,56 @@ class TracedArray(numpy.ndarray):
         # NumPy functions on traced arrays give traced results (a copy
         # made by numpy.copy stays traced); a plain number or bool computed
         # from them (numpy.array_equal, numpy.allclose) is a value read.
+        if _shape_from_values(func.__name__, args, kwargs):
+            _flag('numpy.%s() (its result\'s shape depends on the values)'
+                  % func.__name__)
         result = numpy.ndarray.__array_function__(self, func, types, args,
                                                   kwargs)
-        if isinstance(result, (bool, int, float, complex)):
+        if isinstance(result, (bool, int, float, complex, numpy.generic)):
             _flag('numpy.%s()' % func.__name__)
             return result
         return retrace(result)
+
+
+# NumPy functions whose result's shape depends on the values of some of
+# their arguments: name -> (positions, keywords) of those arguments.
+_VALUE_SHAPED = {
+    'nonzero': ((0,), ('a',)), 'argwhere': ((0,), ('a',)),
+    'flatnonzero': ((0,), ('a',)), 'unique': ((0,), ('ar',)),
+    'extract': ((0,), ('condition',)), 'compress': ((0,), ('condition',)),
+    'bincount': ((0, 1), ('x', 'weights', 'minlength')),
+    'trim_zeros': ((0,), ('filt',)),
+    'setdiff1d': ((0, 1), ('ar1', 'ar2')),
+    'intersect1d': ((0, 1), ('ar1', 'ar2')),
+    'union1d': ((0, 1), ('ar1', 'ar2')),
+    'setxor1d': ((0, 1), ('ar1', 'ar2')),
+    'delete': ((1,), ('obj',)), 'insert': ((1,), ('obj',)),
+    'repeat': ((1,), ('repeats',)),
+}
+
+
+def _shape_from_values(name, args, kwargs):
+    if name == 'where':   # numpy.where(condition): numpy.nonzero
+        return len(args) + len(kwargs) == 1
+    spec = _VALUE_SHAPED.get(name)
+    if spec is None:
+        return False
+    positions, keywords = spec
+    return any(isinstance(args[i], TracedArray) for i in positions
+               if i < len(args)) or any(
+        isinstance(kwargs.get(k), TracedArray) for k in keywords)
+
+
+def _has_traced_mask(key):
+    keys = key if type(key) is tuple else (key,)
+    return any(isinstance(k, TracedArray) and k.dtype == numpy.bool_
+               for k in keys)
 
 
 def retrace(result):
     """Plain ndarrays (and NumPy scalars) in a result, as TracedArrays."""
     if type(result) is numpy.ndarray:
         return result.view(TracedArray)
-    if isinstance(result, numpy.generic):
-        return numpy.asarray(result).view(TracedArray)
     if type(result) in (tuple, list):
         return type(result)(retrace(r) for r in result)
     return result

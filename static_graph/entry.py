@@ -45,6 +45,9 @@ def make_kernel(rop, static_attrs):
     pre-forward attributes restored first, the arrays it was built with
     rebound and its hidden state returned."""
     kernel = _state_kernel(rop, static_attrs)
+    if rop.nones:
+        kernel = _none_filling_kernel(kernel, rop.nones,
+                                      len(rop.inputs) + len(rop.nones))
     if rop.rebind:
         kernel = _rebinding_kernel(kernel, recorder.attrs(rop.node),
                                    len(rop.inputs),
@@ -73,6 +76,20 @@ def _state_kernel(rop, static_attrs):
             for k, storage in static_attrs:
                 d[k] = storage   # live readers see the refreshed storage
         return out
+
+    return kernel
+
+
+def _none_filling_kernel(inner, nones, n):
+    """The node had None among its n inputs, at positions ``nones``: it
+    gets them again between the arrays."""
+    arrays = tuple(i for i in range(n) if i not in nones)
+
+    def kernel(inputs):
+        full = [None] * n
+        for i, a in zip(arrays, inputs):
+            full[i] = a
+        return inner(tuple(full))
 
     return kernel
 

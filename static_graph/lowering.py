@@ -323,6 +323,8 @@ STATEFUL = {
 def candidate(rop):
     """May ``rop`` get a cheaper kernel (proposed by propose, checked by
     same_results)?"""
+    if rop.nones:
+        return False
     if rop.state:
         return rop.kind in STATEFUL
     return rop.kind in FAST or rop.kind in DONATING

@@ -363,7 +363,7 @@ def uninstall():
 
 class RecordedOp(object):
     __slots__ = ('node', 'kind', 'inputs', 'outputs', 'select', 'state',
-                 'restore', 'source', 'attrs', 'rebind')
+                 'restore', 'source', 'attrs', 'rebind', 'nones')
 
     def __init__(self, node, kind, inputs, outputs, select, state, restore,
                  source, attrs):
@@ -379,6 +379,10 @@ class RecordedOp(object):
         # [(attr, buffer id)]: arrays the node was built with, passed to it
         # as extra inputs at every replay (analysis.mark_captured).
         self.rebind = []
+        # Positions of the node's inputs that were None (LSTMGrad's
+        # gradient of an unused cell state): not buffers; None again at
+        # every replay.
+        self.nones = ()
 
 
 class BackwardStep(object):
@@ -625,6 +629,9 @@ class Recording(object):
         return outs
 
     def _record(self, node, kind, in_arrays, outs, pre):
+        nones = tuple(i for i, a in enumerate(in_arrays) if a is None)
+        if nones:
+            in_arrays = [a for a in in_arrays if a is not None]
         for a in in_arrays:
             if not is_array(a):
                 self.add_reason('%s got a %s input' % (kind, type(a).__name__))
@@ -658,6 +665,7 @@ class Recording(object):
                     restore.append((k, pre[k]))
         op = RecordedOp(node, kind, in_ids, tuple(out_ids), tuple(select),
                         state, restore, self._source(), None)
+        op.nones = nones
         if self.phase == 'forward':
             self.forward_ops.append(op)
         else:

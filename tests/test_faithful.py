@@ -474,3 +474,48 @@ def test_outputs_are_not_overwritten_by_later_calls():
         F.sum(y).backward()
     for y, snap in kept:
         numpy.testing.assert_array_equal(y.array, snap)
+
+
+# -- recurrent nets whose last cell state is not used ----------------------------
+class NStepLSTMNet(chainer.Chain):
+    """Text classification: the last hidden state classifies, the last
+    cell state is dropped, so backprop hands LSTMGrad a None gradient."""
+    def __init__(self):
+        super(NStepLSTMNet, self).__init__()
+        with self.init_scope():
+            self.rnn = L.NStepLSTM(1, 4, 5, 0.0)
+            self.out = L.Linear(5, 3)
+
+    def forward(self, xs, t):
+        hy, cy, ys = self.rnn(None, None, xs)
+        return F.softmax_cross_entropy(self.out(hy[0]), t)
+
+
+class UnrolledLSTMNet(chainer.Chain):
+    def __init__(self):
+        super(UnrolledLSTMNet, self).__init__()
+        with self.init_scope():
+            self.x2h = L.Linear(4, 20)
+            self.out = L.Linear(5, 3)
+
+    def forward(self, xs, t):
+        c = h = None
+        for x in xs:
+            gates = self.x2h(x)
+            if h is not None:
+                gates = gates + F.concat([h] * 4)
+            c, h = F.lstm(c if c is not None else
+                          self.xp.zeros((len(x), 5), 'f'), gates)
+        return F.softmax_cross_entropy(self.out(h), t)
+
+
+@pytest.mark.parametrize('cls', [NStepLSTMNet, UnrolledLSTMNet])
+def test_lstm_with_the_last_cell_state_unused(cls):
+    """LSTMGrad gets None for the gradient of the unused cell state; it
+    gets None again at every replay (it fell back before)."""
+    steps = [lambda m, xs=[data(3, 4) for _ in range(3)], t=labels(3, 3):
+             m(xs, t) for _ in range(4)]
+    a, b = train_twins(twin(cls), steps, OPTIMIZERS['adam'], rtol=0,
+                       atol=0)
+    c = cache(b)
+    assert (c.recordings, c.replays) == (1, 3)

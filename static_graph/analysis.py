@@ -28,18 +28,34 @@ _PER_CALL_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
 _SKIP_TYPES = (type, type(numpy), type(len), chainer.Link)
 
 
-def chain_arrays(chain):
-    """id(array) -> (role, path, owner, attr) for params and persistents."""
+def chain_arrays(chain, written=()):
+    """id(array) -> (role, path, owner, attr) for params, persistents and
+    the links' other NumPy array attributes (a positional encoding, a causal
+    mask, class weights), except those in ``written``, the (id(__dict__),
+    name) pairs the method itself assigned. The last are constants of the
+    chain, handed to the method traced (decorator._trace_held_arrays), so a
+    write into one is caught; replay reads the same array object, so a
+    change in place between calls shows; one replaced is a new recording
+    (Entry.matches)."""
     found = {}
     for path, param in chain.namedparams():
         if param.array is not None:
             found[id(param.array)] = (ir.PARAM, path, param, None)
     for path, link in chain.namedlinks():
-        for name in getattr(link, '_persistent', ()):
-            value = link.__dict__.get(name)
-            if recorder.is_array(value):
-                full = (path.rstrip('/') + '/' + name)
-                found[id(value)] = (ir.PERSIST, full, link, name)
+        d = link.__dict__
+        persistent = getattr(link, '_persistent', ())
+        for name, value in d.items():
+            if name in persistent:
+                role = ir.PERSIST
+            elif type(value) is numpy.ndarray and (id(d), name) not in \
+                    written:
+                role = ir.CONST   # traced while recording: writes caught
+            else:
+                continue
+            if not recorder.is_array(value) or id(value) in found:
+                continue
+            found[id(value)] = (role, path.rstrip('/') + '/' + name, link,
+                                name)
     return found
 
 
@@ -73,10 +89,15 @@ def classify_unknown(rec, chain_map):
             buf.name = path
             if role == ir.PARAM:
                 params.append((bid, path, owner))
-            else:
+            elif role == ir.PERSIST:
                 persists.append((bid, path, a))
             continue
         root = recorder.root_of(a)
+        if root is not a and chain_map.get(id(root), (None,))[0] in (
+                ir.CONST, ir.PARAM):
+            # A view of the chain's memory (self.pe[:n]): current values.
+            buf.name = 'view of ' + chain_map[id(root)][1]
+            continue
         rbid = rec.by_id.get(id(root)) if root is not a else None
         if rbid is not None and rec.buffers[rbid].role in _PER_CALL_ROLES:
             # A view of a recorded buffer: keep the recorded view, make its

@@ -359,6 +359,37 @@ def _write_back_inputs(rec, leaves, inner, leaf_bids):
             numpy.copyto(leaf, mine)
 
 
+def _trace_held_arrays(chain, rec):
+    """Hand the method the links' NumPy array attributes (not persistents)
+    as traced views, as its inputs are: writing into one or reading its
+    values is caught, and one feeding a Chainer function is a constant of
+    the chain (analysis.chain_arrays). Returns [(dict, name, array, view)]
+    for _untrace_held."""
+    held = []
+    for link in chain.links():
+        d = link.__dict__
+        persistent = getattr(link, '_persistent', ())
+        for k, v in list(d.items()):
+            if type(v) is numpy.ndarray and k not in persistent:
+                rec.chain_held.add(id(v))
+                d[k] = rec.trace(v)
+                held.append((d, k, v, d[k]))
+    return held
+
+
+def _untrace_held(chain, held):
+    """Put the arrays back, also where the method stored a view it was
+    handed under another name."""
+    if not held:
+        return
+    views = dict((id(view), a) for _, _, a, view in held)
+    for link in chain.links():
+        d = link.__dict__
+        for k, v in list(d.items()):
+            if id(v) in views and isinstance(v, numpy.ndarray):
+                d[k] = views[id(v)]
+
+
 def _put_back(detached):
     for d, k, v, leaf, _ in detached:
         if d.get(k) is leaf:
@@ -408,12 +439,15 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
     detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
+    held = _trace_held_arrays(chain, rec)
     with rec:
         try:
             out = method(chain, *new_args, **new_kwargs)
         except BaseException:
             _put_back(detached)   # the links keep the caller's Variables
+            _untrace_held(chain, held)
             raise
+        _untrace_held(chain, held)
         rec.check_writes()
         _write_back_inputs(rec, leaves, inner, leaf_bids)
         out_spec, out_leaves = signature.flatten_outputs(out)
@@ -456,7 +490,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                   % ', '.join(p for _, _, p in recurrent))
         rec.add_reason(reason)
         cache.define_by_run = reason
-    chain_map = analysis.chain_arrays(chain)
+    written = set((id(d), k) for d, k, _, _ in attr_writes)
+    chain_map = analysis.chain_arrays(chain, written)
     params, persists = analysis.classify_unknown(rec, chain_map)
 
     e = entry_module.Entry(key, name)
@@ -565,7 +600,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 rec, chain_map)
             if more_params:
                 rec.add_reason('a parameter is used only in backward')
-            if set(analysis.chain_arrays(chain)) != set(chain_map):
+            if set(analysis.chain_arrays(chain, written)) != \
+                    set(chain_map):
                 # A parameter or persistent array was replaced (W.array =
                 # ...) between the call and this backward, which read the
                 # new one: not a recording of one consistent call. The next

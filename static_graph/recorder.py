@@ -454,6 +454,7 @@ class Recording(object):
         self.unknown = []         # (buffer id, phase, kind, source)
         self.traced_views = {}    # id(view) -> plain array
         self.handed_out = {}      # id(array) -> (array, copy when traced)
+        self.chain_held = set()   # ids of the links' array attributes
         self.reports = []         # (observer, [(key, buffer id | const)])
         self.pending_backward_consts = []   # checked once captures are known
         self.held = set()         # buffers some node attribute refers to
@@ -503,7 +504,7 @@ class Recording(object):
         """Is ``array`` (or what it is a view of) an array of this
         recording?"""
         while array is not None:
-            if id(array) in self.by_id:
+            if id(array) in self.by_id or id(array) in self.chain_held:
                 return True
             array = getattr(array, 'base', None)
         return False
@@ -516,8 +517,9 @@ class Recording(object):
             if _changed(before, array):
                 self.add_reason(
                     'user code changed the values of an array it was handed '
-                    '(an input, or one read through Variable.array) in '
-                    'place; replay would not repeat the write')
+                    '(an input, one read through Variable.array or an array '
+                    'attribute of a link) in place; replay would not repeat '
+                    'the write')
                 break
         self.handed_out = {}
 
@@ -540,7 +542,8 @@ class Recording(object):
 
     def _view_of_buffer(self, a):
         root = root_of(a)
-        return root is not a and id(root) in self.by_id
+        return root is not a and (id(root) in self.by_id or
+                                  id(root) in self.chain_held)
 
     def _check_nested(self, kind, value):
         """Arrays held inside a node's tuple or list attribute (GetItem's

@@ -494,6 +494,25 @@ def _op_attr(b):
     b.keeps_attr = True
 
 
+def _op_held(b):
+    """A constant array the chain holds (a positional encoding), fed to a
+    function whole or through a view."""
+    shape = _broadcast_shape(b)
+    n = b.name('held')
+    b.init.append('self.%s = numpy.asarray(numpy.random.uniform(-0.5, 0.5, '
+                  '%r), dtype=DTYPE)' % (n, shape))
+    view = b.draw(st.sampled_from(['', '[..., ::-1]'])) if shape else ''
+    b.body.append('h = h + self.%s%s' % (n, view))
+
+
+def _op_held_write(b):
+    """Writes into an array the chain holds, then uses it: must fall back
+    (and stay correct)."""
+    _op_held(b)
+    n = b.body[-1].split('self.')[1].split('[')[0]
+    b.body.insert(-1, 'self.%s *= 0.5' % n)
+
+
 def _op_branch(b):
     """Reads a value to branch: must fall back (and stay correct)."""
     b.body.append('if float(F.sum(h).array) > 0:')
@@ -543,12 +562,14 @@ OPS = collections.OrderedDict([
     ('deconv', (_op_deconv, lambda s: len(s) == 3)),
     ('squeeze', (_op_squeeze, lambda s: True)),
     ('attr', (_op_attr, lambda s: True)),
+    ('held', (_op_held, lambda s: True)),
 ])
 # Rare on purpose: they fall back. Drawn with low probability.
 FALLBACK_OPS = collections.OrderedDict([
     ('branch', _op_branch),
     ('numpy_const', _op_numpy_const),
     ('inplace_write', _op_inplace_write),
+    ('held_write', _op_held_write),
 ])
 
 

@@ -1560,3 +1560,71 @@ def test_views_of_an_argument_replay(name):
     train_alike(models, [(data(*shape),) for _ in range(4)], **EXACT)
     assert states(models[1]) == ['complete']
     assert cache(models[1]).replays == 3
+
+
+@pytest.mark.parametrize('change', ['none', 'in place', 'replaced'])
+def test_array_attribute_of_the_chain_as_an_input(change):
+    """A constant the chain holds as a plain array (a positional encoding,
+    a causal mask) and feeds to a function replays (it fell back: 'not
+    produced by a Chainer function'); replay reads the attribute's array,
+    so a change in place shows and a new array records again."""
+    def init(self):
+        _mlp(self)
+        self.pe = numpy.linspace(0, 1, 16).reshape(4, 4).astype('f')
+
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x) + self.pe)) ** 2)
+
+    models = make_twins(body, init)
+    for i in range(5):
+        if i == 3:
+            for m in models:
+                if change == 'in place':
+                    m.pe *= -2
+                elif change == 'replaced':
+                    m.pe = m.pe[::-1] * 3
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i, **EXACT)
+        compare_chains(*models, **EXACT)
+    assert states(models[1]) == ['complete']
+    assert (cache(models[1]).recordings, cache(models[1]).replays) == (
+        (2, 3) if change == 'replaced' else (1, 4))
+
+
+HELD_ARRAY_USES = {
+    # name -> (what the method does with self.buf and x, falls back?)
+    'reversed view': (lambda self, x: F.add(x, self.buf[::-1]), False),
+    'stored under another name': (
+        lambda self, x: setattr(self, 'alias', self.buf) or F.add(
+            x, self.alias), False),
+    'written with [...] =': (
+        lambda self, x: self.buf.__setitem__(Ellipsis, x) or self.buf, True),
+    'written with copyto': (
+        lambda self, x: numpy.copyto(self.buf, x) or self.buf, True),
+    'written with out=': (
+        lambda self, x: numpy.multiply(x, 2, out=self.buf), True),
+}
+
+
+@pytest.mark.parametrize('name', sorted(HELD_ARRAY_USES))
+def test_array_attribute_of_the_chain_used_by_the_method(name):
+    """The links' array attributes are handed to the method traced: one it
+    writes into in place falls back (replay would feed the recorded values:
+    losses off by up to 49), views of one replay, and the attribute holds a
+    plain array again after the call."""
+    use, falls_back = HELD_ARRAY_USES[name]
+
+    def init(self):
+        _mlp(self)
+        self.buf = numpy.linspace(-1, 1, 15).reshape(5, 3).astype('f')
+
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(use(self, x)))) ** 2)
+
+    models = make_twins(body, init)
+    train_alike(models, [(data(5, 3),) for _ in range(4)], **EXACT)
+    assert states(models[1]) == ['fallback' if falls_back else 'complete']
+    for attr in ('buf', 'alias'):
+        if hasattr(models[1], attr):
+            assert type(getattr(models[1], attr)) is numpy.ndarray

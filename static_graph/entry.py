@@ -143,6 +143,12 @@ def _view_once(rop, bufs, roots):
     return True
 
 
+def link_hooks(d):
+    """The hooks of the link whose __dict__ is ``d``, in order."""
+    hooks = d.get('_local_link_hooks')
+    return tuple(hooks.values()) if hooks else ()
+
+
 def link_structure(chain, written=()):
     """What replay assumes of the chain's structure: (dict, name, object)
     for every child link, Parameter, persistent array (nodes may hold it by
@@ -465,8 +471,10 @@ class Entry(object):
             self.target_position = dict(
                 (t, k) for k, t in enumerate(grad_targets))
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
-        self.link_sizes = tuple((link, len(link.__dict__))
+        self.link_sizes = tuple((link, len(link.__dict__),
+                                 link_hooks(link.__dict__))
                                 for link, _, _ in self.link_sets)
+        self.global_link_hooks = tuple(chainer._get_link_hooks().values())
         release_recording(rec)
         self.state = 'complete'
 
@@ -582,9 +590,15 @@ class Entry(object):
         # Plain attributes of the links (a temperature, a flag) read by the
         # method: a change needs a new recording; so does one added or
         # deleted (an instance attribute now shadowing a class default).
-        for link, n in self.link_sizes:
-            if len(link.__dict__) != n:
+        # Link hooks (WeightStandardization) added or removed, too: the
+        # recording holds what they did.
+        for link, n, hooks in self.link_sizes:
+            d = link.__dict__
+            if len(d) != n or link_hooks(d) != hooks:
                 return False
+        if tuple(chainer._get_link_hooks().values()) != \
+                self.global_link_hooks:
+            return False
         now = tuple([d.get(k) for d, k in self.link_attr_pairs])
         try:
             return now == self.link_attr_values

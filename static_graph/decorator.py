@@ -210,7 +210,8 @@ def _check_backends():
 # -- replay ---------------------------------------------------------------------
 def _replay(e, leaves):
     node = entry_module.ReplayNode(e)
-    outs = node.apply(list(leaves) + e.params)
+    outs = entry_module.detach_outputs(node.apply(list(leaves) + e.params),
+                                       e.no_grad_outs)
     exposed = node.exposed
     node.exposed = None
     vals = []
@@ -496,6 +497,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
 
     e = entry_module.Entry(key, name)
     e.n_outs = n_outs   # the method's outputs; hidden ones follow
+    e.no_grad_outs = tuple(i for i, v in enumerate(inner_outs)
+                           if not v.requires_grad)
     need_backward = chainer.config.enable_backprop and any(
         v.requires_grad and v.creator is not None for v in inner_outs)
     param_objs = [p for _, _, p in params]
@@ -554,6 +557,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
 
     @_with_gc_paused
     def finish(grad_outputs):
+        if chainer.config.enable_backprop:
+            return _double_backprop(grad_outputs)
         recording = e.state == 'recording'
         gys, outs_for_grad, grad_out_bids = [], [], []
         position = {}   # id(output Variable) -> its index in outs_for_grad
@@ -562,7 +567,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             if g is None or not o.requires_grad:
                 grad_out_bids.append(None)
                 continue
-            ga = recorder.copy_exact(g.raw_array)
+            ga = recorder.copy_exact(entry_module.raw(g))
             grad_out_bids.append(rec.new_buffer(ga, ir.GRAD_OUT,
                                                 name='grad'))
             if id(o) in position:
@@ -635,9 +640,38 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
 
+    def _double_backprop(grad_outputs):
+        """A backward asked for double backpropagation (an input-gradient
+        penalty): the gradients keep their graph, through the recorded
+        call's own nodes, to the parameters; not the inputs, which the
+        recording took as copies. Replay cannot give either, so the key
+        runs define-by-run from now on."""
+        reason = ('its backward was asked for double backpropagation '
+                  '(enable_double_backprop=True), which replay cannot give')
+        if e.state in ('recording', 'complete'):
+            fall_back(reason)
+        if any(t < len(leaves) for t in targets):
+            raise NotImplementedError(
+                'double backpropagation through the recording call of a '
+                'static graph to its input Variables is not supported: %s '
+                'falls back to define-by-run from its next call; run this '
+                'call with chainer.config.use_static_graph = False'
+                % name)
+        pairs = [(o, g) for o, g in zip(inner_outs, grad_outputs)
+                 if g is not None and o.requires_grad]
+        grads = chainer.grad([o for o, _ in pairs], target_vars,
+                             grad_outputs=[chainer.as_variable(g)
+                                           for _, g in pairs],
+                             enable_double_backprop=True)
+        result = [None] * (len(leaves) + len(param_objs))
+        for pos, g in zip(targets, grads):
+            result[pos] = g
+        return result
+
     node = entry_module.RecordNode(
         finish, [v.raw_array for v in inner_outs])
-    outs = node.apply(list(leaves) + param_objs)
+    outs = entry_module.detach_outputs(node.apply(list(leaves) + param_objs),
+                                       e.no_grad_outs)
     vals = [v if k == 'V' else v.raw_array for v, k in zip(outs, out_kinds)]
     _keep_attrs(attr_writes, {id(v): o for v, o in zip(inner_outs, outs)})
     return signature.unflatten_outputs(out_spec, vals[:n_outs])

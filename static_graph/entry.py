@@ -351,6 +351,7 @@ class Entry(object):
         self.key = key
         self.method_name = method_name
         self.state = 'recording'     # -> 'complete' | 'fallback'
+        self.no_grad_outs = ()
         self.reason = None
         self.forward = None
         self.backward = None
@@ -609,11 +610,23 @@ class Entry(object):
             return all(v is w or type(v) is type(w) and v == w
                        for v, w in zip(now, self.link_attr_values))
 
-    def replay(self, leaves):
-        inputs = list(leaves) + self.params
-        node = ReplayNode(self)
-        outs = node.apply(inputs)
+
+def detach_outputs(outs, which):
+    """Outputs that needed no gradient at recording (computed from arrays
+    alone: ``F.identity(x)``) as Variables that do not require one, as
+    define-by-run gives them; a gradient for them is dropped there."""
+    if not which:
         return outs
+    outs = list(outs)
+    for i in which:
+        outs[i] = chainer.Variable(outs[i].raw_array, requires_grad=False)
+    return outs
+
+
+def raw(g):
+    """A gradient's array: Chainer passes on what chainer.grad's
+    ``grad_outputs`` got, a Variable or an array."""
+    return g.raw_array if isinstance(g, chainer.Variable) else g
 
 
 def _sum_chains(bops, sum_ids, grad_in):
@@ -734,7 +747,7 @@ class ReplayNode(function_node.FunctionNode):
         for i, (g, has) in enumerate(zip(grad_outputs, entry.grad_out_mask)):
             if has == (g is not None):
                 if has:
-                    gys.append(g.raw_array)
+                    gys.append(raw(g))
                 continue
             raise RuntimeError(
                 'the static graph of %s was recorded with%s a gradient for '
@@ -765,7 +778,7 @@ class ReplayNode(function_node.FunctionNode):
                 if g is not None:
                     k = entry.target_position[i]
                     if k in entry._sum_chains:
-                        held[k] = g.raw_array
+                        held[k] = raw(g)
             if held:
                 run = entry.accumulating_backward(frozenset(held))
             if any(signature.layout(g) != lay
@@ -808,6 +821,7 @@ class RecordNode(function_node.FunctionNode):
     def __init__(self, finish, out_arrays):
         self.finish = finish
         self.out_arrays = out_arrays
+        self.handed = None
 
     def _check_data_type_forward(self, in_data):
         pass
@@ -819,12 +833,20 @@ class RecordNode(function_node.FunctionNode):
     backward_accumulate = accumulate
 
     def forward(self, inputs):
-        return tuple(recorder.copy_exact(a) for a in self.out_arrays)
+        self.handed = tuple(recorder.copy_exact(a) for a in self.out_arrays)
+        return self.handed
 
     def backward(self, indexes, grad_outputs):
         finish, self.finish = self.finish, None
         if finish is None:
             raise RuntimeError('backward ran twice through a recording call')
+        for mine, out in zip(self.handed, self.out_arrays):
+            # The caller wrote into an output (``y.array *= 3``): nodes that
+            # retained it (sigmoid, tanh, relu) see the change under
+            # define-by-run and in replay, where it is the same array.
+            if recorder._changed(out, mine):
+                _copyto_for((out,))(out, mine)
+        self.handed = None
         grads = finish(grad_outputs)
         return tuple(grads[i] for i in indexes)
 

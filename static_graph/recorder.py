@@ -687,6 +687,12 @@ class Recording(object):
         items = []
         for k, v in values.items():
             if isinstance(v, chainer.Variable):
+                if chainer.config.keep_graph_on_report and \
+                        v.creator is not None:
+                    self.add_reason(
+                        'it reports a Variable (%s) under keep_graph_on_report'
+                        '=True; replay reports its value without the graph'
+                        % k)
                 v = v.raw_array
             if isinstance(v, traced.TracedArray):
                 v = self._untrace(v, 'chainer.report')

@@ -1653,3 +1653,138 @@ def test_link_hook_added_or_removed_after_recording(change):
         assert_close(la.array, lb.array, 'loss %d' % i, **EXACT)
         compare_chains(*models, **EXACT)
     assert cache(models[1]).recordings == 2
+
+
+# -- gradient APIs used around a call ---------------------------------------------
+def test_reported_variable_kept_with_its_graph():
+    """Under keep_graph_on_report=True a reported Variable keeps its graph
+    and may join the loss (a regularizer reported, not returned); replay
+    reported its value alone, so the term added no gradient (off by 11)."""
+    def body(self, x):
+        h = self.l1(x)
+        chainer.report({'reg': F.sum(h * h)}, self)
+        return F.sum(self.l2(h))
+
+    models = make_twins(body)
+    reporters = []
+    for m in models:
+        r = chainer.Reporter()
+        r.add_observer('m', m)
+        reporters.append(r)
+    for i in range(4):
+        x = data(4, 3)
+        losses = []
+        for m, r in zip(models, reporters):
+            m.cleargrads()
+            obs = {}
+            with chainer.using_config('keep_graph_on_report', True), \
+                    r.scope(obs):
+                loss = m(x)
+            loss = loss + obs['m/reg']
+            loss.backward()
+            losses.append(loss.array)
+        # The recording call sums the two paths' gradients at the weight,
+        # not at h (last bits); later calls run define-by-run.
+        tol = {} if i == 0 else EXACT
+        assert_close(losses[0], losses[1], 'loss %d' % i, **tol)
+        compare_chains(*models, **tol)
+    assert states(models[1]) == ['fallback']
+
+
+def test_output_written_in_place_before_backward_in_the_recording_call():
+    """``y.array *= 3`` before backward: sigmoid's backward reads its output,
+    so define-by-run's gradient follows the write; the recording call's
+    backward read its own copy (off by 19.5)."""
+    def body(self, x):
+        return F.sigmoid(self.l2(F.relu(self.l1(x))))
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(4, 3)
+
+        def step(m):
+            m.cleargrads()
+            y = m(x)
+            y.array *= 3
+            F.sum(y * y).backward()
+            return y
+        ya, yb = both(models, step)
+        assert_close(ya.array, yb.array, 'output %d' % i, **EXACT)
+        compare_chains(*models, **EXACT)
+
+
+def test_gradient_given_as_an_array_to_chainer_grad():
+    models = make_twins(lambda self, x: self.l2(F.relu(self.l1(x))))
+    for i in range(3):
+        x, gy = data(4, 3), data(4, 2)
+        ga, gb = both(models, lambda m: chainer.grad(
+            [m(x)], [m.l1.W], grad_outputs=[gy])[0])
+        assert_close(ga.array, gb.array, 'gradient %d' % i, **EXACT)
+
+
+def test_output_computed_from_arrays_alone():
+    """``F.identity(x)`` of an ndarray argument needs no gradient; using it
+    in the loss raised in every replay ('recorded without a gradient for
+    its output 1')."""
+    def body(self, x):
+        return F.sum(F.tanh(self.l1(x)) ** 2), F.identity(x)
+
+    models = make_twins(body)
+    for i in range(4):
+        x = data(4, 3)
+
+        def step(m):
+            m.cleargrads()
+            loss, xe = m(x)
+            assert not xe.requires_grad
+            loss = loss + F.sum(xe * xe)
+            loss.backward()
+            return loss
+        la, lb = both(models, step)
+        assert_close(la.array, lb.array, 'loss %d' % i, **EXACT)
+        compare_chains(*models, **EXACT)
+    assert cache(models[1]).replays == 3
+
+
+def test_double_backprop_through_the_recording_call():
+    """A gradient penalty on the parameters' side: the recording call's
+    gradients kept no graph, so the penalty gave the parameters nothing
+    (off by 7.7), and replays raised. The recording call now serves it with
+    the graph and the key runs define-by-run."""
+    def body(self, x):
+        return F.sum(self.l2(F.tanh(self.l1(x))))
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(4, 3)
+
+        def step(m):
+            m.cleargrads()
+            loss = m(x)
+            g, = chainer.grad([loss], [m.l1.W], enable_double_backprop=True)
+            penalty = F.sum(g * g)
+            penalty.backward()
+            return penalty
+        pa, pb = both(models, step)
+        assert_close(pa.array, pb.array, 'penalty %d' % i, **EXACT)
+        compare_chains(*models, **EXACT)
+    assert states(models[1]) == ['fallback']
+
+
+def test_double_backprop_to_an_input_of_the_recording_call_raises():
+    """To an input Variable (an R1 penalty) the recording call cannot give
+    define-by-run's graph: a clear error, and the next call runs
+    define-by-run."""
+    models = make_twins(lambda self, x: F.sum(self.l2(F.tanh(self.l1(x)))))
+    b = models[1]
+    xv = chainer.Variable(data(4, 3))
+    with pytest.raises(NotImplementedError, match='double backprop'):
+        chainer.grad([b(xv)], [xv], enable_double_backprop=True)
+    for m in models:
+        m.cleargrads()
+    xs = [chainer.Variable(xv.array.copy()) for _ in models]
+    for m, x in zip(models, xs):
+        g, = chainer.grad([m(x)], [x], enable_double_backprop=True)
+        F.sum(g * g).backward()
+    compare_chains(*models, **EXACT)
+    assert states(b) == ['fallback']

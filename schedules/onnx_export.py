@@ -188,6 +188,47 @@ def sanitize_name(name):
     return s
 
 
+def _root(a):
+    while getattr(a, 'base', None) is not None:
+        a = a.base
+    return a
+
+
+def _address(a):
+    ctypes = getattr(a, 'ctypes', None)
+    return ctypes.data if ctypes is not None else a.data.ptr
+
+
+def _as_slices(view, whole):
+    """[(start, step)] per axis such that ``whole[start::step]`` slicing
+    gives exactly ``view`` (same memory, shape and strides), or None."""
+    if view.ndim != whole.ndim or not whole.flags.c_contiguous or \
+            view.itemsize != whole.itemsize:
+        return None
+    offset = _address(view) - _address(whole)
+    out = []
+    for n, sv, sw, dim in zip(view.shape, view.strides, whole.strides,
+                              whole.shape):
+        step = 1 if n <= 1 else (sv // sw if sw and sv % sw == 0 else 0)
+        if step == 0:
+            return None
+        start = offset // sw if sw else 0
+        start = min(max(start, 0), dim - 1) if dim else 0
+        offset -= start * sw
+        out.append((start, step))
+    if offset != 0:
+        return None
+    index = tuple(slice(start, start + step * n if start + step * n >= 0
+                        else None, step)
+                  for (start, step), n in zip(out, view.shape))
+    got = whole[index]
+    if got.shape != view.shape or _address(got) != _address(view) or any(
+            a != b for a, b, n in zip(got.strides, view.strides, view.shape)
+            if n > 1):
+        return None
+    return out
+
+
 def _to_numpy(a):
     if isinstance(a, numpy.ndarray):
         return a
@@ -234,6 +275,7 @@ class _Context(object):
         self.op = None
         self.op_index = None
         self.results = ()     # the current op's result buffers (or None)
+        self._per_call = None   # id(array) -> buffer id, per-call buffers
 
     # -- naming ---------------------------------------------------------------
     def unique(self, hint):
@@ -451,6 +493,11 @@ class _Context(object):
         if name is not None:
             return name
         buf = self.buffers[b]
+        base = self._view_base(b)
+        if base is not None:
+            name = self._view(b, base)
+            self.tensor[b] = name
+            return name
         if buf.role in (ir.PARAM, ir.PERSIST, ir.CONST):
             if b in self.values:
                 value = self.values[b]
@@ -477,6 +524,73 @@ class _Context(object):
             'buffer %%%d (%s%s) is read before it is defined; an inference '
             'schedule cannot be exported with it'
             % (b, buf.role, ' ' + buf.name if buf.name else ''))
+
+    # -- NumPy views of per-call buffers ---------------------------------------
+    def _view_base(self, b):
+        """The buffer a constant is a view of, where that buffer holds each
+        call's values (an input: ``x[:, ::-1]``, Chainer's own
+        ``x.reshape(len(x), -1)`` in L.Linear), else None."""
+        buf = self.buffers[b]
+        if buf.role != ir.CONST or buf.storage is None or \
+                _root(buf.storage) is buf.storage:
+            return None
+        if self._per_call is None:
+            self._per_call = dict(
+                (id(o.storage), k) for k, o in self.buffers.items()
+                if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and
+                o.storage is not None and _root(o.storage) is o.storage)
+        return self._per_call.get(id(_root(buf.storage)))
+
+    def _view(self, b, base):
+        """ONNX for the view ``b`` of ``base``: a Reshape (same memory in C
+        order) or a Slice (start and step per axis), checked against the
+        arrays; anything else is not exported."""
+        view, whole = self.buffers[b].storage, self.buffers[base].storage
+        x = self.tensor_of(base)
+        info = self.batch.get(base)
+        detail = None
+        if view.size == whole.size and _address(view) == _address(whole) \
+                and view.flags.c_contiguous and whole.flags.c_contiguous:
+            dims = list(view.shape)
+            if info is None:
+                self.batch[b] = None
+                return self.reshape(x, dims)
+            if info == (0, 1) and dims and dims[0] == whole.shape[0]:
+                self.batch[b] = (0, 1)
+                return self.reshape(x, [0] + dims[1:])   # 0: copy the batch
+            detail = 'it moves the batch axis'
+        else:
+            slices = _as_slices(view, whole)
+            if slices is not None:
+                starts, ends, axes, steps = [], [], [], []
+                for i, (start, step) in enumerate(slices):
+                    n = view.shape[i]
+                    if step == 1 and start == 0 and n == whole.shape[i]:
+                        continue
+                    if info is not None and i == info[0] and not (
+                            step == -1 and n == whole.shape[i]):
+                        detail = 'it slices the batch axis'
+                        break
+                    end = start + step * n
+                    if step == -1 and n == whole.shape[i]:
+                        start = -1   # x[::-1] at any size of the axis
+                    starts.append(start)
+                    ends.append(end if end >= 0 else INT64_MIN)
+                    axes.append(i)
+                    steps.append(step)
+                else:
+                    self.batch[b] = info
+                    if not axes:
+                        return self.emit1('Identity', [x])
+                    return self.emit1('Slice', [
+                        x, self.i64(starts, 'starts'), self.i64(ends, 'ends'),
+                        self.i64(axes, 'axes'), self.i64(steps, 'steps')])
+        raise UnsupportedOpError(
+            'NumPy view of an input', self.op.source if self.op else None,
+            '%s (shape %s of %s) is taken with NumPy, not a Chainer '
+            'function; use F.reshape, F.get_item, F.transpose or '
+            'F.expand_dims' % (detail or 'the view', view.shape,
+                               whole.shape))
 
     # -- the whole graph ------------------------------------------------------
     def build(self, input_names, output_names, graph_name):

@@ -1239,6 +1239,48 @@ def test_integration_imagenet_model(name, tmp_path, record_property):
                  record_property)
 
 
+class _Views(chainer.Chain):
+    """Views of the input array taken with NumPy (by the method or by
+    Chainer's own code) were exported as constants holding the export
+    call's data (off by up to 1.07 for any other input)."""
+    def __init__(self, view):
+        super(_Views, self).__init__()
+        self.view = view
+        with self.init_scope():
+            self.l = L.Linear(None, 3)
+
+    @static_graph.static_graph
+    def forward(self, x):
+        return self.l(F.relu(self.view(x)))
+
+
+_NUMPY_VIEWS = {
+    'L.Linear on a 4-D array': lambda x: x,   # Chainer reshapes with NumPy
+    'x[::-1]': lambda x: x[::-1],
+    'x[:, ::-1] (BGR)': lambda x: x[:, ::-1],
+    'x[:, 1:, ::2]': lambda x: x[:, 1:, ::2],
+    'x[:, None]': lambda x: x[:, None],
+    'x.reshape(len(x), -1)': lambda x: x.reshape(len(x), -1),
+}
+
+
+@pytest.mark.parametrize('name', sorted(_NUMPY_VIEWS))
+def test_integration_numpy_view_of_the_input(name, tmp_path,
+                                             record_property):
+    _integration('core view %s' % name, _Views(_NUMPY_VIEWS[name]),
+                 lambda b: _rand(b, 3, 2, 4), tmp_path, record_property)
+
+
+@pytest.mark.parametrize('view', [lambda x: x[0], lambda x: x[:1],
+                                  lambda x: x.transpose(0, 2, 1, 3)])
+def test_numpy_view_that_cannot_be_exported(view, tmp_path):
+    _onnx()
+    path = tmp_path / 'view.onnx'
+    with pytest.raises(UnsupportedOpError, match='NumPy view of an input'):
+        _export_onnx()(_Views(view), (_rand(2, 3, 2, 4),), str(path))
+    assert not path.exists()
+
+
 def test_integration_unsupported_op_leaves_no_file(tmp_path):
     _onnx()
     export_onnx = _export_onnx()

@@ -115,7 +115,7 @@ def check_opset(opset):
 
 def schedule_to_onnx(schedule, values, opset=13, dynamic_batch=True,
                      input_names=None, output_names=None,
-                     graph_name='static_graph'):
+                     graph_name='static_graph', other_batch=None):
     """Convert an inference schedule to an ``onnx.ModelProto``.
 
     Args:
@@ -130,6 +130,13 @@ def schedule_to_onnx(schedule, values, opset=13, dynamic_batch=True,
             default: sanitised input buffer names and ``output``/
             ``output_<i>``.
         graph_name (str): name of the ONNX graph.
+        other_batch (tuple): ``(batch size, {buffer id: shape})``, the
+            shapes the same program gave at another batch size. With
+            ``dynamic_batch``, every result is checked against them: where
+            the exported graph would not follow the batch size as the
+            program does (a reshape to ``(2, B, C)`` recorded at B = 2, a
+            split of the batch axis), UnsupportedOpError is raised instead
+            of writing a model that is wrong at other batch sizes.
 
     Raises:
         UnsupportedOpError: an op has no converter (or an unsupported use).
@@ -138,6 +145,8 @@ def schedule_to_onnx(schedule, values, opset=13, dynamic_batch=True,
     onnx = _import_onnx()
     opset = check_opset(opset)
     ctx = _Context(onnx, schedule, values or {}, opset, dynamic_batch)
+    if dynamic_batch:
+        ctx.other_batch = other_batch
     return ctx.build(input_names, output_names, graph_name)
 
 
@@ -254,6 +263,12 @@ def _prod(xs):
 
 # -- conversion context ------------------------------------------------------
 
+# Converters that write the recorded sizes of their results into the graph
+# (Split's sizes, Reshape's target): with no batch axis known, such a
+# result that changes with the batch size cannot have a dynamic one.
+_RECORDED_SIZES = frozenset(['SplitAxis', 'Reshape'])
+
+
 class _Context(object):
 
     def __init__(self, onnx, schedule, values, opset, dynamic_batch):
@@ -276,6 +291,7 @@ class _Context(object):
         self.op_index = None
         self.results = ()     # the current op's result buffers (or None)
         self._per_call = None   # id(array) -> buffer id, per-call buffers
+        self.other_batch = None   # (batch size, {buffer id: shape})
 
     # -- naming ---------------------------------------------------------------
     def unique(self, hint):
@@ -525,6 +541,33 @@ class _Context(object):
             'schedule cannot be exported with it'
             % (b, buf.role, ' ' + buf.name if buf.name else ''))
 
+    def _check_batch(self):
+        """Do the current op's results follow the batch size as the
+        program did at the other batch size?"""
+        if self.other_batch is None or self.batch_size is None:
+            return
+        size, shapes = self.other_batch
+        for b in self.results:
+            if b is None or b not in shapes:
+                continue
+            info = self.batch.get(b)
+            want = list(self.shape(b))
+            if info is not None:
+                a, f = info
+                want[a] = f * size
+            elif self.op.kind not in _RECORDED_SIZES:
+                # No batch axis known: the converters that follow one
+                # anyway (Tile, Concat, Pad) cannot be told from others.
+                continue
+            if tuple(want) != tuple(shapes[b]):
+                raise self.unsupported(
+                    'its result has shape %s at batch size %d and %s at %d, '
+                    'not the shape the exported graph would give (a fixed '
+                    'size taken for the batch size); export with '
+                    'dynamic_batch=False for a model of batch size %d'
+                    % (self.shape(b), self.batch_size, tuple(shapes[b]),
+                       size, self.batch_size))
+
     # -- NumPy views of per-call buffers ---------------------------------------
     def _view_base(self, b):
         """The buffer a constant is a view of, where that buffer holds each
@@ -558,6 +601,11 @@ class _Context(object):
             if info == (0, 1) and dims and dims[0] == whole.shape[0]:
                 self.batch[b] = (0, 1)
                 return self.reshape(x, [0] + dims[1:])   # 0: copy the batch
+            if info == (0, 1) and dims and dims[0] % whole.shape[0] == 0:
+                # Leading axes merged (n_batch_axes=2): checked against the
+                # other batch size, where there is one.
+                self.batch[b] = (0, dims[0] // whole.shape[0])
+                return self.reshape(x, [-1] + dims[1:])
             detail = 'it moves the batch axis'
         else:
             slices = _as_slices(view, whole)
@@ -587,10 +635,11 @@ class _Context(object):
                         self.i64(axes, 'axes'), self.i64(steps, 'steps')])
         raise UnsupportedOpError(
             'NumPy view of an input', self.op.source if self.op else None,
-            '%s (shape %s of %s) is taken with NumPy, not a Chainer '
-            'function; use F.reshape, F.get_item, F.transpose or '
-            'F.expand_dims' % (detail or 'the view', view.shape,
-                               whole.shape))
+            'a view of shape %s of an input of shape %s, taken with NumPy '
+            '(not a Chainer function)%s, is neither a reshape nor a slice '
+            'with steps that keeps the batch axis; use F.reshape, '
+            'F.get_item, F.transpose or F.expand_dims'
+            % (view.shape, whole.shape, ': ' + detail if detail else ''))
 
     # -- the whole graph ------------------------------------------------------
     def build(self, input_names, output_names, graph_name):
@@ -714,6 +763,7 @@ class _Context(object):
                 ys.append(self.tensor[b])
             fn(self, xs, ys)
             self._default_batch(op)
+            self._check_batch()
         self.op = self.op_index = None
 
         # Outputs.

@@ -45,6 +45,54 @@ def schedule_values(schedule):
             if buf.role in (ir.PARAM, ir.PERSIST, ir.CONST)}
 
 
+def _doubled_batch(args, kwargs):
+    """The arguments with every array whose leading axis has the batch size
+    (that of the first array, as the exporter takes it) repeated twice
+    along it; and that size."""
+    _, leaves, _ = signature.flatten((), args, kwargs)
+    arrays = [getattr(a, 'raw_array', a) for a in leaves]
+    batch = next((a.shape[0] for a in arrays if a.ndim >= 1), None)
+
+    def double(leaf, a):
+        if a.ndim >= 1 and a.shape[0] == batch:
+            a = chainer.backend.get_array_module(a).concatenate([a, a])
+        if isinstance(leaf, chainer.Variable):
+            return chainer.Variable(a, requires_grad=leaf.requires_grad)
+        return a
+    return signature.rebuild(args, kwargs, [
+        double(leaf, a) for leaf, a in zip(leaves, arrays)]), batch
+
+
+def _other_batch(chain, args, kwargs, method, entry):
+    """(2 * batch, {buffer id: shape}) of ``entry``'s forward schedule,
+    recorded again at twice the batch size, for the exporter's check."""
+    (args2, kwargs2), batch = _doubled_batch(args, kwargs)
+    if batch is None:
+        return None
+    try:
+        entry2 = inference_schedule(chain, args2, method, kwargs2)
+    except Exception as err:
+        raise ValueError(
+            'dynamic_batch=True: %s.%s did not run at batch size %d (%s: '
+            '%s); export with dynamic_batch=False' % (
+                type(chain).__name__, method, 2 * batch,
+                type(err).__name__, err))
+    s1, s2 = entry.forward, entry2.forward
+    if [op.kind for op in s1.ops] != [op.kind for op in s2.ops] or \
+            len(s1.inputs) != len(s2.inputs):
+        raise ValueError(
+            'dynamic_batch=True: %s.%s runs other functions at batch size %d '
+            'than at %d; export with dynamic_batch=False'
+            % (type(chain).__name__, method, 2 * batch, batch))
+    shapes = {}
+    for b1, b2 in zip(s1.inputs, s2.inputs):
+        shapes[b1] = s2.buffers[b2].shape
+    for o1, o2 in zip(s1.ops, s2.ops):
+        for b1, b2 in zip(o1.outputs, o2.outputs):
+            shapes[b1] = s2.buffers[b2].shape
+    return 2 * batch, shapes
+
+
 def export_onnx(chain, args, path, method='forward', opset=13,
                 dynamic_batch=True, input_names=None, output_names=None,
                 kwargs=None):
@@ -52,13 +100,19 @@ def export_onnx(chain, args, path, method='forward', opset=13,
 
     The parameters become initializers; the array arguments are the graph's
     inputs (their leading dimension is a symbolic batch size unless
-    ``dynamic_batch=False``). An op without an ONNX converter raises
+    ``dynamic_batch=False``; the method is then recorded at twice the batch
+    size too, and a result whose shape would not follow the batch size in
+    the exported graph raises). An op without an ONNX converter raises
     ``UnsupportedOpError`` naming it and the source line that recorded it;
     nothing is written then. Returns the ``onnx.ModelProto``.
     """
+    if not isinstance(args, (tuple, list)):
+        args = (args,)
     entry = inference_schedule(chain, args, method, kwargs)
+    other = _other_batch(chain, tuple(args), dict(kwargs or {}), method,
+                         entry) if dynamic_batch else None
     sched = entry.forward
     return onnx_export.export_schedule(
         sched, schedule_values(sched), path, opset=opset,
         dynamic_batch=dynamic_batch, input_names=input_names,
-        output_names=output_names)
+        output_names=output_names, other_batch=other)

@@ -1281,6 +1281,56 @@ def test_numpy_view_that_cannot_be_exported(view, tmp_path):
     assert not path.exists()
 
 
+class _BatchShaped(chainer.Chain):
+    def __init__(self, body):
+        super(_BatchShaped, self).__init__()
+        self.body = body
+        with self.init_scope():
+            self.l = L.Linear(None, 4)
+
+    @static_graph.static_graph
+    def forward(self, x):
+        return self.body(self, x)
+
+
+def _siamese(self, x):
+    h = self.l(x)
+    h = F.reshape(F.concat([h, F.tanh(h)], axis=0), (2, x.shape[0], 4))
+    return h[0] - h[1]
+
+
+_BATCH_SHAPED = {
+    # Recorded at batch 2, the fixed 2 was taken for the batch size: at
+    # other sizes the exported model gave another shape (silently).
+    'reshape to (2, B, C)': _siamese,
+    'reshape to (2, -1)': lambda self, x: F.reshape(self.l(x), (2, -1)),
+    'split of the batch axis': lambda self, x: F.split_axis(
+        self.l(x), 2, axis=0)[0],
+}
+
+
+@pytest.mark.parametrize('name', sorted(_BATCH_SHAPED))
+def test_result_not_following_the_batch_size_raises(name, tmp_path):
+    """With dynamic_batch, the method is recorded at twice the batch size
+    too; a result whose shape the exported graph would not follow raises
+    instead of writing a model wrong (or failing) at other sizes."""
+    _onnx()
+    model = _BatchShaped(_BATCH_SHAPED[name])
+    path = tmp_path / 'm.onnx'
+    with pytest.raises(UnsupportedOpError, match='dynamic_batch=False'):
+        _export_onnx()(model, (_rand(2, 3),), str(path))
+    assert not path.exists()
+    _export_onnx()(model, (_rand(2, 3),), str(path), dynamic_batch=False)
+    assert path.exists()
+
+
+def test_integration_leading_axes_merged_by_numpy(tmp_path, record_property):
+    """L.Linear(n_batch_axes=2) reshapes (B, 3, 4) to (3B, 4) with NumPy."""
+    model = _BatchShaped(lambda self, x: self.l(x, n_batch_axes=2))
+    _integration('core n_batch_axes=2', model, lambda b: _rand(b, 3, 4),
+                 tmp_path, record_property)
+
+
 def test_integration_unsupported_op_leaves_no_file(tmp_path):
     _onnx()
     export_onnx = _export_onnx()

@@ -98,9 +98,12 @@ def check_opset(opset):
     """Validate ``opset``; return it as an int."""
     onnx = _import_onnx()
     try:
-        opset = int(opset)
+        value = float(opset)
     except (TypeError, ValueError):
+        value = None
+    if value is None or not value.is_integer() or isinstance(opset, bool):
         raise ValueError('opset must be an integer, not %r' % (opset,))
+    opset = int(value)
     newest = onnx.defs.onnx_opset_version()
     if opset < MIN_OPSET:
         raise ValueError(
@@ -160,6 +163,9 @@ def save_onnx(model, path):
     path = os.fspath(path)
     data = model.SerializeToString()
     directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError('cannot write %s: no directory %s'
+                                % (path, directory))
     fd, tmp = tempfile.mkstemp(
         prefix='.%s.' % os.path.basename(path), suffix='.tmp', dir=directory)
     try:
@@ -650,6 +656,11 @@ class _Context(object):
         # Inputs: the INPUT buffers among the schedule's inputs (parameters
         # bound as inputs become initializers).
         in_bids = [b for b in sched.inputs if bufs[b].role == ir.INPUT]
+        for names in (input_names, output_names):
+            for n in names or ():
+                if not isinstance(n, str) or not n:
+                    raise ValueError('tensor names must be non-empty '
+                                     'strings, not %r' % (n,))
         if input_names is not None:
             input_names = list(input_names)
             if len(input_names) != len(in_bids):
@@ -1543,15 +1554,20 @@ def _cv_vstack(ctx, xs, ys):
     ctx.emit('Concat', parts, ys, axis=0)
 
 
+def _split_bounds(dim, indices):
+    """(start, stop) of each piece of ``numpy.split(x, indices)``."""
+    bounds = [0] + [min(max(int(i) if i >= 0 else int(i) + dim, 0), dim)
+                    for i in indices] + [dim]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def _split_sizes(ctx, axis):
     """Chunk sizes of SplitAxis along ``axis``, from its attrs."""
     dim = int(ctx.in_shape(0)[axis])
     indices = ctx.attr('indices')
     sections = ctx.attr('sections')
     if indices is not None:
-        bounds = [0] + [min(max(int(i) if i >= 0 else int(i) + dim, 0), dim)
-                        for i in indices] + [dim]
-        return [max(b - a, 0) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [max(b - a, 0) for a, b in _split_bounds(dim, indices)]
     if sections is not None:
         return [dim // int(sections)] * int(sections)
     return [int(ctx.out_shape(j)[axis]) for j in range(len(ctx.results))]
@@ -1565,6 +1581,16 @@ def _cv_split_axis(ctx, xs, ys):
     ys = ctx.result_names(ys, len(sizes))
     if len(ys) == 1:
         ctx.emit('Identity', [xs[0]], ys)
+        return
+    indices = ctx.attr('indices')
+    if indices is not None and sum(sizes) != ctx.in_shape(0)[axis]:
+        # Indices out of order ([4, 2]): the pieces overlap, as NumPy's
+        # do; one Slice each.
+        for (a, b), y in zip(_split_bounds(ctx.in_shape(0)[axis], indices),
+                             ys):
+            ctx.emit('Slice', [xs[0], ctx.i64([a], 'starts'),
+                               ctx.i64([max(a, b)], 'ends'),
+                               ctx.i64([axis], 'axes')], [y])
         return
     ctx.emit('Split', [xs[0], ctx.i64(sizes, 'split')], ys, axis=axis)
 
@@ -1778,7 +1804,16 @@ def _cv_getitem(ctx, xs, ys):
                 step = 1 if step is None else int(step)
                 if step == 0:
                     raise ctx.unsupported('slice step 0')
-                if start is None:
+                if info is None or info[0] != in_axis:
+                    # A fixed axis: Python's bounds (ONNX clamps a start
+                    # before the axis to its first element: x[-10::-1]).
+                    start, stop, step = slice(start, stop, step).indices(
+                        int(in_shape[in_axis]))
+                    if not len(range(start, stop, step)):
+                        start, stop, step = 0, 0, 1
+                    elif stop < 0:
+                        stop = INT64_MIN
+                elif start is None:
                     start = 0 if step > 0 else -1
                 if stop is None:
                     stop = INT64_MAX if step > 0 else INT64_MIN

@@ -460,6 +460,31 @@ def test_opset_below_13_rejected(opset):
         onnx_export.schedule_to_onnx(sched, values, opset=opset)
 
 
+@pytest.mark.parametrize('opset', [13.5, '13.5', None, True])
+def test_opset_not_an_integer_rejected(opset):
+    _onnx()
+    sched, values = _linear_relu_schedule()
+    with pytest.raises(ValueError, match='must be an integer'):
+        onnx_export.schedule_to_onnx(sched, values, opset=opset)
+
+
+@pytest.mark.parametrize('names', [dict(input_names=['']),
+                                   dict(output_names=[''])])
+def test_empty_tensor_names_rejected(names):
+    _onnx()
+    sched, values = _linear_relu_schedule()
+    with pytest.raises(ValueError, match='non-empty'):
+        onnx_export.schedule_to_onnx(sched, values, **names)
+
+
+def test_missing_directory_named(tmp_path):
+    _onnx()
+    sched, values = _linear_relu_schedule()
+    path = tmp_path / 'no' / 'm.onnx'
+    with pytest.raises(FileNotFoundError, match='no directory'):
+        onnx_export.export_schedule(sched, values, str(path))
+
+
 def test_opset_too_new_rejected():
     onnx = _onnx()
     sched, values = _linear_relu_schedule()
@@ -1329,6 +1354,21 @@ def test_integration_leading_axes_merged_by_numpy(tmp_path, record_property):
     model = _BatchShaped(lambda self, x: self.l(x, n_batch_axes=2))
     _integration('core n_batch_axes=2', model, lambda b: _rand(b, 3, 4),
                  tmp_path, record_property)
+
+
+def _pieces(self, x):
+    h = F.relu(x)
+    a, b, c = F.split_axis(h, [4, 2], axis=1)   # overlapping, one empty
+    return F.concat([a, b, c, h[:, -10::-1], h[:, ::-2]], axis=1)
+
+
+def test_integration_numpy_slicing_bounds(tmp_path, record_property):
+    """Split indices out of order ([4, 2]: pieces of 4, 0 and 4 of 6, as
+    NumPy gives) were exported as an invalid Split; a negative start
+    before the axis with a negative step (x[:, -10::-1], empty) as one
+    element."""
+    _integration('core slicing bounds', _BatchShaped(_pieces),
+                 lambda b: _rand(b, 6), tmp_path, record_property)
 
 
 def test_integration_unsupported_op_leaves_no_file(tmp_path):

@@ -555,44 +555,54 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     target_vars = [inner[i] if i < len(leaves) else
                    param_objs[i - len(leaves)] for i in targets]
 
+    def outputs_and_gradients(grad_outputs, keep):
+        """The distinct outputs that get a gradient, their gradients, and
+        [(index, gradient)] for an output returned again. ``keep``: the
+        gradients as copies in GRAD_OUT buffers, whose ids come fourth
+        (None for an output without one); else as Chainer handed them
+        (double backpropagation follows their graph)."""
+        outs, gys, more, bids = [], [], [], []
+        position = {}   # id(output Variable) -> its index in outs
+        for o, g in zip(inner_outs, grad_outputs):
+            if g is None or not o.requires_grad:
+                bids.append(None)
+                continue
+            if keep:
+                ga = recorder.copy_exact(entry_module.raw(g))
+                bids.append(rec.new_buffer(ga, ir.GRAD_OUT, name='grad'))
+                g = chainer.Variable(ga)
+            else:
+                g = chainer.as_variable(g)
+            if id(o) in position:
+                more.append((position[id(o)], g))
+                continue
+            position[id(o)] = len(outs)
+            gys.append(g)
+            outs.append(o)
+        return outs, gys, more, bids
+
+    def backprop(outs, gys, more, **options):
+        # ``return h, h``: chainer.grad keeps one gradient per output
+        # Variable, so the gradients of the copies are added first (an op
+        # of the recorded backward).
+        for i, g in more:
+            gys[i] = gys[i] + g
+        return chainer.grad(outs, target_vars, grad_outputs=gys, **options)
+
     @_with_gc_paused
     def finish(grad_outputs):
         if chainer.config.enable_backprop:
             return _double_backprop(grad_outputs)
         recording = e.state == 'recording'
-        gys, outs_for_grad, grad_out_bids = [], [], []
-        position = {}   # id(output Variable) -> its index in outs_for_grad
-        more = []       # (index, gradient) of an output returned again
-        for o, g in zip(inner_outs, grad_outputs):
-            if g is None or not o.requires_grad:
-                grad_out_bids.append(None)
-                continue
-            ga = recorder.copy_exact(entry_module.raw(g))
-            grad_out_bids.append(rec.new_buffer(ga, ir.GRAD_OUT,
-                                                name='grad'))
-            if id(o) in position:
-                more.append((position[id(o)], chainer.Variable(ga)))
-                continue
-            position[id(o)] = len(outs_for_grad)
-            gys.append(chainer.Variable(ga))
-            outs_for_grad.append(o)
-
-        def backprop():
-            # ``return h, h``: chainer.grad keeps one gradient per output
-            # Variable, so the gradients of the copies are added first (an
-            # op of the recorded backward).
-            for i, g in more:
-                gys[i] = gys[i] + g
-            return chainer.grad(outs_for_grad, target_vars,
-                                grad_outputs=gys)
-
+        outs_for_grad, gys, more, grad_out_bids = outputs_and_gradients(
+            grad_outputs, keep=True)
         if recording:
             rec.phase = 'backward'
             rec.labels = {id(op.node): op.source for op in rec.forward_ops}
             with rec:
-                grads = backprop()
+                grads = backprop(outs_for_grad, gys, more)
         else:
-            grads = backprop()
+            grads = backprop(outs_for_grad, gys, more)
         arrays = [g.raw_array if g is not None else None for g in grads]
         result = [None] * (len(leaves) + len(param_objs))
         for pos, a in zip(targets, arrays):
@@ -657,12 +667,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 'falls back to define-by-run from its next call; run this '
                 'call with chainer.config.use_static_graph = False'
                 % name)
-        pairs = [(o, g) for o, g in zip(inner_outs, grad_outputs)
-                 if g is not None and o.requires_grad]
-        grads = chainer.grad([o for o, _ in pairs], target_vars,
-                             grad_outputs=[chainer.as_variable(g)
-                                           for _, g in pairs],
-                             enable_double_backprop=True)
+        outs, gys, more, _ = outputs_and_gradients(grad_outputs, keep=False)
+        grads = backprop(outs, gys, more, enable_double_backprop=True)
         result = [None] * (len(leaves) + len(param_objs))
         for pos, g in zip(targets, grads):
             result[pos] = g

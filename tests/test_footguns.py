@@ -1771,6 +1771,28 @@ def test_double_backprop_through_the_recording_call():
     assert states(models[1]) == ['fallback']
 
 
+def test_double_backprop_through_an_output_returned_twice():
+    """``return h, h`` with a gradient for each copy: both count, as in the
+    single backward (the double backprop path kept one)."""
+    def body(self, x):
+        h = F.tanh(self.l1(x))
+        return h, h
+
+    models = make_twins(body)
+    x = data(4, 3)
+
+    def step(m):
+        m.cleargrads()
+        h1, h2 = m(x)
+        g, = chainer.grad([F.sum(h1) + F.sum(h2 * 2)], [m.l1.W],
+                          enable_double_backprop=True)
+        F.sum(g * g).backward()
+        return g
+    ga, gb = both(models, step)
+    assert_close(ga.array, gb.array, 'first-order gradient', **EXACT)
+    compare_chains(*models, **EXACT)
+
+
 def test_double_backprop_to_an_input_of_the_recording_call_raises():
     """To an input Variable (an R1 penalty) the recording call cannot give
     define-by-run's graph: a clear error, and the next call runs

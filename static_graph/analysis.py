@@ -28,6 +28,15 @@ _PER_CALL_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
 _SKIP_TYPES = (type, type(numpy), type(len), chainer.Link)
 
 
+def held_arrays(link):
+    """(name, array) of the NumPy array attributes of ``link`` that are
+    neither parameters nor persistents: constants of the chain while they
+    are not replaced (a positional encoding, a causal mask)."""
+    persistent = getattr(link, '_persistent', ())
+    return [(k, v) for k, v in link.__dict__.items()
+            if type(v) is numpy.ndarray and k not in persistent]
+
+
 def chain_arrays(chain, written=()):
     """id(array) -> (role, path, owner, attr) for params, persistents and
     the links' other NumPy array attributes (a positional encoding, a causal
@@ -43,19 +52,14 @@ def chain_arrays(chain, written=()):
             found[id(param.array)] = (ir.PARAM, path, param, None)
     for path, link in chain.namedlinks():
         d = link.__dict__
-        persistent = getattr(link, '_persistent', ())
-        for name, value in d.items():
-            if name in persistent:
-                role = ir.PERSIST
-            elif type(value) is numpy.ndarray and (id(d), name) not in \
-                    written:
-                role = ir.CONST   # traced while recording: writes caught
-            else:
-                continue
-            if not recorder.is_array(value) or id(value) in found:
-                continue
-            found[id(value)] = (role, path.rstrip('/') + '/' + name, link,
-                                name)
+        items = [(name, d.get(name), ir.PERSIST)
+                 for name in getattr(link, '_persistent', ())]
+        items += [(name, value, ir.CONST) for name, value in
+                  held_arrays(link) if (id(d), name) not in written]
+        for name, value, role in items:
+            if recorder.is_array(value) and id(value) not in found:
+                found[id(value)] = (role, path.rstrip('/') + '/' + name,
+                                    link, name)
     return found
 
 

@@ -369,12 +369,10 @@ def _trace_held_arrays(chain, rec):
     held = []
     for link in chain.links():
         d = link.__dict__
-        persistent = getattr(link, '_persistent', ())
-        for k, v in list(d.items()):
-            if type(v) is numpy.ndarray and k not in persistent:
-                rec.chain_held.add(id(v))
-                d[k] = rec.trace(v)
-                held.append((d, k, v, d[k]))
+        for k, v in analysis.held_arrays(link):
+            rec.chain_held.add(id(v))
+            d[k] = rec.trace(v)
+            held.append((d, k, v, d[k]))
     return held
 
 

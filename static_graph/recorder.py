@@ -559,13 +559,8 @@ class Recording(object):
                         '%s indexes with a boolean mask from the data at '
                         '%s: the shape of its result depends on the '
                         'values' % (kind, traced.user_location(4)))
-                elif id(x) not in self.traced_views and \
-                        not self._view_of_buffer(x):
-                    self.add_reason(
-                        'an array computed with NumPy from input or '
-                        'Variable values is used by %s at %s; replay would '
-                        'freeze it (use Chainer functions instead)'
-                        % (kind, traced.user_location(4)))
+                else:
+                    self._untrace(x, kind)
 
     # -- hooks ----------------------------------------------------------------
     def on_apply(self, node, inputs):

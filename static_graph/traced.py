@@ -212,7 +212,8 @@ def _has_traced_mask(key):
 
 
 def retrace(result):
-    """Plain ndarrays (and NumPy scalars) in a result, as TracedArrays."""
+    """Plain ndarrays in a result, as TracedArrays (NumPy scalars are
+    values read, flagged by the caller)."""
     if type(result) is numpy.ndarray:
         return result.view(TracedArray)
     if type(result) in (tuple, list):

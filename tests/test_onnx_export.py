@@ -1264,19 +1264,25 @@ def test_integration_imagenet_model(name, tmp_path, record_property):
                  record_property)
 
 
-class _Views(chainer.Chain):
-    """Views of the input array taken with NumPy (by the method or by
-    Chainer's own code) were exported as constants holding the export
-    call's data (off by up to 1.07 for any other input)."""
-    def __init__(self, view):
-        super(_Views, self).__init__()
-        self.view = view
+class _WithBody(chainer.Chain):
+    """A static chain with one lazily initialized Linear ``l`` whose
+    forward is ``body(self, x)``."""
+    def __init__(self, body):
+        super(_WithBody, self).__init__()
+        self.body = body
         with self.init_scope():
-            self.l = L.Linear(None, 3)
+            self.l = L.Linear(None, 4)
 
     @static_graph.static_graph
     def forward(self, x):
-        return self.l(F.relu(self.view(x)))
+        return self.body(self, x)
+
+
+def _view_net(view):
+    """Views of the input array taken with NumPy (by the method or by
+    Chainer's own code) were exported as constants holding the export
+    call's data (off by up to 1.07 for any other input)."""
+    return _WithBody(lambda self, x: self.l(F.relu(view(x))))
 
 
 _NUMPY_VIEWS = {
@@ -1292,7 +1298,7 @@ _NUMPY_VIEWS = {
 @pytest.mark.parametrize('name', sorted(_NUMPY_VIEWS))
 def test_integration_numpy_view_of_the_input(name, tmp_path,
                                              record_property):
-    _integration('core view %s' % name, _Views(_NUMPY_VIEWS[name]),
+    _integration('core view %s' % name, _view_net(_NUMPY_VIEWS[name]),
                  lambda b: _rand(b, 3, 2, 4), tmp_path, record_property)
 
 
@@ -1302,20 +1308,8 @@ def test_numpy_view_that_cannot_be_exported(view, tmp_path):
     _onnx()
     path = tmp_path / 'view.onnx'
     with pytest.raises(UnsupportedOpError, match='NumPy view of an input'):
-        _export_onnx()(_Views(view), (_rand(2, 3, 2, 4),), str(path))
+        _export_onnx()(_view_net(view), (_rand(2, 3, 2, 4),), str(path))
     assert not path.exists()
-
-
-class _BatchShaped(chainer.Chain):
-    def __init__(self, body):
-        super(_BatchShaped, self).__init__()
-        self.body = body
-        with self.init_scope():
-            self.l = L.Linear(None, 4)
-
-    @static_graph.static_graph
-    def forward(self, x):
-        return self.body(self, x)
 
 
 def _siamese(self, x):
@@ -1340,7 +1334,7 @@ def test_result_not_following_the_batch_size_raises(name, tmp_path):
     too; a result whose shape the exported graph would not follow raises
     instead of writing a model wrong (or failing) at other sizes."""
     _onnx()
-    model = _BatchShaped(_BATCH_SHAPED[name])
+    model = _WithBody(_BATCH_SHAPED[name])
     path = tmp_path / 'm.onnx'
     with pytest.raises(UnsupportedOpError, match='dynamic_batch=False'):
         _export_onnx()(model, (_rand(2, 3),), str(path))
@@ -1351,7 +1345,7 @@ def test_result_not_following_the_batch_size_raises(name, tmp_path):
 
 def test_integration_leading_axes_merged_by_numpy(tmp_path, record_property):
     """L.Linear(n_batch_axes=2) reshapes (B, 3, 4) to (3B, 4) with NumPy."""
-    model = _BatchShaped(lambda self, x: self.l(x, n_batch_axes=2))
+    model = _WithBody(lambda self, x: self.l(x, n_batch_axes=2))
     _integration('core n_batch_axes=2', model, lambda b: _rand(b, 3, 4),
                  tmp_path, record_property)
 
@@ -1367,7 +1361,7 @@ def test_integration_numpy_slicing_bounds(tmp_path, record_property):
     NumPy gives) were exported as an invalid Split; a negative start
     before the axis with a negative step (x[:, -10::-1], empty) as one
     element."""
-    _integration('core slicing bounds', _BatchShaped(_pieces),
+    _integration('core slicing bounds', _WithBody(_pieces),
                  lambda b: _rand(b, 6), tmp_path, record_property)
 
 

@@ -317,6 +317,21 @@ def _ir_ops(rec, rops):
     return ops
 
 
+def _rebindable_params(bufs, param_bids, held):
+    """Per parameter: does the recording read its array only as an op
+    input? Not where a node holds it in an attribute (``held``) or another
+    buffer is a view of it (``W.T`` taken once at plan time, a user's
+    ``W.array[0]``): those would keep the old array if it were replaced."""
+    roots = {}
+    for buf in bufs.values():
+        if recorder.is_array(buf.storage):
+            r = id(recorder.root_of(buf.storage))
+            roots[r] = roots.get(r, 0) + 1
+    return tuple(b not in held and
+                 recorder.root_of(bufs[b].storage) is bufs[b].storage and
+                 roots.get(id(bufs[b].storage)) == 1 for b in param_bids)
+
+
 def release_recording(rec):
     """Let go of what only the recording needed: the arrays of buffers
     replay rebinds every call (activations, gradients), and the data that
@@ -377,6 +392,9 @@ class Entry(object):
         self.link_attr_pairs, self.link_attr_values = link_attrs
         self.params = [p for _, _, p in params]
         self.param_ids = tuple(id(p.array) for p in self.params)
+        self.param_bids = tuple(b for b, _, _ in params)
+        self.param_rebindable = _rebindable_params(bufs, self.param_bids,
+                                                   rec.held)
         self.structure, self.link_sets = link_structure(
             chain, [w[:2] for w in attr_writes])
         self.out_spec = out_spec
@@ -572,11 +590,46 @@ class Entry(object):
     # -- replay -----------------------------------------------------------------
     def matches(self, chain):
         """True if the chain's parameters and persistents are the recorded
-        arrays (``W.array = ...`` or ``to_gpu`` need a new recording) and
-        its links' plain attributes have the recorded values."""
-        for p, i in zip(self.params, self.param_ids):
+        arrays and its links' plain attributes have the recorded values.
+        A parameter array replaced by one of the same type, shape, dtype
+        and strides (``optimizer.use_fp32_update()``, weight clipping by
+        ``W.array = clip(W.array)``) is taken in its place where the entry
+        reads it only as an input; other replacements (``to_gpu``, a new
+        shape) need a new recording."""
+        replaced = None
+        for k, (p, i) in enumerate(zip(self.params, self.param_ids)):
             if id(p.array) != i:
-                return False
+                if not self._can_rebind(k, p.array):
+                    return False
+                replaced = (replaced or []) + [k]
+        if not self._matches_links():
+            return False
+        if replaced:
+            self._rebind_params(replaced)
+        return True
+
+    def _can_rebind(self, k, a):
+        old = self.forward.buffers[self.param_bids[k]].storage
+        return self.param_rebindable[k] and type(a) is type(old) and \
+            a.shape == old.shape and a.dtype == old.dtype and \
+            a.strides == old.strides and \
+            signature.device_tag(a) == signature.device_tag(old)
+
+    def _rebind_params(self, replaced):
+        with self.lock:
+            ids = list(self.param_ids)
+            for k in replaced:
+                a = self.params[k].array
+                ids[k] = id(a)
+                # The buffer keeps the array alive (its id stays unique)
+                # and shows it to printouts and the ONNX exporter.
+                self.forward.buffers[self.param_bids[k]].storage = a
+            self.param_ids = tuple(ids)
+        diagnostics.logger.debug(
+            '%s: replaced parameter arrays taken without a new recording',
+            self.method_name)
+
+    def _matches_links(self):
         # The same child links, Parameter objects, persistent and other
         # array attributes (a link swapped, a Parameter, running statistics
         # or class weights replaced)...

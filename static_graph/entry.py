@@ -317,19 +317,25 @@ def _ir_ops(rec, rops):
     return ops
 
 
-def _rebindable_params(bufs, param_bids, held):
-    """Per parameter: does the recording read its array only as an op
-    input? Not where a node holds it in an attribute (``held``) or another
-    buffer is a view of it (``W.T`` taken once at plan time, a user's
-    ``W.array[0]``): those would keep the old array if it were replaced."""
+def _rebindable_params(bufs, params, held, sources):
+    """Per parameter: does the recording read its array only through the
+    Parameter, as an op input? Not where a node holds it in an attribute
+    (``held``), another buffer is a view of it (``W.T`` taken once at plan
+    time, a user's ``W.array[0]``), or an op got it as a raw array or in
+    another Variable (``self.frozen = self.b.array``, a global): those may
+    still read the old array after ``W.array = new``."""
     roots = {}
     for buf in bufs.values():
         if recorder.is_array(buf.storage):
             r = id(recorder.root_of(buf.storage))
             roots[r] = roots.get(r, 0) + 1
-    return tuple(b not in held and
-                 recorder.root_of(bufs[b].storage) is bufs[b].storage and
-                 roots.get(id(bufs[b].storage)) == 1 for b in param_bids)
+    out = []
+    for b, _, p in params:
+        a = bufs[b].storage
+        out.append(b not in held and recorder.root_of(a) is a and
+                   roots.get(id(a)) == 1 and
+                   sources.get(b, set()) <= set([id(p)]))
+    return tuple(out)
 
 
 def release_recording(rec):
@@ -393,8 +399,8 @@ class Entry(object):
         self.params = [p for _, _, p in params]
         self.param_ids = tuple(id(p.array) for p in self.params)
         self.param_bids = tuple(b for b, _, _ in params)
-        self.param_rebindable = _rebindable_params(bufs, self.param_bids,
-                                                   rec.held)
+        self.param_rebindable = _rebindable_params(
+            bufs, params, rec.held, rec.input_sources)
         self.structure, self.link_sets = link_structure(
             chain, [w[:2] for w in attr_writes])
         self.out_spec = out_spec

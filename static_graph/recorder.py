@@ -461,6 +461,9 @@ class Recording(object):
         self.steps = []           # BackwardStep per node backward() call
         self.backward_label = None
         self.labels = {}          # id(forward node) -> its source
+        # buffer id -> ids of the Variables that handed its array to ops
+        # (None: handed as a raw array, from ``.array`` or an attribute)
+        self.input_sources = {}
 
     # -- buffers ------------------------------------------------------------
     def new_buffer(self, array, role, name=None):
@@ -623,12 +626,15 @@ class Recording(object):
                         '%s (defined outside Chainer) modifies its inputs '
                         'in place at %s' % (kind, traced.user_location(2)))
                     break
-        self._record(node, kind, in_arrays, outs, pre)
+        self._record(node, kind, in_arrays, outs, pre,
+                     [id(x) if isinstance(x, _Variable) else None
+                      for x in inputs])
         return outs
 
-    def _record(self, node, kind, in_arrays, outs, pre):
+    def _record(self, node, kind, in_arrays, outs, pre, sources):
         nones = tuple(i for i, a in enumerate(in_arrays) if a is None)
         if nones:
+            sources = [v for v, a in zip(sources, in_arrays) if a is not None]
             in_arrays = [a for a in in_arrays if a is not None]
         for a in in_arrays:
             if not is_array(a):
@@ -638,6 +644,8 @@ class Recording(object):
         by_id = self.by_id
         in_ids = tuple([by_id[id(a)] if id(a) in by_id else
                         self.buffer_of(a, kind) for a in in_arrays])
+        for b, v in zip(in_ids, sources):
+            self.input_sources.setdefault(b, set()).add(v)
         out_ids = [self.new_buffer(a, ir.TEMP) for a in out_arrays]
         select = list(range(len(out_ids)))
         post = attrs(node)

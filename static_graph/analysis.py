@@ -63,6 +63,22 @@ def chain_arrays(chain, written=()):
     return found
 
 
+def shared_parameter_arrays(chain, rec, params):
+    """Parameters of ``chain`` that hold the array of another, one the
+    recording read, as [(the path of the one in ``params``, the other's
+    path, buffer id, the other Parameter)]. Recorded buffers are arrays
+    by identity: classify_unknown gave the buffer to one of them only."""
+    claimed = dict((b, path) for b, path, _ in params)
+    mine = set(id(p) for _, _, p in params)
+    out = []
+    for path, param in chain.namedparams():
+        b = rec.by_id.get(id(param.array))
+        if b in claimed and id(param) not in mine:
+            mine.add(id(param))
+            out.append((claimed[b], path, b, param))
+    return out
+
+
 def _shape_derived(a):
     """What Chainer's backward code builds from shapes, not from values:
     small integer vectors (split indices, sizes) and single-element arrays

@@ -276,13 +276,35 @@ def _snapshot_links(chain):
     return [(link.__dict__, dict(link.__dict__)) for link in chain.links()]
 
 
-def _attr_changes(rec, snapshot):
+def _read_by(rec, old):
+    """Did an op of the recording read ``old`` (an array or a Variable's
+    array), whole or through a view?"""
+    a = old.raw_array if isinstance(old, chainer.Variable) else old
+    if not recorder.is_array(a):
+        return False
+    return id(a) in rec.by_id or any(
+        recorder.root_of(buf.storage) is a for buf in rec.buffers.values()
+        if recorder.is_array(buf.storage))
+
+
+def _attr_changes(rec, snapshot, detached=()):
+    """The link attributes the method assigned, as (dict, name, buffer id,
+    'V' or 'A'); one it read before assigning it is state carried from
+    call to call (``self.h = h.array``), which the recording's reason
+    list gets (``detached``: ids of recurrent Variables, handled by
+    _reattach)."""
     writes = []
     for d, before in snapshot:
         for k, v in list(d.items()):
             old = before.get(k, recorder.MISSING)
             if old is v:
                 continue
+            if old is not recorder.MISSING and id(old) not in detached and \
+                    _read_by(rec, old):
+                rec.add_reason(
+                    'it reads attribute %r and then assigns it a new value: '
+                    'state carried from one call to the next, which replay '
+                    'would freeze at the recorded value' % k)
             if isinstance(v, chainer.Variable):
                 if v.raw_array is None:
                     continue
@@ -461,7 +483,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 a = rec._untrace(o, 'the return value')
                 inner_outs.append(chainer.Variable(a, requires_grad=False))
             out_bids.append(rec.buffer_of(a, 'the return value'))
-        attr_writes = _attr_changes(rec, snapshot)
+        attr_writes = _attr_changes(rec, snapshot,
+                                    set(id(d[3]) for d in detached))
         recurrent = _reattach(rec, detached)
         n_outs = len(out_bids)
         if chainer.config.enable_backprop:
@@ -492,6 +515,14 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     written = set((id(d), k) for d, k, _, _ in attr_writes)
     chain_map = analysis.chain_arrays(chain, written)
     params, persists = analysis.classify_unknown(rec, chain_map)
+    shared = analysis.shared_parameter_arrays(chain, rec, params)
+    if shared:
+        rec.add_reason('parameters %s and %s hold the same array; replay '
+                       'would give its gradients to one of them only '
+                       '(share the Parameter or link instead)'
+                       % tuple(sorted(shared[0][:2])))
+        # This call's backward still gives each its gradient.
+        params += [(bid, path, p) for _, path, bid, p in shared]
 
     e = entry_module.Entry(key, name)
     e.n_outs = n_outs   # the method's outputs; hidden ones follow
@@ -539,7 +570,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             return out
         cache.put(key, e)
         vals = _outputs_after_recording(e, inner_outs, out_kinds)
-        _keep_attrs(attr_writes, dict(zip(map(id, inner_outs), vals)))
+        _keep_attrs(attr_writes, dict(zip(map(id, inner_outs), vals)),
+                    rec.buffers)
         return signature.unflatten_outputs(out_spec, vals[:n_outs])
 
     if rec.reasons:
@@ -677,18 +709,23 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     outs = entry_module.detach_outputs(node.apply(list(leaves) + param_objs),
                                        e.no_grad_outs)
     vals = [v if k == 'V' else v.raw_array for v, k in zip(outs, out_kinds)]
-    _keep_attrs(attr_writes, {id(v): o for v, o in zip(inner_outs, outs)})
+    _keep_attrs(attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},
+                rec.buffers)
     return signature.unflatten_outputs(out_spec, vals[:n_outs])
 
 
-def _keep_attrs(attr_writes, by_inner):
+def _keep_attrs(attr_writes, by_inner, bufs):
     """What the recording call leaves in the attributes it set: the call's
-    output when one was kept, else a detached copy (replay may rewrite the
-    recorded array in place), of the kept type."""
+    output when one was kept; the chain's own array (a parameter's,
+    ``self.prev = self.b.array``) or a constant itself, as define-by-run
+    leaves it; else a detached copy (replay may rewrite the recorded array
+    in place), of the kept type."""
     for d, k, b, kind in attr_writes:
         cur = d.get(k)
         if id(cur) in by_inner:
             d[k] = by_inner[id(cur)]
+        elif kind == 'A' and bufs[b].role in entry_module._STABLE_ROLES:
+            d[k] = bufs[b].storage
         else:
             d[k] = recorder._detached_copy(cur)
 

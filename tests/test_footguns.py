@@ -1810,3 +1810,85 @@ def test_double_backprop_to_an_input_of_the_recording_call_raises():
         F.sum(g * g).backward()
     compare_chains(*models, **EXACT)
     assert states(b) == ['fallback']
+
+
+def test_two_parameters_holding_one_array_fall_back():
+    """``l2.W.array = l1.W.array`` ties two Parameters through one array:
+    define-by-run gives each its own gradient (the optimizer then updates
+    the array twice); recorded buffers are arrays by identity, so replay
+    gave l1.W none. It falls back, naming both."""
+    def init(self):
+        self.l1 = L.Linear(4, 4)
+        self.l2 = L.Linear(4, 4)
+        self.l2.W.array = self.l1.W.array
+
+    def body(self, x):
+        return F.sum(self.l2(F.tanh(self.l1(x))) ** 2)
+
+    models = make_twins(body, init)
+    models[1].l2.W.array = models[1].l1.W.array   # copyparams untied them
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always', StaticGraphWarning)
+        train_alike(models, [(data(3, 4),) for _ in range(3)], **EXACT)
+    assert states(models[1]) == ['fallback']
+    assert 'parameters /l1/W and /l2/W hold the same array' in str(
+        w[0].message)
+
+
+STATE_ATTRS = {
+    # name -> (initial value, what the method stores for the next call)
+    'array': (lambda: numpy.zeros((4, 2), 'f'), lambda h: h.array),
+    'detached Variable': (lambda: chainer.Variable(numpy.zeros((4, 2), 'f')),
+                          lambda h: chainer.Variable(h.array)),
+}
+
+
+@pytest.mark.parametrize('name', sorted(STATE_ATTRS))
+def test_state_carried_through_an_attribute_falls_back(name):
+    """The method reads an attribute and stores a new value in it for the
+    next call (``self.s = h.array``): replay read the recorded value on
+    every call (loss off by 1.4 on the second call). It falls back."""
+    initial, stored = STATE_ATTRS[name]
+
+    def init(self):
+        _mlp(self)
+        self.s = initial()
+
+    def body(self, x):
+        h = F.tanh(self.l2(self.l1(x)) + self.s)
+        self.s = stored(h)
+        return F.sum(h * h)
+
+    models = make_twins(body, init)
+    train_alike(models, [(data(4, 3),) for _ in range(4)], **EXACT)
+    assert states(models[1]) == ['fallback']
+    assert 'reads attribute' in states_reason(models[1])
+
+
+def states_reason(chain):
+    return list(cache(chain).entries.values())[0].reason
+
+
+def test_attribute_set_to_a_parameter_array_keeps_the_alias():
+    """``self.prev_b = self.l1.b.array``: define-by-run's attribute is the
+    parameter's array, so the optimizer's in-place update shows in it. The
+    recording call left a copy there (the next call's loss off by 0.013)."""
+    def init(self):
+        _mlp(self)
+        self.prev_b = numpy.zeros(4, 'f')
+
+    def body(self, x):
+        h = F.relu(self.l1(x) + self.prev_b)
+        self.prev_b = self.l1.b.array
+        return F.sum(self.l2(h) ** 2)
+
+    models = make_twins(body, init)
+    opts = twin_optimizers(models, lambda: chainer.optimizers.SGD(0.1))
+    for i in range(3):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i, **EXACT)
+        for o in opts:
+            o.update()
+        compare_chains(*models, grads=False, **EXACT)
+    assert models[1].prev_b is models[1].l1.b.array

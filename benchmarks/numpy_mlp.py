@@ -48,6 +48,12 @@ class NumpyMLP(object):
             chain.l3.b)))
 
     def step(self, x, t):
+        loss = self.forward_backward(x, t)
+        self.update()
+        return loss
+
+    def forward_backward(self, x, t):
+        """The loss; the gradients are left in ``gW`` and ``gb``."""
         n = x.shape[0]
         # forward
         numpy.dot(x, self.W1.T, out=self.h1)
@@ -77,10 +83,12 @@ class NumpyMLP(object):
         self.g1 *= self.h1 > 0
         numpy.dot(self.g1.T, x, out=self.gW[0])
         self.g1.sum(axis=0, out=self.gb[0])
-        # SGD, in place
+        return float(loss)
+
+    def update(self):
+        """SGD, in place (the gradients are scaled where they are)."""
         for p, gp in zip(self._params(), (self.gW[0], self.gb[0], self.gW[1],
                                          self.gb[1], self.gW[2],
                                          self.gb[2])):
             gp *= self.lr
             p -= gp
-        return float(loss)

@@ -203,17 +203,55 @@ def memory_case(case, batch, warmup=3, skip=()):
         tracemalloc.stop()
 
 
+class _BuildTimer(object):
+    """Time spent turning a finished recording into schedules (the
+    analysis of captured arrays, Entry.build, verify) while active."""
+
+    def __init__(self):
+        from static_graph import analysis, entry
+        self.targets = [(analysis, 'mark_captured'),
+                        (entry.Entry, 'build'), (entry.Entry, 'verify')]
+        self.seconds = 0.0
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+        return timed
+
+    def __enter__(self):
+        self.saved = [(o, n, o.__dict__[n]) for o, n in self.targets]
+        for o, n, fn in self.saved:
+            setattr(o, n, self._timed(fn))
+        return self
+
+    def __exit__(self, *exc):
+        for o, n, fn in self.saved:
+            setattr(o, n, fn)
+
+
 def recording_cost(case, trials=3):
-    """First iteration of a fresh static model vs define-by-run iterations."""
+    """First iteration of a fresh static model vs define-by-run iterations;
+    for ours also the part of it spent building the schedules."""
     rs = numpy.random.RandomState(5)
     batch = case['batch'](rs)
     first = {v: [] for v in cases.VARIANTS}
+    building = []
     steady = []
     for _ in range(trials):
         built = build(case)
         for v, (m, o) in built.items():
+            timer = _BuildTimer()
             t0 = time.perf_counter()
-            step(m, o, batch, v)
+            if v == 'ours':
+                with timer:
+                    step(m, o, batch, v)
+                building.append(timer.seconds)
+            else:
+                step(m, o, batch, v)
             first[v].append(time.perf_counter() - t0)
         m, o = built['dbr']
         for _ in range(2):
@@ -221,7 +259,8 @@ def recording_cost(case, trials=3):
         t0 = time.perf_counter()
         step(m, o, batch, 'dbr')
         steady.append(time.perf_counter() - t0)
-    out = {'dbr_steady': float(numpy.median(steady))}
+    out = {'dbr_steady': float(numpy.median(steady)),
+           'ours_building': float(numpy.median(building))}
     for v, ts in first.items():
         if ts:
             out[v + '_first'] = float(numpy.median(ts))
@@ -229,7 +268,14 @@ def recording_cost(case, trials=3):
 
 
 def mlp_numpy_reference(batch_sizes, rounds):
-    """Hand-written NumPy MLP step with preallocated buffers vs variants."""
+    """Hand-written NumPy MLP step with preallocated buffers vs ours.
+
+    Both steps are timed in two parts: forward and backward, then the SGD
+    update (ours: Chainer's optimizer, which the library leaves to Chainer).
+    ``floor`` is the lowest ours / numpy any replay could reach while
+    Chainer's optimizer updates: NumPy's own forward and backward plus
+    Chainer's update, over the NumPy step."""
+    pc = time.perf_counter
     out = {}
     for b in batch_sizes:
         case = [c for c in all_cases() if c['name'] == 'mlp-b%d' % b][0]
@@ -248,20 +294,37 @@ def mlp_numpy_reference(batch_sizes, rounds):
         for _ in range(3):
             ref.step(x, t)
             step(m, o, (x, t), 'ours')
+
+        def numpy_step():
+            t0 = pc()
+            ref.forward_backward(x, t)
+            t1 = pc()
+            ref.update()
+            return t1 - t0, pc() - t1
+
+        def ours_step():
+            t0 = pc()
+            m.cleargrads()
+            m(x, t).backward()
+            t1 = pc()
+            o.update()
+            return t1 - t0, pc() - t1
+
         times = {'numpy': [], 'ours': []}
         n = case['n_iter']
         for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                ref.step(x, t)
-            times['numpy'].append((time.perf_counter() - t0) / n)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                step(m, o, (x, t), 'ours')
-            times['ours'].append((time.perf_counter() - t0) / n)
+            for name, fn in (('numpy', numpy_step), ('ours', ours_step)):
+                parts = numpy.array([fn() for _ in range(n)]).mean(axis=0)
+                times[name].append(parts)
+        med = dict((k, numpy.median(v, axis=0)) for k, v in times.items())
         out['mlp-b%d' % b] = dict(
-            numpy=float(numpy.median(times['numpy'])),
-            ours=float(numpy.median(times['ours'])), matches=agree)
+            numpy=float(med['numpy'].sum()),
+            ours=float(med['ours'].sum()),
+            numpy_update=float(med['numpy'][1]),
+            chainer_update=float(med['ours'][1]),
+            floor=float((med['numpy'][0] + med['ours'][1]) /
+                        med['numpy'].sum()),
+            matches=agree)
     return out
 
 
@@ -302,22 +365,27 @@ def markdown(results):
     rc = results.get('recording')
     if rc:
         lines += ['', '| case | dbr iteration | dbr first iteration | '
-                  'chainer recording | our recording | ours / dbr iteration |',
-                  '|---|---|---|---|---|---|']
+                  'chainer recording | our recording | of it building '
+                  'schedules | ours / dbr iteration |',
+                  '|---|---|---|---|---|---|---|']
         for name, r in rc.items():
-            lines.append('| %s | %s | %s | %s | %s | %.2fx |' % (
+            lines.append('| %s | %s | %s | %s | %s | %s | %.2fx |' % (
                 name, fmt_time(r['dbr_steady']), fmt_time(r['dbr_first']),
                 fmt_time(r['chainer_first']) if 'chainer_first' in r
                 else 'n/a', fmt_time(r['ours_first']),
+                fmt_time(r['ours_building']),
                 r['ours_first'] / r['dbr_steady']))
     ref = results.get('numpy_reference')
     if ref:
         lines += ['', '| case | hand-written NumPy | ours | ours / numpy | '
-                  'reference matches Chainer |', '|---|---|---|---|---|']
+                  'update: NumPy / Chainer | floor with Chainer\'s update | '
+                  'reference matches Chainer |',
+                  '|---|---|---|---|---|---|---|']
         for name, r in ref.items():
-            lines.append('| %s | %s | %s | %.2fx | %s |' % (
+            lines.append('| %s | %s | %s | %.2fx | %s / %s | %.2fx | %s |' % (
                 name, fmt_time(r['numpy']), fmt_time(r['ours']),
-                r['ours'] / r['numpy'], r['matches']))
+                r['ours'] / r['numpy'], fmt_time(r['numpy_update']),
+                fmt_time(r['chainer_update']), r['floor'], r['matches']))
     lines += ['', 'Machine: %s, %s, %d cores, Python %s, chainer %s, '
               'numpy %s.' % (platform.platform(), platform.processor() or
                              platform.machine(), os.cpu_count(),

@@ -293,33 +293,35 @@ def _attr_changes(rec, snapshot, detached=()):
     call to call (``self.h = h.array``), which the recording's reason
     list gets (``detached``: ids of recurrent Variables, handled by
     _reattach)."""
+    changed = [(d, k, v, before.get(k, recorder.MISSING))
+               for d, before in snapshot for k, v in list(d.items())
+               if before.get(k, recorder.MISSING) is not v]
+    # Before the writes below add buffers (``self.a, self.b = self.b,
+    # self.a`` reads neither).
+    for d, k, v, old in changed:
+        if old is not recorder.MISSING and id(old) not in detached and \
+                _read_by(rec, old):
+            rec.add_reason(
+                'it reads attribute %r and then assigns it a new value: '
+                'state carried from one call to the next, which replay '
+                'would freeze at the recorded value' % k)
     writes = []
-    for d, before in snapshot:
-        for k, v in list(d.items()):
-            old = before.get(k, recorder.MISSING)
-            if old is v:
+    for d, k, v, old in changed:
+        if isinstance(v, chainer.Variable):
+            if v.raw_array is None:
                 continue
-            if old is not recorder.MISSING and id(old) not in detached and \
-                    _read_by(rec, old):
-                rec.add_reason(
-                    'it reads attribute %r and then assigns it a new value: '
-                    'state carried from one call to the next, which replay '
-                    'would freeze at the recorded value' % k)
-            if isinstance(v, chainer.Variable):
-                if v.raw_array is None:
-                    continue
-                writes.append((d, k, rec.buffer_of(v.raw_array,
-                                                   'attribute ' + k), 'V'))
-            elif recorder.is_array(v):
-                a = rec._untrace(v, 'attribute ' + k)
-                writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
-            elif type(v) in _PLAIN and type(old) is type(v) and \
-                    old == v:
-                continue     # (a Variable or array before: not ==)
-            else:
-                rec.add_reason('the method sets attribute %r (%s), which '
-                               'replay would not repeat'
-                               % (k, type(v).__name__))
+            writes.append((d, k, rec.buffer_of(v.raw_array,
+                                               'attribute ' + k), 'V'))
+        elif recorder.is_array(v):
+            a = rec._untrace(v, 'attribute ' + k)
+            writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
+        elif type(v) in _PLAIN and type(old) is type(v) and \
+                old == v:
+            continue     # (a Variable or array before: not ==)
+        else:
+            rec.add_reason('the method sets attribute %r (%s), which '
+                           'replay would not repeat'
+                           % (k, type(v).__name__))
     return writes
 
 

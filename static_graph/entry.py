@@ -397,8 +397,11 @@ class Entry(object):
         self.n_leaves = n_leaves
         self.link_attr_pairs, self.link_attr_values = link_attrs
         self.params = [p for _, _, p in params]
-        self.param_ids = tuple(id(p.array) for p in self.params)
-        self.param_bids = tuple(b for b, _, _ in params)
+        param_bids = [b for b, _, _ in params]
+        self.param_bids = tuple(param_bids)
+        # Each holds the parameter's array as recorded (or as rebound):
+        # replay needs a new recording where the Parameter holds another.
+        self.param_bufs = tuple(bufs[b] for b in param_bids)
         self.param_rebindable = _rebindable_params(
             bufs, params, rec.held, rec.input_sources)
         self.structure, self.link_sets = link_structure(
@@ -407,7 +410,6 @@ class Entry(object):
         self.out_kinds = out_kinds
         self.reports = reports
         self.attr_writes = attr_writes
-        param_bids = [b for b, _, _ in params]
         f_inputs = list(leaf_bids) + param_bids
         fops = _ir_ops(rec, rec.forward_ops)
         fwd_written = set(b for op in fops for b in op.outputs)
@@ -603,8 +605,8 @@ class Entry(object):
         reads it only as an input; other replacements (``to_gpu``, a new
         shape) need a new recording."""
         replaced = None
-        for k, (p, i) in enumerate(zip(self.params, self.param_ids)):
-            if id(p.array) != i:
+        for k, (p, buf) in enumerate(zip(self.params, self.param_bufs)):
+            if p.array is not buf.storage:
                 if not self._can_rebind(k, p.array):
                     return False
                 replaced = (replaced or []) + [k]
@@ -615,7 +617,7 @@ class Entry(object):
         return True
 
     def _can_rebind(self, k, a):
-        old = self.forward.buffers[self.param_bids[k]].storage
+        old = self.param_bufs[k].storage
         return self.param_rebindable[k] and type(a) is type(old) and \
             a.shape == old.shape and a.dtype == old.dtype and \
             a.strides == old.strides and \
@@ -623,14 +625,9 @@ class Entry(object):
 
     def _rebind_params(self, replaced):
         with self.lock:
-            ids = list(self.param_ids)
             for k in replaced:
-                a = self.params[k].array
-                ids[k] = id(a)
-                # The buffer keeps the array alive (its id stays unique)
-                # and shows it to printouts and the ONNX exporter.
-                self.forward.buffers[self.param_bids[k]].storage = a
-            self.param_ids = tuple(ids)
+                # Printouts and the ONNX exporter read it there too.
+                self.param_bufs[k].storage = self.params[k].array
         diagnostics.logger.debug(
             '%s: replaced parameter arrays taken without a new recording',
             self.method_name)

@@ -126,7 +126,57 @@ def _deconvolution_2d(rop, node, xs):
     return lambda a: (deconv2d(a[0], a[1], *args),)
 
 
+def _blas_ready(a):
+    """Chainer copies a non-contiguous operand with a unit axis before its
+    dot (chainer issue 2744); the kernels below call dot on it as is."""
+    return a.flags.c_contiguous or a.flags.f_contiguous or 1 not in a.shape
+
+
+# Linear's forward and its gradients: Chainer's own BLAS calls on the same
+# operands (the same summation order), without its per-call checks and the
+# copy of the product into a preallocated result.
+def _linear(rop, node, xs):
+    if not _plain_cpu(xs) or xs[0].ndim != 2 or \
+            len(set(a.dtype for a in xs)) != 1 or not _blas_ready(xs[0]):
+        return None
+    dot, empty = numpy.dot, numpy.empty
+    n_out = xs[1].shape[0]
+    if len(xs) == 2:
+        def kernel(a):
+            y = empty((a[0].shape[0], n_out), a[0].dtype)
+            dot(a[0], a[1].T, out=y)
+            return y,
+    else:
+        def kernel(a):
+            y = empty((a[0].shape[0], n_out), a[0].dtype)
+            dot(a[0], a[1].T, out=y)
+            y += a[2]
+            return y,
+    return kernel
+
+
+def _linear_grad_data(rop, node, xs):
+    if _plain_cpu(xs) and xs[0].dtype == xs[1].dtype and _blas_ready(xs[1]):
+        return lambda a: (a[1].dot(a[0]),)
+
+
+def _linear_grad_weight(rop, node, xs):
+    if _plain_cpu(xs) and xs[0].dtype == xs[1].dtype == node._w_dtype and \
+            _blas_ready(xs[1]):
+        return lambda a: (a[1].T.dot(a[0]),)
+
+
+def _sum(rop, node, xs):
+    if _plain_cpu(xs):
+        axis, keepdims, asarray = node.axis, node.keepdims, numpy.asarray
+        return lambda a: (asarray(a[0].sum(axis=axis, keepdims=keepdims)),)
+
+
 FAST = {
+    'LinearFunction': _linear,
+    'LinearGradData': _linear_grad_data,
+    'LinearGradWeight': _linear_grad_weight,
+    'Sum': _sum,
     'Deconvolution2DFunction': _deconvolution_2d,
     'Convolution2DFunction': _convolution_2d,
     'Convolution2DGradW': _convolution_2d_grad_w,
@@ -314,7 +364,51 @@ def _fixed_bn_forward(rop, node, xs, donated):
     return kernel
 
 
+def _softmax_cross_entropy(rop, node, xs, donated):
+    """F.softmax_cross_entropy on a batch of class scores with integer
+    labels, mean over the valid ones: the operations of Chainer's CPU
+    forward (log-softmax, kept scores, label picks, the promoted sum)
+    without its per-call checks. Its state: the scores ``y`` the gradient
+    node takes and the ``_coeff`` it multiplies by."""
+    import chainer
+    from chainer.functions.loss import softmax_cross_entropy as sce
+    keys = tuple(k for k, _ in rop.state)
+    if len(xs) != 2 or not _plain_cpu(xs) or xs[0].ndim != 2 or \
+            xs[1].ndim != 1 or xs[0].dtype.kind != 'f' or \
+            xs[1].dtype.kind != 'i' or not set(keys) <= {'y', '_coeff'} or \
+            node.class_weight is not None or node.reduce != 'mean' or \
+            not node.normalize or not node.cache_score or chainer.is_debug():
+        return None
+    ignore = node.ignore_label
+    reduce_dtype = sce._reduction_dtype(xs[0].dtype)
+    np = numpy
+
+    def kernel(a):
+        x, t = a
+        m = x.max(axis=1, keepdims=True)
+        e = x - m
+        np.exp(e, out=e)
+        s = e.sum(axis=1, keepdims=True)
+        np.log(s, out=s)
+        m += s
+        log_y = x - m
+        y = np.exp(log_y)
+        t_valid = t != ignore
+        t = t * t_valid
+        log_p = log_y.T[t, np.arange(t.size)]
+        log_p *= t_valid
+        coeff = 1.0 / max(t_valid.sum(), 1)
+        loss = log_p.sum(keepdims=True, dtype=reduce_dtype) * (-coeff)
+        state = {'y': y, '_coeff': coeff}
+        return (loss.astype(x.dtype, copy=False).reshape(()),) + tuple(
+            [state[k] for k in keys])
+
+    kernel.__name__ = 'numpy_SoftmaxCrossEntropy'
+    return kernel
+
+
 STATEFUL = {
+    'SoftmaxCrossEntropy': _softmax_cross_entropy,
     'BatchNormalization': _bn_forward,
     'FixedBatchNormalization': _fixed_bn_forward,
 }
@@ -359,6 +453,11 @@ def same_results(kernel, in_arrays, out_arrays):
     if len(got) != len(out_arrays):
         return False
     for g, want in zip(got, out_arrays):
+        if not hasattr(want, 'shape'):   # a Python number (SCE's _coeff)
+            if type(g) is not type(want) or not (
+                    g == want or g != g and want != want):
+                return False
+            continue
         if type(g) is not type(want) or g.shape != want.shape or \
                 g.dtype != want.dtype or g.strides != want.strides or \
                 not numpy.array_equal(g, want):

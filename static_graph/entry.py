@@ -18,6 +18,7 @@ import numpy
 
 import chainer
 from chainer import backend
+from chainer import configuration
 from chainer import function_node
 
 from schedules import executor
@@ -738,6 +739,13 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
                  for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
 
 
+def _variable(array, requires_grad=True):
+    """``chainer.Variable(array, requires_grad=...)`` for an array replay
+    made (NumPy or CuPy, never ChainerX): without re-checking its type."""
+    return chainer.Variable._init_unchecked(
+        array, requires_grad=requires_grad, is_chainerx_array=False)
+
+
 class ReplayNode(function_node.FunctionNode):
     """One call of a static chain: forward and backward schedules."""
 
@@ -754,6 +762,50 @@ class ReplayNode(function_node.FunctionNode):
     @property
     def label(self):
         return 'StaticGraph(%s)' % self.entry.method_name
+
+    def apply(self, inputs):
+        """``FunctionNode.apply`` without the checks the cache key and the
+        entry's match already made (array types, devices, dtypes). It
+        leaves the node and its outputs as ``FunctionNode.apply`` would:
+        same attributes, ranks, edges and retained data (none). Function
+        hooks, debug mode, memory layouts and Chainer's own static graph
+        take the full ``apply``."""
+        if chainer.is_debug() or chainer.get_function_hooks() or \
+                configuration.config.schedule_func is not None:
+            return super(ReplayNode, self).apply(inputs)
+        Variable = chainer.Variable
+        input_vars = [x if isinstance(x, Variable) else
+                      Variable(x, requires_grad=False) for x in inputs]
+        for x in input_vars:
+            if x._layout is not None or x._has_chainerx_array:
+                return super(ReplayNode, self).apply(inputs)
+        in_data = tuple([x._data[0] for x in input_vars])
+        self._input_layouts = (None,) * len(input_vars)
+        self._input_indexes_to_retain = None
+        self._output_indexes_to_retain = None
+        if self._copyto_is_numpy:
+            outputs = self.forward(in_data)
+        else:
+            with chainer.using_device(
+                    backend.get_device_from_array(*in_data)):
+                outputs = self.forward(in_data)
+        self._output_layouts = (None,) * len(outputs)
+        self._output_count = len(outputs)
+        requires_grad = any([x.requires_grad for x in input_vars])
+        ret = tuple([_variable(y, requires_grad) for y in outputs])
+        if configuration.config.enable_backprop:
+            self.rank = max([x.rank for x in input_vars]) \
+                if input_vars else 0
+            for y in ret:
+                y.creator_node = self
+            self.inputs = tuple([x.node for x in input_vars])
+            self.outputs = tuple([weakref.ref(y.node) for y in ret])
+            self.lazy_grad_sum = configuration.config.lazy_grad_sum
+        return ret
+
+    @property
+    def _copyto_is_numpy(self):
+        return self.entry._copyto is numpy.copyto
 
     def forward(self, inputs):
         entry = self.entry
@@ -866,7 +918,7 @@ class ReplayNode(function_node.FunctionNode):
             by_input[target] = next(it) if slot is not None else None
         included = set(entry.grad_targets[k] for k in held)
         return tuple(
-            chainer.Variable(by_input[i]) if by_input.get(i) is not None
+            _variable(by_input[i]) if by_input.get(i) is not None
             else None for i in indexes), included
 
 

@@ -154,17 +154,33 @@ def _hashable(v):
         return ('unhashable', type(v).__name__, id(v))
 
 
+_config_keys = {}   # (global items, local items) as set -> config_key()
+
+
 def config_key():
     """Every chainer.config flag of this thread, as sorted (name, value)
-    pairs: a method may read any of them, user-defined ones included."""
+    pairs: a method may read any of them, user-defined ones included.
+    Remembered per configuration as it is set (the last 64 kept)."""
     config = chainer.config
     local = getattr(config, '_local', None)
     glob = getattr(config, '_global', None)
     if local is None or glob is None:    # not Chainer's LocalConfig
         return tuple((n, getattr(config, n, None)) for n in CONFIG_FLAGS)
+    raw = (tuple(glob.__dict__.items()), tuple(local.__dict__.items()))
+    try:
+        return _config_keys[raw]
+    except KeyError:
+        pass
+    except TypeError:   # an unhashable value: not remembered
+        raw = None
     merged = dict(glob.__dict__)
     merged.update(local.__dict__)
-    return tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
+    key = tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
+    if raw is not None:
+        if len(_config_keys) >= 64:
+            _config_keys.clear()
+        _config_keys[raw] = key
+    return key
 
 
 def flatten_outputs(out):

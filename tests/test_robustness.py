@@ -673,3 +673,35 @@ def test_thread_local_config_is_in_the_key(fast_switching):
                 F.sum(y).backward()
 
     run_threads(worker, 4)
+
+
+def test_config_key_follows_every_change():
+    """config_key() remembers the keys of configurations it has seen; a
+    change back and forth, a new flag, an unhashable value and another
+    thread's flags each give the key of the configuration as it is."""
+    from static_graph import signature
+
+    def fresh():
+        saved = dict(signature._config_keys)
+        signature._config_keys.clear()
+        try:
+            return signature.config_key()
+        finally:
+            signature._config_keys.update(saved)
+
+    seen = []
+    for value in (True, False, True, [1, 2], 3, None):
+        with chainer.using_config('sg_test_flag', value):
+            key = signature.config_key()
+            assert key == fresh()
+            assert dict(key)['sg_test_flag'] == signature._hashable(value)
+            seen.append(key)
+    assert seen[0] == seen[2] and len(set(seen)) == 5
+    other = []
+    with chainer.using_config('sg_test_flag', 'main'):
+        t = threading.Thread(target=lambda: other.append(
+            signature.config_key()))
+        t.start()
+        t.join()
+        assert 'sg_test_flag' not in dict(other[0])
+        assert dict(signature.config_key())['sg_test_flag'] == 'main'

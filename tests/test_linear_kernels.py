@@ -12,7 +12,8 @@ from chainer import function_node
 
 from static_graph import entry
 from static_graph import static_graph
-from static_graph.decorator import caches_of
+from tests.test_lowering import kernels
+from tests.twins import twin_optimizers
 
 
 class MLP(chainer.Chain):
@@ -34,13 +35,6 @@ class MLP(chainer.Chain):
 StaticMLP = type('StaticMLP', (MLP,), {'forward': static_graph(MLP.forward)})
 
 
-def kernel_names(chain):
-    (cache,) = caches_of(chain).values()
-    (e,) = cache.entries.values()
-    return [(op.kind, getattr(op.fn, '__name__', None))
-            for s in (e.forward, e.backward) for op in s.ops]
-
-
 def train_twins(dtype, labels, nobias=False, class_weight=None, x_of=None):
     """Train an MLP and its static twin with SGD on the given label
     batches; every loss, gradient and parameter must agree bit for bit."""
@@ -48,11 +42,7 @@ def train_twins(dtype, labels, nobias=False, class_weight=None, x_of=None):
     a = MLP(dtype, nobias, class_weight)
     b = StaticMLP(dtype, nobias, class_weight)
     b.copyparams(a)
-    opts = []
-    for m in (a, b):
-        o = chainer.optimizers.SGD(lr=0.1)
-        o.setup(m)
-        opts.append(o)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.SGD(lr=0.1))
     for t in labels:
         x = rs.standard_normal((len(t), 6)).astype(dtype)
         if x_of is not None:
@@ -80,7 +70,7 @@ LABELS = [numpy.array(t, numpy.int32) for t in (
 @pytest.mark.parametrize('nobias', [False, True])
 def test_linear_and_loss_kernels_train_bit_for_bit(dtype, nobias):
     b = train_twins(dtype, LABELS, nobias)
-    used = kernel_names(b)
+    used = kernels(b)
     names = [n for _, n in used]
     assert names.count('numpy_LinearFunction') == 2, used
     assert names.count('numpy_LinearGradWeight') == 2, used
@@ -96,14 +86,14 @@ def test_loss_kernel_checked_on_a_call_without_valid_labels():
     one, and still compared exactly."""
     labels = [LABELS[0], LABELS[2]] + LABELS[3:]
     b = train_twins(numpy.float32, labels)
-    assert dict(kernel_names(b))['SoftmaxCrossEntropy'] == \
+    assert dict(kernels(b))['SoftmaxCrossEntropy'] == \
         'numpy_SoftmaxCrossEntropy'
 
 
 def test_weighted_loss_keeps_chainers_kernel():
     w = numpy.array([1, 2, 0.5, 1], numpy.float32)
     b = train_twins(numpy.float32, LABELS, class_weight=w)
-    assert dict(kernel_names(b))['SoftmaxCrossEntropy'] == 'kernel'
+    assert dict(kernels(b))['SoftmaxCrossEntropy'] == 'kernel'
 
 
 def test_strided_input_with_a_unit_axis_keeps_chainers_kernel():
@@ -113,7 +103,7 @@ def test_strided_input_with_a_unit_axis_keeps_chainers_kernel():
         return numpy.repeat(x, 2, axis=1)[:, ::2]
     labels = [numpy.array([t[0]], numpy.int32) for t in LABELS]
     b = train_twins(numpy.float32, labels, x_of=strided)
-    used = kernel_names(b)
+    used = kernels(b)
     assert used[0] == ('LinearFunction', 'kernel'), used
 
 

@@ -783,12 +783,7 @@ class ReplayNode(function_node.FunctionNode):
         self._input_layouts = (None,) * len(input_vars)
         self._input_indexes_to_retain = None
         self._output_indexes_to_retain = None
-        if self._copyto_is_numpy:
-            outputs = self.forward(in_data)
-        else:
-            with chainer.using_device(
-                    backend.get_device_from_array(*in_data)):
-                outputs = self.forward(in_data)
+        outputs = self._on_device(self.forward, in_data)
         self._output_layouts = (None,) * len(outputs)
         self._output_count = len(outputs)
         requires_grad = any([x.requires_grad for x in input_vars])
@@ -803,9 +798,13 @@ class ReplayNode(function_node.FunctionNode):
             self.lazy_grad_sum = configuration.config.lazy_grad_sum
         return ret
 
-    @property
-    def _copyto_is_numpy(self):
-        return self.entry._copyto is numpy.copyto
+    def _on_device(self, fn, arrays):
+        """``fn(arrays)``; for CuPy arrays on their device, as
+        ``FunctionNode.apply`` runs a forward."""
+        if self.entry._copyto is numpy.copyto:
+            return fn(arrays)
+        with chainer.using_device(backend.get_device_from_array(*arrays)):
+            return fn(arrays)
 
     def forward(self, inputs):
         entry = self.entry
@@ -904,12 +903,7 @@ class ReplayNode(function_node.FunctionNode):
             self.saved = None   # the schedule frees each at its last use
             args.extend(p.array for p in entry.params)
             args.extend(held[k] for k in sorted(held))
-            if entry._copyto is numpy.copyto:
-                grads = run.run(args)
-            else:   # CuPy: run on the arrays' device, as apply does forward
-                with chainer.using_device(
-                        backend.get_device_from_array(*args)):
-                    grads = run.run(args)
+            grads = self._on_device(run.run, args)
         self.done = True
         self.saved = None
         by_input = {}

@@ -244,10 +244,9 @@ def recording_cost(case, trials=3):
     for _ in range(trials):
         built = build(case)
         for v, (m, o) in built.items():
-            timer = _BuildTimer()
             t0 = time.perf_counter()
             if v == 'ours':
-                with timer:
+                with _BuildTimer() as timer:
                     step(m, o, batch, v)
                 building.append(timer.seconds)
             else:

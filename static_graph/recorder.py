@@ -331,18 +331,41 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
                          start)
 
 
+# What install() puts in place, as (namespace dict, {name: patched}, {name:
+# original}): one dict update per namespace each way (the 67 global
+# generator functions alone took ~30 us as setattr calls, cache cold).
+_PATCHES = (
+    (function_node.FunctionNode, {'apply': _patched_apply},
+     {'apply': _orig_apply}),
+    (variable_module.Variable, {'_get_array': _patched_get_array},
+     {'_get_array': _orig_get_array}),
+    (reporter_module.Reporter, {'report': _patched_report},
+     {'report': _orig_report}),
+    (_backprop_utils.__dict__, {'backprop_step': _patched_backprop_step},
+     {'backprop_step': _orig_backprop_step}),
+    (numpy.__dict__, _patched_numpy, _orig_numpy),
+) + tuple(
+    (module.__dict__,
+     dict((n, fn) for (m, n), fn in _patched_rng.items() if m == name),
+     dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))
+    for name, module in _RNG_MODULES.items())
+
+
+def _put(which):
+    for where, patched, orig in _PATCHES:
+        pairs = patched if which else orig
+        if isinstance(where, dict):
+            where.update(pairs)
+        else:           # a class: its __dict__ is read-only
+            for name, fn in pairs.items():
+                setattr(where, name, fn)
+
+
 def install():
     global _install_count
     with _install_lock:
         if _install_count == 0:
-            function_node.FunctionNode.apply = _patched_apply
-            variable_module.Variable._get_array = _patched_get_array
-            reporter_module.Reporter.report = _patched_report
-            _backprop_utils.backprop_step = _patched_backprop_step
-            for name, fn in _patched_numpy.items():
-                setattr(numpy, name, fn)
-            for (module, name), fn in _patched_rng.items():
-                setattr(_RNG_MODULES[module], name, fn)
+            _put(True)
         _install_count += 1
 
 
@@ -351,14 +374,10 @@ def uninstall():
     with _install_lock:
         _install_count -= 1
         if _install_count == 0:
-            function_node.FunctionNode.apply = _orig_apply
-            variable_module.Variable._get_array = _orig_get_array
-            reporter_module.Reporter.report = _orig_report
-            _backprop_utils.backprop_step = _orig_backprop_step
-            for name, fn in _orig_numpy.items():
-                setattr(numpy, name, fn)
-            for (module, name), fn in _orig_rng.items():
-                setattr(_RNG_MODULES[module], name, fn)
+            _put(False)
+
+
+_RANGES = tuple(tuple(range(n)) for n in range(8))
 
 
 class RecordedOp(object):
@@ -567,29 +586,41 @@ class Recording(object):
 
     # -- hooks ----------------------------------------------------------------
     def on_apply(self, node, inputs):
+        # The hot path of recording (every op, forward and backward): kept
+        # to plain loops and dict lookups.
         cls = type(node)
         info = _type_info.get(cls)
         if info is None:
             info = _type_info[cls] = _describe_type(node)
         kind, user_defined, side_effects, pure = info
         if kind is None:      # old-style Function: per wrapped class
-            impl = node._function
-            kind, user_defined, side_effects, pure = _describe_type(impl)
+            kind, user_defined, side_effects, pure = _describe_type(
+                node._function)
+            d = AdapterAttrs(node)
+        else:
+            d = node.__dict__
         if side_effects:
             self.add_reason('%s declares side effects '
                             '(static_graph_side_effects = True)' % kind)
         inputs = tuple(inputs)
         in_arrays = []
+        sources = []
+        TracedArray = traced.TracedArray
         traced_seen = False
         for x in inputs:
-            a = x._data[0] if isinstance(x, _Variable) else x
-            if isinstance(a, traced.TracedArray):
+            if isinstance(x, _Variable):
+                a = x._data[0]
+                sources.append(id(x))
+            else:
+                a = x
+                sources.append(None)
+            if isinstance(a, TracedArray):
                 traced_seen = True
             in_arrays.append(a)
         if traced_seen:
             fixed = []
             for x, a in zip(inputs, in_arrays):
-                if isinstance(a, traced.TracedArray):
+                if isinstance(a, TracedArray):
                     a = self._untrace(a, kind)
                     if isinstance(x, _Variable):
                         x.array = a
@@ -605,14 +636,14 @@ class Recording(object):
         if user_defined and not pure:
             check = [(a, a.copy()) for a in in_arrays
                      if isinstance(a, numpy.ndarray)]
-        d = attrs(node)
         pre = d.copy()
         for k, v in pre.items():
-            if isinstance(v, traced.TracedArray):
+            t = type(v)
+            if t is TracedArray:
                 # Handed to the constructor, not as an input (F.where's
                 # condition): a view of a buffer is fine, derived is not.
                 d[k] = pre[k] = self._untrace(v, kind)
-            elif type(v) in (tuple, list):
+            elif t is tuple or t is list:
                 self._check_nested(kind, v)
         self.depth += 1
         try:
@@ -626,51 +657,64 @@ class Recording(object):
                         '%s (defined outside Chainer) modifies its inputs '
                         'in place at %s' % (kind, traced.user_location(2)))
                     break
-        self._record(node, kind, in_arrays, outs, pre,
-                     [id(x) if isinstance(x, _Variable) else None
-                      for x in inputs])
+        self._record(node, kind, in_arrays, outs, pre, sources, d)
         return outs
 
-    def _record(self, node, kind, in_arrays, outs, pre, sources):
-        nones = tuple(i for i, a in enumerate(in_arrays) if a is None)
+    def _record(self, node, kind, in_arrays, outs, pre, sources, post):
+        nones = ()
+        for i, a in enumerate(in_arrays):
+            if a is None:
+                nones += (i,)
+            elif not (isinstance(a, numpy.ndarray) or is_array(a)):
+                self.add_reason('%s got a %s input' % (kind, type(a).__name__))
+                return
         if nones:
             sources = [v for v, a in zip(sources, in_arrays) if a is not None]
             in_arrays = [a for a in in_arrays if a is not None]
-        for a in in_arrays:
-            if not is_array(a):
-                self.add_reason('%s got a %s input' % (kind, type(a).__name__))
-                return
         out_arrays = [y._data[0] for y in outs]
         by_id = self.by_id
-        in_ids = tuple([by_id[id(a)] if id(a) in by_id else
-                        self.buffer_of(a, kind) for a in in_arrays])
-        for b, v in zip(in_ids, sources):
-            self.input_sources.setdefault(b, set()).add(v)
-        out_ids = [self.new_buffer(a, ir.TEMP) for a in out_arrays]
-        select = list(range(len(out_ids)))
-        post = attrs(node)
+        in_ids = []
+        input_sources = self.input_sources
+        for a, v in zip(in_arrays, sources):
+            b = by_id.get(id(a))
+            if b is None:
+                b = self.buffer_of(a, kind)
+            in_ids.append(b)
+            known = input_sources.get(b)
+            if known is None:
+                input_sources[b] = {v}
+            else:
+                known.add(v)
+        in_ids = tuple(in_ids)
+        new_buffer = self.new_buffer
+        out_ids = [new_buffer(a, ir.TEMP) for a in out_arrays]
         changed = [k for k, v in post.items()
                    if pre.get(k, MISSING) is not v and k not in _APPLY_KEYS]
         state = []
         restore = []
         if changed:
-            seen = set(id(a) for a in in_arrays)
-            seen.update(id(a) for a in out_arrays)
+            seen = None
             for k in changed:
                 v = post[k]
                 restore.append((k, pre.get(k, MISSING)))
-                if is_array(v) and id(v) not in seen:
-                    bid = self.new_buffer(v, ir.STATE,
-                                          name='%s.%s' % (kind, k))
+                if not is_array(v):
+                    continue
+                if seen is None:
+                    seen = {id(a) for a in in_arrays}
+                    seen.update([id(a) for a in out_arrays])
+                if id(v) not in seen:
+                    bid = new_buffer(v, ir.STATE, name='%s.%s' % (kind, k))
                     state.append((k, bid))
                     out_ids.append(bid)
-                    select.append(len(out_arrays) + len(state) - 1)
+        n_out = len(out_ids)
+        select = _RANGES[n_out] if n_out < len(_RANGES) else \
+            tuple(range(n_out))
         if len(pre) > len(post) - len(changed):
             for k in pre:
                 if k not in post and k not in _APPLY_KEYS:
                     restore.append((k, pre[k]))
-        op = RecordedOp(node, kind, in_ids, tuple(out_ids), tuple(select),
-                        state, restore, self._source(), None)
+        op = RecordedOp(node, kind, in_ids, tuple(out_ids), select, state,
+                        restore, self._source(), None)
         op.nones = nones
         if self.phase == 'forward':
             self.forward_ops.append(op)

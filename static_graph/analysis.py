@@ -26,6 +26,17 @@ _SCAN_DEPTH = 4
 # constants): a reference to one must be refreshed (static) or rebound.
 _PER_CALL_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
 _SKIP_TYPES = (type, type(numpy), type(len), chainer.Link)
+# Attribute values that hold no array, node or number of interest.
+_ATOMIC = frozenset((type(None), bool, int, str, bytes))
+
+
+def _own_attrs(d):
+    """(key, value) of a node's attributes other than those
+    FunctionNode.apply manages, and other than plain ints, bools, strings
+    and None: what ``mark_captured`` looks at, in the node's order."""
+    skip = recorder._APPLY_KEYS
+    return [(k, v) for k, v in d.items()
+            if type(v) not in _ATOMIC and k not in skip]
 
 
 def held_arrays(link):
@@ -265,17 +276,16 @@ def mark_captured(rec, chain_map):
     # constants a backward node may be built with too.
     forward_numbers = set()
     for op in rec.forward_ops:
-        changed = set(k for k, _ in op.restore)
-        forward_numbers.update(
-            id(v) for k, v in recorder.attrs(op.node).items()
-            if isinstance(v, numpy.generic) and k not in changed)
+        changed = {k for k, _ in op.restore}
+        forward_numbers.update([
+            id(v) for k, v in _own_attrs(recorder.attrs(op.node))
+            if isinstance(v, numpy.generic) and k not in changed])
     referenced = set()   # ids of nodes another node holds
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every
         # replay; what the node was constructed with (ctor arguments) is a
         # reference that must see current values, even to its own input.
-        set_by_forward = set(k for k, _ in op.restore)
-        own = set(op.inputs) | set(op.outputs)
+        set_by_forward = {k for k, _ in op.restore}
         arrays, nodes = [], []
         d = recorder.attrs(op.node)
         for k, pre in list(op.restore):
@@ -293,9 +303,7 @@ def mark_captured(rec, chain_map):
             found = []
             _scan(pre, _SCAN_DEPTH, found, nodes)
             arrays.extend((a, False) for a in found)
-        for k, v in d.items():
-            if k in recorder._APPLY_KEYS:
-                continue
+        for k, v in _own_attrs(d):
             if i >= n_forward and k not in set_by_forward and \
                     _rebindable(rec, op, v):
                 # A backward node built with a recorded array (ReLUGrad2's
@@ -321,9 +329,14 @@ def mark_captured(rec, chain_map):
                     'by %s) from values that replay would freeze'
                     % (op.source or 'an op', op.kind))
                 continue
+            if type(v) is float:
+                continue
             found = []
             _scan(v, _SCAN_DEPTH, found, nodes)
-            arrays.extend((a, k in set_by_forward) for a in found)
+            if found:
+                refreshed = k in set_by_forward
+                arrays.extend([(a, refreshed) for a in found])
+        own = None
         for a, refreshed in arrays:
             if a is None:
                 continue
@@ -345,8 +358,12 @@ def mark_captured(rec, chain_map):
             # Read through the attribute, not as an op input: replay must
             # never write into it (lower_pass donations).
             rec.held.add(bid)
-            if refreshed and bid in own:
-                continue
+            if refreshed:
+                if own is None:
+                    own = set(op.inputs)
+                    own.update(op.outputs)
+                if bid in own:
+                    continue
             buf = rec.buffers[bid]
             if buf.role in _PER_CALL_ROLES:
                 buf.static = True

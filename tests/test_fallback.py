@@ -10,7 +10,7 @@ import chainer.functions as F
 import chainer.links as L
 
 import static_graph
-from static_graph import StaticGraphWarning, diagnostics
+from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
 from tests.twins import assert_close, compare_chains
 
@@ -19,12 +19,6 @@ rs = numpy.random.RandomState(0)
 
 def data(*shape):
     return rs.standard_normal(shape).astype(numpy.float32)
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings():
-    diagnostics.reset_warnings()
-    yield
 
 
 class Base(chainer.Chain):

@@ -33,7 +33,7 @@ def labels(n, k):
 
 
 @pytest.fixture(autouse=True)
-def fresh_warnings():
+def fresh_warnings():  # conftest.py's, and warnings silenced
     diagnostics.reset_warnings()
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', StaticGraphWarning)

@@ -16,7 +16,7 @@ import chainer.functions as F
 import chainer.links as L
 
 import static_graph
-from static_graph import StaticGraphWarning, diagnostics
+from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
 from tests.twins import assert_close, compare_chains
 
@@ -25,12 +25,6 @@ rs = numpy.random.RandomState(11)
 
 def data(*shape, dtype=numpy.float32):
     return rs.standard_normal(shape).astype(dtype)
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings():
-    diagnostics.reset_warnings()
-    yield
 
 
 class Base(chainer.Chain):

@@ -12,7 +12,7 @@ import chainer.links as L
 import static_graph
 from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
-from tests.twins import assert_close, compare_chains
+from tests.twins import assert_close, compare_chains, twin_optimizers
 
 rs = numpy.random.RandomState(0)
 
@@ -377,11 +377,7 @@ def test_recurrent_state_on_links_trains_like_define_by_run(kind):
     a = _Recurrent(kind)
     b = Static(kind)
     b.copyparams(a)
-    opts = []
-    for m in (a, b):
-        o = chainer.optimizers.SGD(lr=0.1)
-        o.setup(m)
-        opts.append(o)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.SGD(lr=0.1))
     rs = numpy.random.RandomState(0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')

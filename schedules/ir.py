@@ -172,21 +172,27 @@ class Schedule(object):
             if buf.role in (PARAM, PERSIST, CONST):
                 defined.add(b)
         writer = {}
+        buffers = self.buffers
+        inputs = set(self.inputs)
         for i, op in enumerate(self.ops):
+            # The messages are formatted only for a problem: this runs
+            # over every op of every recording.
             for b in op.inputs:
-                self._known(b, 'input of op %d (%s)' % (i, op.kind))
+                if b not in buffers:
+                    self._known(b, 'input of op %d (%s)' % (i, op.kind))
                 if b not in defined:
                     raise ScheduleError(
                         'op %d (%s) reads %%%d before it is defined'
                         % (i, op.kind, b))
             for b in op.outputs:
-                self._known(b, 'output of op %d (%s)' % (i, op.kind))
+                if b not in buffers:
+                    self._known(b, 'output of op %d (%s)' % (i, op.kind))
                 if b in writer:
                     raise ScheduleError(
                         '%%%d is written by op %d (%s) and op %d (%s)'
                         % (b, writer[b], self.ops[writer[b]].kind, i,
                            op.kind))
-                if b in self.inputs:
+                if b in inputs:
                     raise ScheduleError(
                         'op %d (%s) overwrites schedule input %%%d'
                         % (i, op.kind, b))

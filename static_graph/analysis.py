@@ -273,13 +273,9 @@ def mark_captured(rec, chain_map):
             rec.add_reason(reason)
     forward_consts = set()
     # NumPy scalars forward nodes were built with (``x * numpy.float32(2)``):
-    # constants a backward node may be built with too.
+    # constants a backward node may be built with too. Filled while the
+    # forward ops are visited, before any backward op reads it.
     forward_numbers = set()
-    for op in rec.forward_ops:
-        changed = {k for k, _ in op.restore}
-        forward_numbers.update([
-            id(v) for k, v in _own_attrs(recorder.attrs(op.node))
-            if isinstance(v, numpy.generic) and k not in changed])
     referenced = set()   # ids of nodes another node holds
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every
@@ -303,7 +299,12 @@ def mark_captured(rec, chain_map):
             found = []
             _scan(pre, _SCAN_DEPTH, found, nodes)
             arrays.extend((a, False) for a in found)
-        for k, v in _own_attrs(d):
+        own_attrs = _own_attrs(d)
+        if i < n_forward:
+            forward_numbers.update([
+                id(v) for k, v in own_attrs
+                if isinstance(v, numpy.generic) and k not in set_by_forward])
+        for k, v in own_attrs:
             if i >= n_forward and k not in set_by_forward and \
                     _rebindable(rec, op, v):
                 # A backward node built with a recorded array (ReLUGrad2's

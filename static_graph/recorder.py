@@ -665,8 +665,9 @@ class Recording(object):
         for i, a in enumerate(in_arrays):
             if a is None:
                 nones += (i,)
-            elif not (isinstance(a, numpy.ndarray) or is_array(a)):
-                self.add_reason('%s got a %s input' % (kind, type(a).__name__))
+            elif not is_array(a):
+                self.add_reason('%s got a %s input'
+                                % (kind, type(a).__name__))
                 return
         if nones:
             sources = [v for v, a in zip(sources, in_arrays) if a is not None]

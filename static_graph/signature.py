@@ -160,7 +160,8 @@ _config_keys = {}   # (global items, local items) as set -> config_key()
 def config_key():
     """Every chainer.config flag of this thread, as sorted (name, value)
     pairs: a method may read any of them, user-defined ones included.
-    Remembered per configuration as it is set (the last 64 kept)."""
+    Remembered per configuration as it is set (up to 64 configurations,
+    then forgotten all at once)."""
     config = chainer.config
     local = getattr(config, '_local', None)
     glob = getattr(config, '_global', None)

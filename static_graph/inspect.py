@@ -1,9 +1,9 @@
 """Look inside a static chain: its cached schedules and why calls fell back.
 
     for s in static_graph.cached(model):
-        print(s.key, s.state)
-        print(s.forward)          # the schedule, one op a line
-    print(static_graph.explain(model))
+        s.key, s.state    # key as text; 'complete', 'recording' or 'fallback'
+        str(s.forward)    # the schedule as text, one op a line
+    static_graph.explain(model)   # a text report of every key and reason
 """
 import collections
 
@@ -11,6 +11,7 @@ import numpy
 
 from schedules import ir
 from static_graph import decorator
+
 
 class CachedSchedule(collections.namedtuple(
         'CachedSchedule', ['method', 'key', 'state', 'reason', 'forward',

@@ -44,7 +44,10 @@ class TieredSchedule(object):
         self.options = options
         self.left = threshold
         self.compiled = None
-        self.run = self._interpret if threshold > 0 else self._compile_run
+        # The compiled function once there is one. (Not a bound method of
+        # self kept on self: that is a reference cycle, which leaves a
+        # dropped schedule to the garbage collector instead of freeing it.)
+        self.run = None
         self._table = None
 
     @property
@@ -60,21 +63,21 @@ class TieredSchedule(object):
                                              **self.options)
         return self.compiled
 
-    def _compile_run(self, args):
-        self.run = self._get_compiled().run
-        return self.run(args)
-
     def _interpret(self, args):
         self.left -= 1
-        if self.left <= 0:
-            self.run = self._compile_run
         if self._table is None:
             self._table = _table(self.schedule, **self.options)
         return _interpret(self._table, args, self.copyto,
                           self.options.get('copy', _copy))
 
     def __call__(self, args):
-        return self.run(args)
+        run = self.run
+        if run is not None:
+            return run(args)
+        if self.left > 0:
+            return self._interpret(args)
+        self.run = run = self._get_compiled().run
+        return run(args)
 
 
 def _copy(a):
@@ -240,4 +243,6 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     source = '\n'.join(lines) + '\n'
     code = compile(source, '<schedule %s>' % schedule.name, 'exec')
     exec(code, env)
-    return CompiledSchedule(schedule, env['run'], source)
+    # Out of its own globals: ``run`` -> globals -> ``run`` would be a
+    # reference cycle holding every kernel until the garbage collector runs.
+    return CompiledSchedule(schedule, env.pop('run'), source)

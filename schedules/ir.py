@@ -91,7 +91,7 @@ class Op(object):
     """
 
     __slots__ = ('kind', 'inputs', 'outputs', '_attrs', 'source', 'fn',
-                 'select', 'lower_from')
+                 'select', 'lower_from', '__weakref__')
 
     def __init__(self, kind, inputs, outputs, attrs=None, source=None,
                  fn=None, select=None):

@@ -816,7 +816,7 @@ class ReplayNode(function_node.FunctionNode):
                         owner.snapshot = [s.copy()
                                           for s in entry.static_storages]
                 entry.owner = weakref.ref(self)
-            result = entry.run_forward.run(inputs)
+            result = entry.run_forward(inputs)
             n = len(entry.forward.outputs)
             # Copy what later calls rewrite while no other thread can.
             outs = tuple(recorder.copy_exact(o) if c else o
@@ -903,7 +903,7 @@ class ReplayNode(function_node.FunctionNode):
             self.saved = None   # the schedule frees each at its last use
             args.extend(p.array for p in entry.params)
             args.extend(held[k] for k in sorted(held))
-            grads = self._on_device(run.run, args)
+            grads = self._on_device(run, args)
         self.done = True
         self.saved = None
         by_input = {}

@@ -22,6 +22,7 @@ reported values), not read by a later op, and sharing memory with no
 buffer that is.
 """
 import functools
+import weakref
 
 from schedules import ir
 from static_graph import describe
@@ -133,7 +134,14 @@ def _choose(op, rop, kernel):
 
 
 def _probe(op, rop, fast, donated):
+    # The op only through a weak reference: op.fn -> probe -> decided -> op
+    # would be a reference cycle, freed only by the garbage collector.
+    op_ref = weakref.ref(op)
+
     def decided(kernel):
+        op = op_ref()
+        if op is None:
+            return
         if kernel is fast:
             _choose(op, rop, fast)
             # The state the node's own kernel left on it (statistics of the

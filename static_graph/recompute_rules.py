@@ -121,14 +121,17 @@ def _flatten(tree, leaves):
     return fn, out
 
 
-def _kernel(flat):
-    def run(node, a):
-        fn, kids = node
-        args = [a[k] if type(k) is int else run(k, a) for k in kids]
-        return fn(args, [type(k) is not int for k in kids])
+def _run_tree(node, a):
+    # A module function: a recursive closure would refer to itself through
+    # its cell, a reference cycle that only the garbage collector frees.
+    fn, kids = node
+    args = [a[k] if type(k) is int else _run_tree(k, a) for k in kids]
+    return fn(args, [type(k) is not int for k in kids])
 
+
+def _kernel(flat):
     def kernel(a):
-        return (run(flat, a),)
+        return (_run_tree(flat, a),)
     return kernel
 
 

@@ -71,79 +71,81 @@ def flatten(arg_names, args, kwargs):
     ``batch[1]``, ``inputs['t']``). Raises Unsupported for values that cannot
     be part of a key.
     """
-    leaves = []
-    paths = []
-    cupy_nd = _cupy_ndarray()
-
-    def walk(obj, path):
-        if isinstance(obj, chainer.Variable):
-            array = obj.raw_array
-            if array is None:
-                raise Unsupported('argument %s is an uninitialized Variable'
-                                  % path)
-            if obj.xp is not numpy and not (cupy_nd and
-                                            isinstance(array, cupy_nd)):
-                raise Unsupported(_foreign_array_reason(array, path) or
-                                  'argument %s holds a %s' % (
-                                      path, type(array).__name__))
-            leaves.append(obj)
-            paths.append(path)
-            return ('V', array.shape, array.dtype.str, device_tag(array),
-                    obj.requires_grad, layout(array))
-        if isinstance(obj, numpy.ndarray) or (cupy_nd and
-                                              isinstance(obj, cupy_nd)):
-            leaves.append(obj)
-            paths.append(path)
-            return ('A', obj.shape, obj.dtype.str, device_tag(obj),
-                    layout(obj))
-        if isinstance(obj, _SCALARS):
-            return (type(obj), obj)
-        if isinstance(obj, (tuple, list)):
-            return (type(obj),
-                    tuple(walk(o, '%s[%d]' % (path, i))
-                          for i, o in enumerate(obj)))
-        if isinstance(obj, dict):
-            items = []
-            for k, v in obj.items():
-                if not isinstance(k, _SCALARS):
-                    raise Unsupported('argument %s has a dict key of type %s'
-                                      % (path, type(k).__name__))
-                items.append((k, walk(v, '%s[%r]' % (path, k))))
-            return (dict, tuple(items))
-        reason = _foreign_array_reason(obj, path)
-        if reason:
-            raise Unsupported(reason)
-        raise Unsupported('argument %s has type %s, which cannot be part of '
-                          'a cache key (use arrays, Variables, None, bool, '
-                          'int, float, str, or tuples/lists/dicts of them)'
-                          % (path, type(obj).__name__))
-
+    found = ([], [], _cupy_ndarray())   # leaves, paths, CuPy's ndarray
     pos = []
     for i, a in enumerate(args):
         name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
-        pos.append(walk(a, name))
-    kw = tuple((k, walk(kwargs[k], k)) for k in sorted(kwargs))
-    return (tuple(pos), kw), leaves, paths
+        pos.append(_walk(a, name, found))
+    kw = tuple((k, _walk(kwargs[k], k, found)) for k in sorted(kwargs))
+    return (tuple(pos), kw), found[0], found[1]
+
+
+# The walkers below are module functions, not closures: a recursive closure
+# refers to itself through its cell, a reference cycle that only the garbage
+# collector frees, on every call.
+def _walk(obj, path, found):
+    leaves, paths, cupy_nd = found
+    if isinstance(obj, chainer.Variable):
+        array = obj.raw_array
+        if array is None:
+            raise Unsupported('argument %s is an uninitialized Variable'
+                              % path)
+        if obj.xp is not numpy and not (cupy_nd and
+                                        isinstance(array, cupy_nd)):
+            raise Unsupported(_foreign_array_reason(array, path) or
+                              'argument %s holds a %s' % (
+                                  path, type(array).__name__))
+        leaves.append(obj)
+        paths.append(path)
+        return ('V', array.shape, array.dtype.str, device_tag(array),
+                obj.requires_grad, layout(array))
+    if isinstance(obj, numpy.ndarray) or (cupy_nd and
+                                          isinstance(obj, cupy_nd)):
+        leaves.append(obj)
+        paths.append(path)
+        return ('A', obj.shape, obj.dtype.str, device_tag(obj),
+                layout(obj))
+    if isinstance(obj, _SCALARS):
+        return (type(obj), obj)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj),
+                tuple(_walk(o, '%s[%d]' % (path, i), found)
+                      for i, o in enumerate(obj)))
+    if isinstance(obj, dict):
+        items = []
+        for k, v in obj.items():
+            if not isinstance(k, _SCALARS):
+                raise Unsupported('argument %s has a dict key of type %s'
+                                  % (path, type(k).__name__))
+            items.append((k, _walk(v, '%s[%r]' % (path, k), found)))
+        return (dict, tuple(items))
+    reason = _foreign_array_reason(obj, path)
+    if reason:
+        raise Unsupported(reason)
+    raise Unsupported('argument %s has type %s, which cannot be part of '
+                      'a cache key (use arrays, Variables, None, bool, '
+                      'int, float, str, or tuples/lists/dicts of them)'
+                      % (path, type(obj).__name__))
 
 
 def rebuild(args, kwargs, replacements):
     """Return (args, kwargs) with the array leaves replaced, in order."""
     it = iter(replacements)
-
-    def put(obj):
-        if isinstance(obj, chainer.Variable):
-            return next(it)
-        if isinstance(obj, _SCALARS):
-            return obj
-        if isinstance(obj, (tuple, list)):
-            return type(obj)(put(o) for o in obj)
-        if isinstance(obj, dict):
-            return {k: put(v) for k, v in obj.items()}
-        return next(it)   # an array
-
-    new_args = tuple(put(a) for a in args)
-    new_kwargs = {k: put(kwargs[k]) for k in sorted(kwargs)}
+    new_args = tuple(_put(a, it) for a in args)
+    new_kwargs = {k: _put(kwargs[k], it) for k in sorted(kwargs)}
     return new_args, new_kwargs
+
+
+def _put(obj, it):
+    if isinstance(obj, chainer.Variable):
+        return next(it)
+    if isinstance(obj, _SCALARS):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_put(o, it) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _put(v, it) for k, v in obj.items()}
+    return next(it)   # an array
 
 
 def _hashable(v):
@@ -187,34 +189,35 @@ def config_key():
 def flatten_outputs(out):
     """(spec, leaves) of a method's result; leaves are Variables/arrays."""
     leaves = []
+    return _walk_out(out, leaves), leaves
 
-    def walk(obj):
-        if isinstance(obj, chainer.Variable) or hasattr(obj, '__array_interface__') \
-                or hasattr(obj, '__cuda_array_interface__'):
-            if isinstance(obj, _SCALARS):
-                return ('K', obj)
-            leaves.append(obj)
-            return ('V' if isinstance(obj, chainer.Variable) else 'A',)
-        if isinstance(obj, (tuple, list)):
-            return (type(obj), tuple(walk(o) for o in obj))
-        if isinstance(obj, dict):
-            return (dict, tuple((k, walk(v)) for k, v in obj.items()))
-        return ('K', obj)
 
-    return walk(out), leaves
+def _walk_out(obj, leaves):
+    if isinstance(obj, chainer.Variable) or \
+            hasattr(obj, '__array_interface__') or \
+            hasattr(obj, '__cuda_array_interface__'):
+        if isinstance(obj, _SCALARS):
+            return ('K', obj)
+        leaves.append(obj)
+        return ('V' if isinstance(obj, chainer.Variable) else 'A',)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj), tuple(_walk_out(o, leaves) for o in obj))
+    if isinstance(obj, dict):
+        return (dict, tuple((k, _walk_out(v, leaves))
+                            for k, v in obj.items()))
+    return ('K', obj)
 
 
 def unflatten_outputs(spec, leaves):
-    it = iter(leaves)
+    return _build_out(spec, iter(leaves))
 
-    def build(s):
-        tag = s[0]
-        if tag in ('V', 'A'):
-            return next(it)
-        if tag == 'K':
-            return s[1]
-        if tag is dict:
-            return {k: build(v) for k, v in s[1]}
-        return tag(build(o) for o in s[1])
 
-    return build(spec)
+def _build_out(s, it):
+    tag = s[0]
+    if tag in ('V', 'A'):
+        return next(it)
+    if tag == 'K':
+        return s[1]
+    if tag is dict:
+        return {k: _build_out(v, it) for k, v in s[1]}
+    return tag(_build_out(o, it) for o in s[1])

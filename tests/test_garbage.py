@@ -1,0 +1,93 @@
+"""Recording, replaying and dropping a static chain leave no reference
+cycles behind.
+
+Define-by-run frees a training iteration's graph by reference counting
+alone. Anything of ours that refers to itself (a recursive closure, a
+compiled function kept in its own globals, a bound method kept on its own
+object) would leave garbage that only the cyclic collector frees: work on
+every call, and a whole entry's kernels and buffers kept alive until the
+collector happens to run.
+"""
+import gc
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph.decorator import caches_of
+
+
+class Net(chainer.Chain):
+    def __init__(self):
+        super(Net, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(6, 5)
+            self.bn = L.BatchNormalization(5)
+            self.l2 = L.Linear(5, 3)
+
+    def forward(self, batch, extra):
+        x, t = batch
+        h = F.dropout(F.relu(self.bn(self.l1(x))), 0.3)
+        y = self.l2(h * extra['scale'])
+        loss = F.softmax_cross_entropy(y, t)
+        return {'loss': loss, 'out': (y, [h])}
+
+
+class StaticNet(Net):
+    forward = static_graph.static_graph(Net.forward)
+
+
+def _step(model, opt, rs, batch_size=4):
+    x = rs.standard_normal((batch_size, 6)).astype(numpy.float32)
+    t = rs.randint(0, 3, batch_size).astype(numpy.int32)
+    scale = rs.standard_normal((batch_size, 5)).astype(numpy.float32)
+    model.cleargrads()
+    out = model((x, t), {'scale': scale})
+    out['loss'].backward()
+    opt.update()
+    return float(out['loss'].array)
+
+
+@pytest.fixture
+def collector_off():
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@pytest.mark.parametrize('cls', [Net, StaticNet])
+def test_no_cyclic_garbage_from_recording_replay_or_dropping(
+        cls, collector_off):
+    rs = numpy.random.RandomState(0)
+    model = cls()
+    opt = chainer.optimizers.MomentumSGD(0.1)
+    opt.setup(model)
+    _step(model, opt, rs)                    # records
+    assert gc.collect() == 0, 'recording'
+    for _ in range(4):                       # interpreted, then compiled
+        _step(model, opt, rs)
+        assert gc.collect() == 0, 'replay'
+    _step(model, opt, rs, batch_size=3)      # a second key
+    assert gc.collect() == 0, 'second key'
+    if cls is StaticNet:
+        entries = [e for c in caches_of(model).values()
+                   for e in c.entries.values()]
+        assert len(entries) == 2
+        assert all(e.state == 'complete' for e in entries)
+        assert all(e.run_forward.compiled is not None
+                   for e in entries[:1])
+        for c in caches_of(model).values():   # dropping one key
+            c.entries.clear()
+        del entries
+        assert gc.collect() == 0, 'dropped entries'
+        _step(model, opt, rs)                 # records again
+        assert gc.collect() == 0, 'recording again'

@@ -93,7 +93,7 @@ _APPLY_KEYS = frozenset((
     '_retained_output_data', 'inputs', 'outputs', 'rank', '_input_layouts',
     '_output_layouts', 'stack', 'chainerx_device',
     '_is_chainerx_fallback_mode', 'lazy_grad_sum', '_n_local_function_hooks',
-    '_local_function_hooks',
+    '_local_function_hooks', '_output_count',
 ))
 
 

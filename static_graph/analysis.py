@@ -420,7 +420,12 @@ def mark_captured(rec, chain_map):
     # scales its softmax output so): the schedule would hand back the
     # forward's values.
     forward_made = set(b for op in rec.forward_ops for b in op.outputs)
+    made_ids = set(id(rec.buffers[b].storage) for b in forward_made)
     for step in rec.steps:
+        if step.raw is not None and not any(
+                id(getattr(g, 'raw_array', None)) in made_ids
+                for g in step.raw[1]):
+            continue   # returned no array the forward made
         if not step.resolve(rec.by_id):
             continue
         made = set(b for op in rec.backward_ops[step.start:step.end]

@@ -13,6 +13,7 @@ import chainer
 
 from static_graph import compat
 from static_graph import diagnostics
+from static_graph import generators
 
 if compat.UNSUPPORTED is None:
     # The recorder needs Chainer internals of version 7; older Chainers get
@@ -463,6 +464,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
     held = _trace_held_arrays(chain, rec)
+    rngs = generators.snapshot(chain, method)
     with rec:
         try:
             out = method(chain, *new_args, **new_kwargs)
@@ -471,6 +473,13 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             _untrace_held(chain, held)
             raise
         _untrace_held(chain, held)
+        for what in generators.drawn(rngs):
+            rec.add_reason(
+                'user code draws random numbers from the generator %s (its '
+                'state changed during the call; a parameter initialized '
+                'from it on first use counts too); replay would freeze them '
+                '(use Chainer functions such as F.dropout or F.gaussian, or '
+                'pass them in as arguments)' % what)
         rec.check_writes()
         _write_back_inputs(rec, leaves, inner, leaf_bids)
         out_spec, out_leaves = signature.flatten_outputs(out)

@@ -956,6 +956,77 @@ def test_random_draw_in_the_method_falls_back(draw):
                'test_footguns.py' in str(x.message) for x in w)
 
 
+# A generator the method reaches as a module global.
+SHARED_RNG = numpy.random.RandomState(0)
+
+
+def _own_generator(kind):
+    return {'RandomState': lambda: numpy.random.RandomState(3),
+            'Generator': lambda: numpy.random.default_rng(3),
+            'random.Random': lambda: random.Random(3)}[kind]()
+
+
+def _coefficient(gen):
+    if isinstance(gen, random.Random):
+        return gen.uniform(0.5, 1.5)
+    return gen.beta(0.4, 0.4)
+
+
+@pytest.mark.parametrize('kind,where', [
+    (kind, where) for kind in ('RandomState', 'Generator', 'random.Random')
+    for where in ('chain', 'child link')] + [('RandomState', 'global')])
+def test_draw_from_a_generator_of_ones_own_falls_back(kind, where):
+    """A mixup coefficient drawn from the user's own generator object (not
+    the global one, whose module functions the recorder watches): the
+    number enters the graph as a constant of MulConstant, and replay froze
+    it silently. The generator's state changed during the recording call,
+    so the call falls back, naming the generator."""
+    def body(self, x):
+        gen = SHARED_RNG if where == 'global' else \
+            self.gen if where == 'chain' else self.l1.gen
+        return F.sum(self.l2(F.relu(self.l1(x))) * _coefficient(gen))
+
+    models = make_twins(body)
+    if where != 'global':
+        for m in models:
+            (m if where == 'chain' else m.l1).gen = _own_generator(kind)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always', StaticGraphWarning)
+        for i in range(4):
+            x = data(4, 3)
+            losses = []
+            for m in models:
+                SHARED_RNG.seed(i)
+                losses.append(train_step(m, x).array)
+            assert_close(losses[0], losses[1], 'loss %d' % i, rtol=0,
+                         atol=0)
+            compare_chains(*models, rtol=0, atol=0)
+    assert states(models[1]) == ['fallback']
+    name = {'chain': 'self.gen', 'child link': 'self.l1.gen',
+            'global': 'SHARED_RNG'}[where]
+    assert any('draws random numbers from the generator' in str(x.message)
+               and name in str(x.message) for x in w)
+
+
+def test_a_generator_the_method_does_not_draw_from_is_no_reason():
+    """A chain that holds a generator (for augmentation outside the
+    method, say) and a method that never draws from it replays."""
+    def body(self, x):
+        return F.sum(self.l2(F.relu(self.l1(x))))
+
+    models = make_twins(body)
+    for m in models:
+        m.gen = numpy.random.default_rng(0)
+        m.l1.gen = random.Random(0)
+    for i in range(3):
+        x = data(4, 3)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, 'loss %d' % i, rtol=0, atol=0)
+        compare_chains(*models, rtol=0, atol=0)
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).replays == 2
+
+
 def test_random_draws_inside_functions_still_replay():
     """Chainer's own draws (F.dropout's mask) happen inside a function and
     are made again by replay: no fallback."""

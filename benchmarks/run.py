@@ -234,13 +234,15 @@ class _BuildTimer(object):
             setattr(o, n, fn)
 
 
-def recording_cost(case, trials=3):
+def recording_cost(case, trials=5, steady_steps=10):
     """First iteration of a fresh static model vs define-by-run iterations
     (a steady one, and the first of a fresh model, which also pays for
     first use: gradient arrays, optimizer state, cold memory); for ours
     also the part of it spent building the schedules, and an iteration
     that records again on a warm model (its cache emptied, as a new
-    argument shape would find it), which pays for recording only."""
+    argument shape would find it), which pays for recording only. A
+    steady define-by-run iteration is the median of ``steady_steps``
+    per trial: the denominator of every ratio, so not one sample."""
     rs = numpy.random.RandomState(5)
     batch = case['batch'](rs)
     first = {v: [] for v in cases.VARIANTS}
@@ -261,9 +263,10 @@ def recording_cost(case, trials=3):
         m, o = built['dbr']
         for _ in range(2):
             step(m, o, batch, 'dbr')
-        t0 = time.perf_counter()
-        step(m, o, batch, 'dbr')
-        steady.append(time.perf_counter() - t0)
+        for _ in range(steady_steps):
+            t0 = time.perf_counter()
+            step(m, o, batch, 'dbr')
+            steady.append(time.perf_counter() - t0)
         m, o = built['ours']
         for _ in range(2):
             step(m, o, batch, 'ours')

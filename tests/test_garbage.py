@@ -78,10 +78,17 @@ def test_no_cyclic_garbage_from_recording_replay_or_dropping(
         assert gc.collect() == 0, 'replay'
     _step(model, opt, rs, batch_size=3)      # a second key
     assert gc.collect() == 0, 'second key'
+    for _ in range(4):                       # evaluation: a forward-only key
+        with chainer.using_config('train', False), \
+                chainer.no_backprop_mode():
+            x = rs.standard_normal((4, 6)).astype(numpy.float32)
+            t = rs.randint(0, 3, 4).astype(numpy.int32)
+            model((x, t), {'scale': numpy.ones((4, 5), numpy.float32)})
+        assert gc.collect() == 0, 'evaluation'
     if cls is StaticNet:
         entries = [e for c in caches_of(model).values()
                    for e in c.entries.values()]
-        assert len(entries) == 2
+        assert len(entries) == 3
         assert all(e.state == 'complete' for e in entries)
         assert all(e.run_forward.compiled is not None
                    for e in entries[:1])

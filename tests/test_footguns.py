@@ -925,6 +925,24 @@ def test_chain_attribute_read_by_the_method():
         compare_chains(*models)
 
 
+def _train_bit_for_bit(models, reseed, n=4):
+    """n training steps of both twins on fresh inputs, ``reseed(i)`` before
+    each call: the same losses, gradients and parameters, bit for bit.
+    Returns the StaticGraphWarnings given."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always', StaticGraphWarning)
+        for i in range(n):
+            x = data(4, 3)
+            losses = []
+            for m in models:
+                reseed(i)
+                losses.append(train_step(m, x).array)
+            assert_close(losses[0], losses[1], 'loss %d' % i, rtol=0,
+                         atol=0)
+            compare_chains(*models, rtol=0, atol=0)
+    return w
+
+
 @pytest.mark.parametrize('draw', [
     lambda: random.uniform(0.5, 1.5),
     lambda: numpy.random.uniform(0.5, 1.5),
@@ -938,19 +956,12 @@ def test_random_draw_in_the_method_falls_back(draw):
     def body(self, x):
         return F.sum(self.l2(F.relu(self.l1(x))) * draw())
 
+    def reseed(i):
+        random.seed(i)
+        numpy.random.seed(i)
+
     models = make_twins(body)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter('always', StaticGraphWarning)
-        for i in range(4):
-            x = data(4, 3)
-            losses = []
-            for m in models:
-                random.seed(i)
-                numpy.random.seed(i)
-                losses.append(train_step(m, x).array)
-            assert_close(losses[0], losses[1], 'loss %d' % i, rtol=0,
-                         atol=0)
-            compare_chains(*models, rtol=0, atol=0)
+    w = _train_bit_for_bit(models, reseed)
     assert states(models[1]) == ['fallback']
     assert any('draws random numbers' in str(x.message) and
                'test_footguns.py' in str(x.message) for x in w)
@@ -990,17 +1001,7 @@ def test_draw_from_a_generator_of_ones_own_falls_back(kind, where):
     if where != 'global':
         for m in models:
             (m if where == 'chain' else m.l1).gen = _own_generator(kind)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter('always', StaticGraphWarning)
-        for i in range(4):
-            x = data(4, 3)
-            losses = []
-            for m in models:
-                SHARED_RNG.seed(i)
-                losses.append(train_step(m, x).array)
-            assert_close(losses[0], losses[1], 'loss %d' % i, rtol=0,
-                         atol=0)
-            compare_chains(*models, rtol=0, atol=0)
+    w = _train_bit_for_bit(models, SHARED_RNG.seed)
     assert states(models[1]) == ['fallback']
     name = {'chain': 'self.gen', 'child link': 'self.l1.gen',
             'global': 'SHARED_RNG'}[where]

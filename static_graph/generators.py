@@ -69,11 +69,25 @@ def snapshot(chain, method):
             if isinstance(v, _TYPES) and id(v) not in seen:
                 seen.add(id(v))
                 found.append(('global %s' % n, v))
-    return [(name, gen, _state(gen)) for name, gen in found]
+    out = []
+    for name, gen in found:
+        try:
+            out.append((name, gen, _state(gen)))
+        except Exception:   # a subclass whose state cannot be read
+            pass
+    return out
 
 
 def drawn(states):
     """The names of the generators of a ``snapshot`` whose state changed
-    since: the method drew from them."""
-    return [name for name, gen, before in states
-            if not _same(before, _state(gen))]
+    since: the method drew from them (or, where the states cannot be
+    compared, may have)."""
+    out = []
+    for name, gen, before in states:
+        try:
+            same = _same(before, _state(gen))
+        except Exception:
+            same = False
+        if not same:
+            out.append(name)
+    return out

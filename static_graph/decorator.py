@@ -14,6 +14,7 @@ import chainer
 from static_graph import compat
 from static_graph import diagnostics
 from static_graph import generators
+from static_graph import link_values
 
 if compat.UNSUPPORTED is None:
     # The recorder needs Chainer internals of version 7; older Chainers get
@@ -258,21 +259,6 @@ class _Unreplayable(Exception):
     """Found while building: the recording cannot be replayed faithfully."""
 
 
-_PLAIN = (type(None), bool, int, float, str)
-
-
-def _plain_attrs(snapshot):
-    """(dict, name) pairs and values of the links' plain attributes as the
-    recording saw them: the method may read any (``self.temperature``)."""
-    pairs, values = [], []
-    for d, before in snapshot:
-        for k, v in before.items():
-            if type(v) in _PLAIN:
-                pairs.append((d, k))
-                values.append(v)
-    return pairs, tuple(values)
-
-
 def _snapshot_links(chain):
     return [(link.__dict__, dict(link.__dict__)) for link in chain.links()]
 
@@ -316,8 +302,7 @@ def _attr_changes(rec, snapshot, detached=()):
         elif recorder.is_array(v):
             a = rec._untrace(v, 'attribute ' + k)
             writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
-        elif type(v) in _PLAIN and type(old) is type(v) and \
-                old == v:
+        elif link_values.same_value(v, old):
             continue     # (a Variable or array before: not ==)
         else:
             rec.add_reason('the method sets attribute %r (%s), which '
@@ -463,6 +448,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
     detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
+    watch = link_values.Watch(snapshot)
     held = _trace_held_arrays(chain, rec)
     rngs = generators.snapshot(chain, method)
     with rec:
@@ -481,6 +467,10 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 '(use Chainer functions such as F.dropout or F.gaussian, or '
                 'pass them in as arguments)' % what)
         rec.check_writes()
+        for k in watch.changed_in_place():
+            rec.add_reason('the method changes the contents of attribute %r '
+                           'in place (a list appended to, a dict entry set); '
+                           'replay would not repeat it' % k)
         _write_back_inputs(rec, leaves, inner, leaf_bids)
         out_spec, out_leaves = signature.flatten_outputs(out)
         out_bids, out_kinds, inner_outs = [], [], []
@@ -561,7 +551,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             raise _Unreplayable(rec.reasons[0])
         e.build(rec, chain, len(leaves), leaf_bids, out_bids, out_kinds,
                 out_spec, params, persists, attr_writes=attr_writes,
-                reports=reports, link_attrs=_plain_attrs(snapshot),
+                reports=reports, link_values=watch,
                 recompute=cache.recompute, plan_memory=cache.plan_memory,
                 **backward)
         e.verify()

@@ -386,7 +386,7 @@ class Entry(object):
     def build(self, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
               params, persists, grad_in=None, grad_targets=None,
               grad_out_bids=None, attr_writes=(), reports=(),
-              link_attrs=((), ()), recompute=True, plan_memory=True):
+              link_values=None, recompute=True, plan_memory=True):
         """Turn a finished recording into compiled schedules. recompute:
         let the backward compute cheap activations again instead of saving
         them (recompute_rules.py); plan_memory=False: no memory reuse at
@@ -396,7 +396,7 @@ class Entry(object):
         recompute = recompute and plan_memory
         bufs = rec.buffers
         self.n_leaves = n_leaves
-        self.link_attr_pairs, self.link_attr_values = link_attrs
+        self.link_values = link_values
         self.params = [p for _, _, p in params]
         param_bids = [b for b, _, _ in params]
         self.param_bids = tuple(param_bids)
@@ -645,11 +645,10 @@ class Entry(object):
             if link._params != params or \
                     getattr(link, '_children', children) != children:
                 return False
-        # Plain attributes of the links (a temperature, a flag) read by the
-        # method: a change needs a new recording; so does one added or
-        # deleted (an instance attribute now shadowing a class default).
-        # Link hooks (WeightStandardization) added or removed, too: the
-        # recording holds what they did.
+        # An attribute added or deleted (an instance attribute now
+        # shadowing a class default) needs a new recording; so do link
+        # hooks (WeightStandardization) added or removed: the recording
+        # holds what they did...
         for link, n, hooks in self.link_sizes:
             d = link.__dict__
             if len(d) != n or link_hooks(d) != hooks:
@@ -657,15 +656,9 @@ class Entry(object):
         if tuple(chainer._get_link_hooks().values()) != \
                 self.global_link_hooks:
             return False
-        now = tuple([d.get(k) for d, k in self.link_attr_pairs])
-        try:
-            return now == self.link_attr_values
-        except Exception:
-            # One now holds what cannot be compared with ==: a Variable
-            # (whose == raises) or an array where None was recorded
-            # (recurrent state: StatefulGRU's h). Not the recorded value.
-            return all(v is w or type(v) is type(w) and v == w
-                       for v, w in zip(now, self.link_attr_values))
+        # ... and so does any other value on the links the method may have
+        # read (a temperature, a function, a dict of hyper-parameters).
+        return self.link_values is None or self.link_values.holds()
 
 
 def detach_outputs(outs, which):

@@ -925,6 +925,131 @@ def test_chain_attribute_read_by_the_method():
         compare_chains(*models)
 
 
+# A value the method reads from its links, set up by ``init`` and changed
+# between calls by ``change(model, i)``: each replay must see the change.
+def _activation_init(self):
+    _mlp(self)
+    self.act = F.relu
+
+
+def _hyper_init(self):
+    _mlp(self)
+    self.hp = {'scale': 1.0, 'shift': [0.5, 0.0]}
+
+
+def _conv_init(self):
+    self.c = L.Convolution2D(1, 2, 3, pad=1)
+
+
+def _seq_init(self):
+    self.seq = chainer.Sequential(L.Linear(3, 4), F.relu, L.Linear(4, 2))
+
+
+def _vocab_init(self):
+    _mlp(self)
+    self.vocab = dict((k, k) for k in range(100))
+
+
+def _set_item(container, key, value):
+    container[key] = value
+
+
+LINK_VALUE_CASES = {
+    'function replaced': (
+        _activation_init, lambda self, x: F.sum(self.l2(self.act(self.l1(x)))),
+        lambda m, i: setattr(m, 'act', (F.relu, F.tanh, F.sigmoid)[i % 3])),
+    'dict changed in place': (
+        _hyper_init,
+        lambda self, x: F.sum(self.l2(self.l1(x)) * self.hp['scale']),
+        lambda m, i: _set_item(m.hp, 'scale', 1.0 + i)),
+    'list in a dict changed in place': (
+        _hyper_init,
+        lambda self, x: F.sum(self.l2(self.l1(x)) + self.hp['shift'][0]),
+        lambda m, i: _set_item(m.hp['shift'], 0, 0.5 * i)),
+    'tuple replaced (a convolution\'s pad)': (
+        _conv_init, lambda self, x: F.sum(self.c(x) ** 2),
+        lambda m, i: setattr(m.c, 'pad', ((1, 1), (0, 0), (2, 2))[i % 3])),
+    'NumPy scalar replaced': (
+        _mlp, lambda self, x: F.sum(self.l2(self.l1(x)) / self.temperature),
+        lambda m, i: setattr(m, 'temperature', numpy.float32(1 + i))),
+    'layer of a Sequential replaced': (
+        _seq_init, lambda self, x: F.sum(self.seq(x)),
+        lambda m, i: _set_item(m.seq, 1, (F.relu, F.tanh, F.sigmoid)[i % 3])),
+    # Over 64 elements: compared by identity only.
+    'large dict replaced': (
+        _vocab_init, lambda self, x: F.sum(self.l2(self.l1(x))) *
+        self.vocab[7],
+        lambda m, i: setattr(m, 'vocab', dict((k, k + i) for k in range(100)))),
+}
+
+
+@pytest.mark.parametrize('case', sorted(LINK_VALUE_CASES))
+def test_link_values_changed_between_calls(case):
+    """Values on the links other than plain numbers and strings: a function
+    swapped, a hyper-parameter dict or list changed in place, a tuple or a
+    NumPy scalar replaced, a Sequential's function layer replaced. Replay
+    froze each at its recorded value (a wrong loss from the third call)."""
+    init, body, change = LINK_VALUE_CASES[case]
+    models = make_twins(body, init)
+    models[1].temperature = models[0].temperature = numpy.float32(1)
+    shape = (2, 1, 5, 5) if init is _conv_init else (4, 3)
+    for i in range(6):
+        if i >= 2:
+            for m in models:
+                change(m, i)
+        x = data(*shape)
+        la, lb = both(models, lambda m: train_step(m, x))
+        assert_close(la.array, lb.array, '%s: loss %d' % (case, i),
+                     rtol=0, atol=0)
+        compare_chains(*models, rtol=0, atol=0)
+    assert cache(models[1]).replays >= 1
+
+
+def test_unchanged_link_values_still_replay():
+    """Functions, dicts, lists, tuples and NumPy scalars on the links that
+    stay as they are (read each call, or never) cost no new recording."""
+    def init(self):
+        _hyper_init(self)
+        self.act = F.relu
+        self.temperature = numpy.float32(2)
+        self.sizes = (4, 3)
+        self.unused = [object(), {'a': [1, 2]}, {3, 4}]
+
+    def body(self, x):
+        h = self.act(self.l1(F.reshape(x, self.sizes))) * self.hp['scale']
+        return F.sum(self.l2(h) + self.hp['shift'][0]) / self.temperature
+
+    models = make_twins(body, init)
+    for i in range(5):
+        for m in models:
+            m.to_device('@numpy')   # a new Device object, the same device
+        train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+    assert cache(models[1]).recordings == 1
+    assert cache(models[1]).replays == 4
+
+
+def test_method_changing_a_link_container_in_place_falls_back():
+    """``self.history.append(...)`` inside the method: replay would not
+    repeat it. That call signature runs define-by-run and says why."""
+    def init(self):
+        _mlp(self)
+        self.history = []
+
+    def body(self, x):
+        self.history.append(x.shape[0])
+        return F.sum(self.l2(self.l1(x)))
+
+    models = make_twins(body, init)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always', StaticGraphWarning)
+        train_alike(models, [(data(4, 3),) for i in range(4)], rtol=0,
+                    atol=0)
+    assert models[0].history == models[1].history == [4] * 4
+    assert states(models[1]) == ['fallback']
+    assert any("'history'" in str(w.message) and 'in place' in
+               str(w.message) for w in caught)
+
+
 def _train_bit_for_bit(models, reseed, n=4):
     """n training steps of both twins on fresh inputs, ``reseed(i)`` before
     each call: the same losses, gradients and parameters, bit for bit.

@@ -186,8 +186,11 @@ def static_graph(method=None, **options):
                 if e.matches(self):
                     cache.replays += 1
                     return _replay(e, leaves)
-                why = ('parameters or persistent arrays were replaced, or a '
-                       'link attribute changed')
+                changed = e.link_values.first_change() \
+                    if e.link_values is not None else None
+                why = ('%s changed' % changed if changed else
+                       'parameters or persistent arrays were replaced, or '
+                       'the links changed')
             else:
                 why = ('the earlier recording of this key got no backward; '
                        'call forward-only evaluation under '
@@ -260,7 +263,9 @@ class _Unreplayable(Exception):
 
 
 def _snapshot_links(chain):
-    return [(link.__dict__, dict(link.__dict__)) for link in chain.links()]
+    """[(link __dict__, a copy of it, the link's path)]."""
+    return [(link.__dict__, dict(link.__dict__), path)
+            for path, link in chain.namedlinks()]
 
 
 def _read_by(rec, old):
@@ -281,7 +286,7 @@ def _attr_changes(rec, snapshot, detached=()):
     list gets (``detached``: ids of recurrent Variables, handled by
     _reattach)."""
     changed = [(d, k, v, before.get(k, recorder.MISSING))
-               for d, before in snapshot for k, v in list(d.items())
+               for d, before, _ in snapshot for k, v in list(d.items())
                if before.get(k, recorder.MISSING) is not v]
     # Before the writes below add buffers (``self.a, self.b = self.b,
     # self.a`` reads neither).
@@ -448,7 +453,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
     detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
-    watch = link_values.Watch(snapshot)
+    watch = link_values.Watch(snapshot, method)
     held = _trace_held_arrays(chain, rec)
     rngs = generators.snapshot(chain, method)
     with rec:
@@ -467,10 +472,10 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 '(use Chainer functions such as F.dropout or F.gaussian, or '
                 'pass them in as arguments)' % what)
         rec.check_writes()
-        for k in watch.changed_in_place():
-            rec.add_reason('the method changes the contents of attribute %r '
-                           'in place (a list appended to, a dict entry set); '
-                           'replay would not repeat it' % k)
+        for what in watch.changed_by_call():
+            rec.add_reason('the method changes %s (a list appended to, a '
+                           'dict entry or a global set); replay would not '
+                           'repeat that' % what)
         _write_back_inputs(rec, leaves, inner, leaf_bids)
         out_spec, out_leaves = signature.flatten_outputs(out)
         out_bids, out_kinds, inner_outs = [], [], []

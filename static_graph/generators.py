@@ -15,6 +15,8 @@ import random
 
 import numpy
 
+from static_graph import link_values
+
 _TYPES = (numpy.random.RandomState, numpy.random.Generator, random.Random)
 # The global generators: their draws are caught by recorder.py (and Chainer
 # functions, F.dropout, draw from them inside, which replay repeats).
@@ -42,14 +44,6 @@ def _same(a, b):
     return a == b
 
 
-def _code_names(code, out):
-    out.update(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, 'co_names'):    # a nested function or comprehension
-            _code_names(c, out)
-    return out
-
-
 def snapshot(chain, method):
     """[(name, generator, state)] for the generators ``method`` can reach
     directly on ``chain``."""
@@ -61,10 +55,9 @@ def snapshot(chain, method):
                 seen.add(id(v))
                 found.append(('self%s.%s' % (path.rstrip('/').replace(
                     '/', '.'), k), v))
-    code = getattr(method, '__code__', None)
     glob = getattr(method, '__globals__', None)
-    if code is not None and glob is not None:
-        for n in sorted(_code_names(code, set())):
+    if glob is not None:
+        for n in link_values.global_names(method):
             v = glob.get(n)
             if isinstance(v, _TYPES) and id(v) not in seen:
                 seen.add(id(v))

@@ -1,21 +1,26 @@
-"""The Python values on a chain's links that a recording depends on.
+"""The Python values on a chain's links, and in the globals its method
+names, that a recording depends on.
 
 A method reads its links' attributes as Python values: ``self.temperature``,
-``self.act`` (a function), ``self.hp['scale']``, a convolution's ``pad``.
-The recording holds what they were (a MulConstant's value, the function
-applied, a shape), so replay is valid only while they still hold. The
-entry keeps them, and ``Watch.holds`` compares before every replay:
+``self.act`` (a function), ``self.hp['scale']``, a convolution's ``pad``;
+and module globals (``SCALE``, ``MASK``). The recording holds what they
+were (a MulConstant's value, the function applied, a shape, an array taken
+by reference), so replay is valid only while they still hold. The entry
+keeps them, and ``Watch.holds`` compares before every replay:
 
 * scalars (None, bool, numbers, strings, NumPy scalars and dtypes) by value;
 * containers (tuple, list, dict, set, frozenset) by value, element by
   element, which sees a list or dict changed in place; a container of more
   than ``MAX_ITEMS`` elements in all (a vocabulary) by identity only;
-* anything else (a function, a helper object) by identity: assigning
-  another records again, a change inside the object is not seen.
+* anything else (a function, a helper object, a global array) by identity:
+  assigning another records again, a change inside the object is not seen.
 
-Arrays, Variables and links are ``entry.link_structure``'s; so are the
-names Chainer manages on every link (``_params``, ``_children``, hooks).
+The links' arrays, Variables and child links are ``entry.link_structure``'s;
+so are the names Chainer manages on every link (``_params``, ``_children``,
+hooks). Globals read only by functions the method calls are not seen.
 """
+import types
+
 import numpy
 
 import chainer
@@ -35,6 +40,7 @@ MANAGED = frozenset(
     frozenset(('_local_link_hooks', '_device'))
 
 _TOO_BIG = object()
+_ModuleType = types.ModuleType
 
 
 class _Same(object):
@@ -106,44 +112,127 @@ def _equal(now, then):
         return False
 
 
-class Watch(object):
-    """The links' values as the recording saw them (see the module)."""
-    __slots__ = ('pairs', 'values', 'frozen', 'objects')
+def code_names(code, out=None):
+    """The names ``code`` (and the functions and comprehensions inside it)
+    looks up as globals or attributes."""
+    out = set() if out is None else out
+    out.update(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, 'co_names'):
+            code_names(c, out)
+    return out
 
-    def __init__(self, snapshot):
-        """``snapshot``: [(link __dict__, copy of it)] before the call."""
-        self.pairs, values = [], []
+
+_names_of = {}   # code object -> sorted code_names
+
+
+def global_names(method):
+    """code_names of ``method``'s code, sorted (remembered per code)."""
+    code = getattr(method, '__code__', None)
+    if code is None:
+        return ()
+    names = _names_of.get(code)
+    if names is None:
+        names = _names_of[code] = tuple(sorted(code_names(code)))
+    return names
+
+
+def _is_array_like(v):
+    if isinstance(v, SCALARS):
+        return False    # NumPy scalars have an __array_interface__ too
+    return isinstance(v, chainer.Variable) or \
+        hasattr(v, '__array_interface__') or \
+        hasattr(v, '__cuda_array_interface__')
+
+
+class Watch(object):
+    """The values the recording saw on the links and in the globals the
+    method names (see the module)."""
+
+    def __init__(self, snapshot, method=None):
+        """``snapshot``: [(link __dict__, copy of it, path)] before the
+        call; ``method``: the undecorated method, whose module globals
+        named in its code are watched too."""
+        self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
-        for d, before in snapshot:
+        self.paths = {}      # id(link __dict__) -> the link's path
+        for d, before, path in snapshot:
+            self.paths[id(d)] = path
             for k, v in before.items():
-                if isinstance(v, SCALARS):
-                    self.pairs.append((d, k))
-                    values.append(v)
-                elif k in MANAGED or isinstance(
-                        v, (chainer.Link, chainer.Variable)) or \
-                        hasattr(v, '__array_interface__') or \
-                        hasattr(v, '__cuda_array_interface__'):
-                    continue
-                elif isinstance(v, _CONTAINERS):
-                    frozen = freeze(v)
-                    if frozen is None:
-                        self.objects.append((d, k, v))
-                    else:
-                        self.frozen.append((d, k, frozen, v))
-                else:
-                    self.objects.append((d, k, v))
-        self.values = tuple(values)
+                if k in MANAGED or isinstance(v, chainer.Link) or \
+                        _is_array_like(v):
+                    continue   # entry.link_structure's
+                self._add(d, k, v)
+        self.n_link_pairs = len(self.pairs)
+        self.n_link_frozen = len(self.frozen)
+        self.n_link_objects = len(self.objects)
+        glob = getattr(method, '__globals__', None)
+        if glob is not None:
+            for k in global_names(method):
+                if k not in glob:
+                    continue   # a builtin, an attribute name
+                v = glob[k]
+                if type(v) is _ModuleType:
+                    continue   # F, numpy: never rebound in practice
+                self._add(glob, k, v)
+        self.values = tuple(self.values)
 
-    def changed_in_place(self):
-        """The names of the containers the links still hold but whose
-        contents changed since the snapshot (the method appended to a
-        list)."""
-        return [k for d, k, frozen, v in self.frozen
-                if d.get(k) is v and not _equal(freeze(v), frozen)]
+    def _name(self, d, k):
+        """How a message names attribute or global ``k`` of ``d``."""
+        path = self.paths.get(id(d))
+        if path is None:
+            return 'global %s' % k
+        return 'attribute self%s.%s' % (path.rstrip('/').replace('/', '.'), k)
+
+    def _add(self, d, k, v):
+        if isinstance(v, SCALARS):
+            self.pairs.append((d, k))
+            self.values.append(v)
+            return
+        frozen = freeze(v) if isinstance(v, _CONTAINERS) else None
+        if frozen is None:
+            self.objects.append((d, k, v))
+        else:
+            self.frozen.append((d, k, frozen, v))
+
+    def changed_by_call(self):
+        """What the recorded call itself changed, which replay would not
+        repeat: the contents of a container a link still holds (a list
+        appended to), or any watched global (assigning an attribute of a
+        link is decorator._attr_changes')."""
+        out = [self._name(d, k) for d, k, frozen, v in self.frozen[
+            :self.n_link_frozen] if d.get(k) is v and
+            not _equal(freeze(v), frozen)]
+        return out + [self._name(d, k) for d, k in self._changed(
+            self.n_link_pairs, self.n_link_frozen, self.n_link_objects)]
+
+    def _changed(self, pairs_from=0, frozen_from=0, objects_from=0):
+        """(dict, name) of the watched values that no longer hold."""
+        out = []
+        for d, k, v in self.objects[objects_from:]:
+            if d.get(k, _TOO_BIG) is not v:
+                out.append((d, k))
+        for d, k, frozen, _ in self.frozen[frozen_from:]:
+            v = d.get(k, _TOO_BIG)
+            if v is not frozen and not _equal(freeze(v), frozen):
+                out.append((d, k))
+        for (d, k), then in zip(self.pairs[pairs_from:],
+                                self.values[pairs_from:]):
+            now = d.get(k)
+            if now is not then and not _equal(now, then):
+                out.append((d, k))
+        return out
+
+    def first_change(self):
+        """How a message names the first watched value that changed, or
+        None."""
+        changed = self._changed()
+        return self._name(*changed[0]) if changed else None
 
     def holds(self):
-        """Do the links still hold the recorded values?"""
+        """Do the links and globals still hold the recorded values? (The
+        hot path of every replay.)"""
         for d, k, v in self.objects:
             if d.get(k) is not v:
                 return False

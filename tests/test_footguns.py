@@ -954,6 +954,17 @@ def _set_item(container, key, value):
     container[key] = value
 
 
+# Module globals the method's code names, and their values at the start of
+# each test.
+_GLOBALS = {'_SCALE': 1.0, '_HP': {'scale': 1.0}, '_OFFSET': numpy.zeros(2, 'f'),
+            '_SEEN': []}
+globals().update(_GLOBALS)
+
+
+def _set_global(name, value):
+    globals()[name] = value
+
+
 LINK_VALUE_CASES = {
     'function replaced': (
         _activation_init, lambda self, x: F.sum(self.l2(self.act(self.l1(x)))),
@@ -975,6 +986,15 @@ LINK_VALUE_CASES = {
     'layer of a Sequential replaced': (
         _seq_init, lambda self, x: F.sum(self.seq(x)),
         lambda m, i: _set_item(m.seq, 1, (F.relu, F.tanh, F.sigmoid)[i % 3])),
+    'global scalar replaced': (
+        _mlp, lambda self, x: F.sum(self.l2(self.l1(x))) * _SCALE,
+        lambda m, i: _set_global('_SCALE', 1.0 + i)),
+    'global dict changed in place': (
+        _mlp, lambda self, x: F.sum(self.l2(self.l1(x))) * _HP['scale'],
+        lambda m, i: _set_item(_HP, 'scale', 1.0 + i)),
+    'global array replaced': (
+        _mlp, lambda self, x: F.sum(self.l2(self.l1(x)) + _OFFSET),
+        lambda m, i: _set_global('_OFFSET', numpy.full(2, i, 'f'))),
     # Over 64 elements: compared by identity only.
     'large dict replaced': (
         _vocab_init, lambda self, x: F.sum(self.l2(self.l1(x))) *
@@ -987,9 +1007,12 @@ LINK_VALUE_CASES = {
 def test_link_values_changed_between_calls(case):
     """Values on the links other than plain numbers and strings: a function
     swapped, a hyper-parameter dict or list changed in place, a tuple or a
-    NumPy scalar replaced, a Sequential's function layer replaced. Replay
-    froze each at its recorded value (a wrong loss from the third call)."""
+    NumPy scalar replaced, a Sequential's function layer replaced; and
+    module globals the method names. Replay froze each at its recorded
+    value (a wrong loss from the third call)."""
     init, body, change = LINK_VALUE_CASES[case]
+    globals().update(_GLOBALS)
+    _HP['scale'] = 1.0
     models = make_twins(body, init)
     models[1].temperature = models[0].temperature = numpy.float32(1)
     shape = (2, 1, 5, 5) if init is _conv_init else (4, 3)
@@ -1028,6 +1051,26 @@ def test_unchanged_link_values_still_replay():
     assert cache(models[1]).replays == 4
 
 
+def test_method_changing_a_global_falls_back():
+    """``_SEEN.append(...)`` on a module global inside the method: replay
+    would not repeat it. That call signature runs define-by-run, the
+    warning names the global, and a later call's recording reason says
+    which global changed."""
+    def body(self, x):
+        _SEEN.append(x.shape[0])
+        return F.sum(self.l2(self.l1(x)))
+
+    del _SEEN[:]
+    models = make_twins(body)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always', StaticGraphWarning)
+        train_alike(models, [(data(4, 3),) for i in range(3)], rtol=0,
+                    atol=0)
+    assert _SEEN == [4] * 6
+    assert states(models[1]) == ['fallback']
+    assert any('changes global _SEEN' in str(w.message) for w in caught)
+
+
 def test_method_changing_a_link_container_in_place_falls_back():
     """``self.history.append(...)`` inside the method: replay would not
     repeat it. That call signature runs define-by-run and says why."""
@@ -1046,8 +1089,8 @@ def test_method_changing_a_link_container_in_place_falls_back():
                     atol=0)
     assert models[0].history == models[1].history == [4] * 4
     assert states(models[1]) == ['fallback']
-    assert any("'history'" in str(w.message) and 'in place' in
-               str(w.message) for w in caught)
+    assert any('changes attribute self.history' in str(w.message)
+               for w in caught)
 
 
 def _train_bit_for_bit(models, reseed, n=4):

@@ -154,6 +154,25 @@ def test_warn_retrace_names_a_changed_config_flag():
     assert len(ours) == 1 and 'train' in ours[0], ours
 
 
+def test_warn_retrace_names_a_changed_link_value():
+    """A value the method reads changes before every call (a dict entry on
+    a child link): each call records again, and the warning says which."""
+    def body(self, x):
+        return F.sum(self.l2(self.l1(x))) * self.l1.hp['scale']
+
+    a, b = make_twins(body, warn_retrace=2)
+    b.l1.hp = {'scale': 1.0}
+    x = data(2, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(3):
+            b.l1.hp['scale'] = 1.0 + i
+            step(b, x)
+    ours = [str(w.message) for w in caught
+            if issubclass(w.category, StaticGraphWarning)]
+    assert len(ours) == 1 and 'attribute self.l1.hp changed' in ours[0], ours
+
+
 def test_explain_lists_keys_and_fallback_reasons():
     def body(self, x, branch=False):
         h = self.l1(x)

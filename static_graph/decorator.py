@@ -183,20 +183,24 @@ def static_graph(method=None, **options):
                 cache.fallback_calls += 1
                 return method(self, *args, **kwargs)
             if e.state == 'complete':
-                if e.matches(self):
+                if e.recheck is None and e.matches(self):
                     cache.replays += 1
                     return _replay(e, leaves)
                 changed = e.link_values.first_change() \
                     if e.link_values is not None else None
-                why = ('%s changed' % changed if changed else
-                       'parameters or persistent arrays were replaced, or '
-                       'the links changed')
+                if e.recheck is not None:
+                    why = ('its recording changed %s; recorded again to see '
+                           'whether every call does' % ', '.join(e.recheck))
+                else:
+                    why = ('%s changed' % changed if changed else
+                           'parameters or persistent arrays were replaced, '
+                           'or the links changed')
             else:
                 why = ('the earlier recording of this key got no backward; '
                        'call forward-only evaluation under '
                        'chainer.no_backprop_mode() to replay it')
         return _record(self, method, name, cache, key, args, kwargs, leaves,
-                       paths, why)
+                       paths, why, e)
 
     wrapper.__static_graph__ = True
     return wrapper
@@ -438,7 +442,8 @@ def _with_gc_paused(fn):
 
 @_with_gc_paused
 def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
-            why=None):
+            why=None, prev=None):
+    """Record a call (``prev``: the key's earlier entry, if any)."""
     rec = recorder.Recording(chain)
     inner, leaf_bids = [], []
     for leaf, path in zip(leaves, paths):
@@ -472,10 +477,13 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 '(use Chainer functions such as F.dropout or F.gaussian, or '
                 'pass them in as arguments)' % what)
         rec.check_writes()
-        for what in watch.changed_by_call():
-            rec.add_reason('the method changes %s (a list appended to, a '
-                           'dict entry or a global set); replay would not '
-                           'repeat that' % what)
+        recheck = watch.changed_by_call() or None
+        if recheck and prev is not None and prev.recheck:
+            # A memo fills once; this changes at every call.
+            for what in recheck:
+                rec.add_reason('the method changes %s at every call (a list '
+                               'appended to, a dict entry or a global set); '
+                               'replay would not repeat that' % what)
         _write_back_inputs(rec, leaves, inner, leaf_bids)
         out_spec, out_leaves = signature.flatten_outputs(out)
         out_bids, out_kinds, inner_outs = [], [], []
@@ -531,6 +539,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         params += [(bid, path, p) for _, path, bid, p in shared]
 
     e = entry_module.Entry(key, name)
+    e.recheck = recheck
     e.n_outs = n_outs   # the method's outputs; hidden ones follow
     e.no_grad_outs = tuple(i for i, v in enumerate(inner_outs)
                            if not v.requires_grad)

@@ -373,6 +373,10 @@ class Entry(object):
         self.key = key
         self.method_name = method_name
         self.state = 'recording'     # -> 'complete' | 'fallback'
+        # What the recording call changed on the links or in globals (a
+        # memo filled): the next call records again to see whether it
+        # changes them at every call (then it falls back).
+        self.recheck = None
         self.no_grad_outs = ()
         self.reason = None
         self.forward = None

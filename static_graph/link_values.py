@@ -197,10 +197,10 @@ class Watch(object):
             self.frozen.append((d, k, frozen, v))
 
     def changed_by_call(self):
-        """What the recorded call itself changed, which replay would not
-        repeat: the contents of a container a link still holds (a list
-        appended to), or any watched global (assigning an attribute of a
-        link is decorator._attr_changes')."""
+        """What the recorded call itself changed, which replay does not
+        repeat: the contents of a container a link still holds (a memo
+        filled, a list appended to), or any watched global (assigning an
+        attribute of a link is decorator._attr_changes')."""
         out = [self._name(d, k) for d, k, frozen, v in self.frozen[
             :self.n_link_frozen] if d.get(k) is v and
             not _equal(freeze(v), frozen)]

@@ -1051,6 +1051,36 @@ def test_unchanged_link_values_still_replay():
     assert cache(models[1]).replays == 4
 
 
+_MEMO = {}
+
+
+@pytest.mark.parametrize('where', ['link', 'global'])
+def test_method_filling_a_memo_records_twice_then_replays(where):
+    """A memo the method fills on first use (a scale per length, on a link
+    or in a global): the first recording changes it, the second does not,
+    so replay is faithful from the third call. One that changes at every
+    call falls back (the tests below)."""
+    def body(self, x):
+        memo = self.memo if where == 'link' else _MEMO
+        n = x.shape[0]
+        if n not in memo:
+            memo[n] = 1.0 / n ** 0.5
+        return F.sum(self.l2(self.l1(x) * memo[n]))
+
+    def init(self):
+        _mlp(self)
+        self.memo = {}
+
+    _MEMO.clear()
+    models = make_twins(body, init)
+    # The static twin first: it is the one that fills the global memo.
+    train_alike(models[::-1], [(data(5, 3),) for i in range(5)], rtol=0,
+                atol=0)
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).recordings == 2
+    assert cache(models[1]).replays == 3
+
+
 def test_method_changing_a_global_falls_back():
     """``_SEEN.append(...)`` on a module global inside the method: replay
     would not repeat it. That call signature runs define-by-run, the

@@ -1,5 +1,5 @@
-"""The Python values on a chain's links, and in the globals its method
-names, that a recording depends on.
+"""The Python values on a chain's links, and in the globals and closure
+variables its method names, that a recording depends on.
 
 A method reads its links' attributes as Python values: ``self.temperature``,
 ``self.act`` (a function), ``self.hp['scale']``, a convolution's ``pad``;
@@ -145,6 +145,19 @@ def _is_array_like(v):
         hasattr(v, '__cuda_array_interface__')
 
 
+class _Closure(object):
+    """A function's closure cells as a mapping (name -> contents)."""
+
+    def __init__(self, names, cells):
+        self.cells = dict(zip(names, cells))
+
+    def get(self, k, default=None):
+        try:
+            return self.cells[k].cell_contents
+        except (KeyError, ValueError):   # an empty cell
+            return default
+
+
 class Watch(object):
     """The values the recording saw on the links and in the globals the
     method names (see the module)."""
@@ -156,9 +169,10 @@ class Watch(object):
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
-        self.paths = {}      # id(link __dict__) -> the link's path
+        self.prefix = {}     # id(mapping) -> how a message names its keys
         for d, before, path in snapshot:
-            self.paths[id(d)] = path
+            self.prefix[id(d)] = 'attribute self%s.' % path.rstrip(
+                '/').replace('/', '.')
             for k, v in before.items():
                 if k in MANAGED or isinstance(v, chainer.Link) or \
                         _is_array_like(v):
@@ -176,14 +190,20 @@ class Watch(object):
                 if type(v) is _ModuleType:
                     continue   # F, numpy: never rebound in practice
                 self._add(glob, k, v)
+        code = getattr(method, '__code__', None)
+        cells = getattr(method, '__closure__', None)
+        if code is not None and cells:
+            env = _Closure(code.co_freevars, cells)
+            self.prefix[id(env)] = 'closure variable '
+            for k in code.co_freevars:
+                v = env.get(k, _TOO_BIG)
+                if v is not _TOO_BIG and type(v) is not _ModuleType:
+                    self._add(env, k, v)
         self.values = tuple(self.values)
 
     def _name(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""
-        path = self.paths.get(id(d))
-        if path is None:
-            return 'global %s' % k
-        return 'attribute self%s.%s' % (path.rstrip('/').replace('/', '.'), k)
+        return self.prefix.get(id(d), 'global ') + k
 
     def _add(self, d, k, v):
         if isinstance(v, SCALARS):

@@ -1003,16 +1003,32 @@ LINK_VALUE_CASES = {
 }
 
 
+_CLOSURE_CFG = {'scale': 1.0}
+
+
+def _closure_body():
+    cfg = _CLOSURE_CFG    # the closure of the method, not a global in it
+
+    def body(self, x):
+        return F.sum(self.l2(self.l1(x))) * cfg['scale']
+    return body
+
+
+LINK_VALUE_CASES['closure variable changed in place'] = (
+    _mlp, _closure_body(),
+    lambda m, i: _set_item(_CLOSURE_CFG, 'scale', 1.0 + i))
+
+
 @pytest.mark.parametrize('case', sorted(LINK_VALUE_CASES))
 def test_link_values_changed_between_calls(case):
     """Values on the links other than plain numbers and strings: a function
     swapped, a hyper-parameter dict or list changed in place, a tuple or a
     NumPy scalar replaced, a Sequential's function layer replaced; and
-    module globals the method names. Replay froze each at its recorded
-    value (a wrong loss from the third call)."""
+    module globals and closure variables the method names. Replay froze
+    each at its recorded value (a wrong loss from the third call)."""
     init, body, change = LINK_VALUE_CASES[case]
     globals().update(_GLOBALS)
-    _HP['scale'] = 1.0
+    _HP['scale'] = _CLOSURE_CFG['scale'] = 1.0
     models = make_twins(body, init)
     models[1].temperature = models[0].temperature = numpy.float32(1)
     shape = (2, 1, 5, 5) if init is _conv_init else (4, 3)

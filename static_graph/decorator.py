@@ -458,7 +458,8 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
     detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
-    watch = link_values.Watch(snapshot, method)
+    watch = link_values.Watch(snapshot, method,
+                              set(type(link) for link in chain.links()))
     held = _trace_held_arrays(chain, rec)
     rngs = generators.snapshot(chain, method)
     with rec:

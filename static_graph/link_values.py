@@ -145,6 +145,21 @@ def _is_array_like(v):
         hasattr(v, '__cuda_array_interface__')
 
 
+def _user_classes(classes):
+    """The classes in the MROs of ``classes`` defined outside Chainer and
+    this package, once each."""
+    seen, out = set(), []
+    for c in classes:
+        for cls in c.__mro__:
+            module = getattr(cls, '__module__', None) or ''
+            if cls in seen or cls is object or module == 'chainer' or \
+                    module.startswith(('chainer.', 'static_graph')):
+                continue
+            seen.add(cls)
+            out.append(cls)
+    return out
+
+
 class _Closure(object):
     """A function's closure cells as a mapping (name -> contents)."""
 
@@ -162,10 +177,12 @@ class Watch(object):
     """The values the recording saw on the links and in the globals the
     method names (see the module)."""
 
-    def __init__(self, snapshot, method=None):
+    def __init__(self, snapshot, method=None, classes=()):
         """``snapshot``: [(link __dict__, copy of it, path)] before the
         call; ``method``: the undecorated method, whose module globals
-        named in its code are watched too."""
+        and closure variables named in its code are watched too;
+        ``classes``: the links' classes, whose scalar and container class
+        attributes are too (those of Chainer's own classes excepted)."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -181,6 +198,13 @@ class Watch(object):
         self.n_link_pairs = len(self.pairs)
         self.n_link_frozen = len(self.frozen)
         self.n_link_objects = len(self.objects)
+        for cls in _user_classes(classes):
+            d = cls.__dict__
+            self.prefix[id(d)] = 'class attribute %s.' % cls.__name__
+            for k, v in d.items():
+                if not k.startswith('__') and (
+                        isinstance(v, SCALARS) or isinstance(v, _CONTAINERS)):
+                    self._add(d, k, v)
         glob = getattr(method, '__globals__', None)
         if glob is not None:
             for k in global_names(method):

@@ -1014,6 +1014,15 @@ def _closure_body():
     return body
 
 
+def _class_attr_init(self):
+    _mlp(self)
+    type(self).class_scale = 1.0
+
+
+LINK_VALUE_CASES['class attribute changed on the class'] = (
+    _class_attr_init,
+    lambda self, x: F.sum(self.l2(self.l1(x))) * self.class_scale,
+    lambda m, i: setattr(type(m), 'class_scale', 1.0 + i))
 LINK_VALUE_CASES['closure variable changed in place'] = (
     _mlp, _closure_body(),
     lambda m, i: _set_item(_CLOSURE_CFG, 'scale', 1.0 + i))
@@ -1024,8 +1033,9 @@ def test_link_values_changed_between_calls(case):
     """Values on the links other than plain numbers and strings: a function
     swapped, a hyper-parameter dict or list changed in place, a tuple or a
     NumPy scalar replaced, a Sequential's function layer replaced; and
-    module globals and closure variables the method names. Replay froze
-    each at its recorded value (a wrong loss from the third call)."""
+    module globals and closure variables the method names; class
+    attributes set on the class. Replay froze each at its recorded value (a
+    wrong loss from the third call)."""
     init, body, change = LINK_VALUE_CASES[case]
     globals().update(_GLOBALS)
     _HP['scale'] = _CLOSURE_CFG['scale'] = 1.0

@@ -138,8 +138,8 @@ def global_names(method):
 
 
 def _is_array_like(v):
-    if isinstance(v, SCALARS):
-        return False    # NumPy scalars have an __array_interface__ too
+    """Is ``v`` (not a scalar: NumPy scalars have an __array_interface__
+    too) an array or a Variable?"""
     return isinstance(v, chainer.Variable) or \
         hasattr(v, '__array_interface__') or \
         hasattr(v, '__cuda_array_interface__')
@@ -186,15 +186,18 @@ class Watch(object):
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
-        self.prefix = {}     # id(mapping) -> how a message names its keys
+        # id(mapping) -> how a message names its keys (a link's path)
+        self.prefix = {}
+        pairs, values = self.pairs, self.values
         for d, before, path in snapshot:
-            self.prefix[id(d)] = 'attribute self%s.' % path.rstrip(
-                '/').replace('/', '.')
+            self.prefix[id(d)] = path
             for k, v in before.items():
-                if k in MANAGED or isinstance(v, chainer.Link) or \
-                        _is_array_like(v):
-                    continue   # entry.link_structure's
-                self._add(d, k, v)
+                if isinstance(v, SCALARS):     # most: the hot loop
+                    pairs.append((d, k))
+                    values.append(v)
+                elif k not in MANAGED and not _is_array_like(v) and \
+                        not isinstance(v, chainer.Link):
+                    self._add(d, k, v)   # (the rest: link_structure's)
         self.n_link_pairs = len(self.pairs)
         self.n_link_frozen = len(self.frozen)
         self.n_link_objects = len(self.objects)
@@ -227,7 +230,11 @@ class Watch(object):
 
     def _name(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""
-        return self.prefix.get(id(d), 'global ') + k
+        prefix = self.prefix.get(id(d), 'global ')
+        if prefix.startswith('/'):    # a link's path
+            prefix = 'attribute self%s.' % prefix.rstrip('/').replace(
+                '/', '.')
+        return prefix + k
 
     def _add(self, d, k, v):
         if isinstance(v, SCALARS):

@@ -186,12 +186,12 @@ def static_graph(method=None, **options):
                 if e.recheck is None and e.matches(self):
                     cache.replays += 1
                     return _replay(e, leaves)
-                changed = e.link_values.first_change() \
-                    if e.link_values is not None else None
                 if e.recheck is not None:
                     why = ('its recording changed %s; recorded again to see '
                            'whether every call does' % ', '.join(e.recheck))
                 else:
+                    changed = e.link_values.first_change() \
+                        if e.link_values is not None else None
                     why = ('%s changed' % changed if changed else
                            'parameters or persistent arrays were replaced, '
                            'or the links changed')

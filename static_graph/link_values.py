@@ -146,14 +146,14 @@ def _is_array_like(v):
 
 
 def _user_classes(classes):
-    """The classes in the MROs of ``classes`` defined outside Chainer and
-    this package, once each."""
+    """The classes in the MROs of ``classes`` defined outside Chainer,
+    once each."""
     seen, out = set(), []
     for c in classes:
         for cls in c.__mro__:
             module = getattr(cls, '__module__', None) or ''
             if cls in seen or cls is object or module == 'chainer' or \
-                    module.startswith(('chainer.', 'static_graph')):
+                    module.startswith('chainer.'):
                 continue
             seen.add(cls)
             out.append(cls)

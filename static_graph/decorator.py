@@ -13,8 +13,6 @@ import chainer
 
 from static_graph import compat
 from static_graph import diagnostics
-from static_graph import generators
-from static_graph import link_values
 
 if compat.UNSUPPORTED is None:
     # The recorder needs Chainer internals of version 7; older Chainers get
@@ -22,6 +20,8 @@ if compat.UNSUPPORTED is None:
     from schedules import ir
     from static_graph import analysis
     from static_graph import entry as entry_module
+    from static_graph import generators
+    from static_graph import link_values
     from static_graph import recorder
     from static_graph import signature
     from static_graph import traced

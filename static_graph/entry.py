@@ -27,6 +27,7 @@ from schedules import ir
 from schedules import recompute as schedule_recompute
 from static_graph import describe
 from static_graph import diagnostics
+from static_graph import link_values
 from static_graph import lower_pass
 from static_graph import lowering
 from static_graph import recompute_rules
@@ -165,8 +166,7 @@ def link_structure(chain, written=()):
         for k, v in d.items():
             if (id(d), k) in skip and k not in persistent:
                 continue
-            if isinstance(v, (chainer.Link, chainer.Variable)) or \
-                    recorder.is_array(v):
+            if link_values.structural(v):
                 same.append((d, k, v))
         # Chain: a set of names; ChainList: a list of links.
         sets.append((link, set(link._params),

@@ -25,6 +25,8 @@ import numpy
 
 import chainer
 
+from static_graph import recorder
+
 SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
            numpy.dtype)
 _CONTAINERS = (tuple, list, dict, set, frozenset)
@@ -103,6 +105,12 @@ def same_value(a, b):
         return False
 
 
+def _holds(v, frozen):
+    """Does container ``v`` still hold ``frozen`` (freeze's value of it
+    then; an immutable tuple is its own)?"""
+    return v is frozen or _equal(freeze(v), frozen)
+
+
 def _equal(now, then):
     try:
         return bool(now == then)
@@ -137,12 +145,11 @@ def global_names(method):
     return names
 
 
-def _is_array_like(v):
-    """Is ``v`` (not a scalar: NumPy scalars have an __array_interface__
-    too) an array or a Variable?"""
-    return isinstance(v, chainer.Variable) or \
-        hasattr(v, '__array_interface__') or \
-        hasattr(v, '__cuda_array_interface__')
+def structural(v):
+    """Is ``v`` a link, a Variable or an array: an attribute value that
+    ``entry.link_structure`` checks (by identity) rather than the watch?"""
+    return isinstance(v, (chainer.Link, chainer.Variable)) or \
+        recorder.is_array(v)
 
 
 def _user_classes(classes):
@@ -195,9 +202,8 @@ class Watch(object):
                 if isinstance(v, SCALARS):     # most: the hot loop
                     pairs.append((d, k))
                     values.append(v)
-                elif k not in MANAGED and not _is_array_like(v) and \
-                        not isinstance(v, chainer.Link):
-                    self._add(d, k, v)   # (the rest: link_structure's)
+                elif k not in MANAGED and not structural(v):
+                    self._add(d, k, v)
         self.n_link_pairs = len(self.pairs)
         self.n_link_frozen = len(self.frozen)
         self.n_link_objects = len(self.objects)
@@ -205,8 +211,8 @@ class Watch(object):
             d = cls.__dict__
             self.prefix[id(d)] = 'class attribute %s.' % cls.__name__
             for k, v in d.items():
-                if not k.startswith('__') and (
-                        isinstance(v, SCALARS) or isinstance(v, _CONTAINERS)):
+                if not k.startswith('__') and \
+                        isinstance(v, SCALARS + _CONTAINERS):
                     self._add(d, k, v)
         glob = getattr(method, '__globals__', None)
         if glob is not None:
@@ -253,8 +259,7 @@ class Watch(object):
         filled, a list appended to), or any watched global (assigning an
         attribute of a link is decorator._attr_changes')."""
         out = [self._name(d, k) for d, k, frozen, v in self.frozen[
-            :self.n_link_frozen] if d.get(k) is v and
-            not _equal(freeze(v), frozen)]
+            :self.n_link_frozen] if d.get(k) is v and not _holds(v, frozen)]
         return out + [self._name(d, k) for d, k in self._changed(
             self.n_link_pairs, self.n_link_frozen, self.n_link_objects)]
 
@@ -265,8 +270,7 @@ class Watch(object):
             if d.get(k, _TOO_BIG) is not v:
                 out.append((d, k))
         for d, k, frozen, _ in self.frozen[frozen_from:]:
-            v = d.get(k, _TOO_BIG)
-            if v is not frozen and not _equal(freeze(v), frozen):
+            if not _holds(d.get(k, _TOO_BIG), frozen):
                 out.append((d, k))
         for (d, k), then in zip(self.pairs[pairs_from:],
                                 self.values[pairs_from:]):
@@ -288,8 +292,7 @@ class Watch(object):
             if d.get(k) is not v:
                 return False
         for d, k, frozen, _ in self.frozen:
-            v = d.get(k)
-            if v is not frozen and not _equal(freeze(v), frozen):
+            if not _holds(d.get(k), frozen):
                 return False
         now = tuple([d.get(k) for d, k in self.pairs])
         try:

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/fuzz.py --examples 5000 --seed 0
     .venv/bin/python benchmarks/fuzz.py --minutes 10 --exclude-known
+    .venv/bin/python benchmarks/fuzz.py --examples 500 --device @cupy:0
 
 Runs the property of tests/test_fuzz.py (grammar in tests/fuzz_grammar.py)
 in chunks of ``--chunk`` examples, each chunk a Hypothesis run with its own
@@ -52,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument('--exact', action='store_true',
                    help='a result within tolerance but not bit for bit '
                         'equal counts as a divergence')
+    p.add_argument('--device', default=None,
+                   help="Chainer device of both twins, e.g. '@cupy:0' "
+                        '(default: NumPy)')
     p.add_argument('--quiet', action='store_true',
                    help='print only the summary and the minimal examples')
     return p.parse_args(argv)
@@ -91,6 +95,10 @@ def leaves(exc):
 def main(argv=None):
     args = parse_args(argv)
     grammar.EXACT = args.exact
+    grammar.DEVICE = args.device
+    if args.device is not None:
+        import chainer
+        chainer.get_device(args.device).use()
     exclude = [e for e in args.exclude.split(',') if e]
     if args.exclude_known:
         exclude += list(grammar.KNOWN_BAD_OPS)
@@ -105,8 +113,9 @@ def main(argv=None):
     start = time.time()
     generated = 0
     chunk = 0
-    print('fuzzing: %d examples, seed %d, chunks of %d%s%s' % (
+    print('fuzzing: %d examples, seed %d, chunks of %d%s%s%s' % (
         args.examples, args.seed, args.chunk,
+        ', on %s' % args.device if args.device else '',
         ', excluding %s' % ','.join(exclude) if exclude else '',
         ', at most %.1f min' % args.minutes if args.minutes else ''))
     while generated < args.examples:

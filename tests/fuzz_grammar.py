@@ -730,6 +730,33 @@ def _loss(out):
 # define-by-run's is a divergence too (benchmarks/fuzz.py --exact).
 EXACT = False
 
+# A Chainer device specifier ('@cupy:0'): both twins, their inputs and the
+# arrays they hold live there (benchmarks/fuzz.py --device). None: NumPy.
+DEVICE = None
+
+
+def _device():
+    return chainer.get_device(DEVICE) if DEVICE is not None else None
+
+
+def _seed(seed):
+    """Seed the random draws of both twins' calls (NumPy's and, on a GPU,
+    CuPy's: dropout draws there)."""
+    numpy.random.seed(seed)
+    dev = _device()
+    if dev is not None and dev.xp is not numpy:
+        dev.xp.random.seed(seed)
+
+
+def _to_device(model, dev):
+    """Move the chain, and the plain arrays its links hold (which
+    ``to_device`` leaves alone), to ``dev``."""
+    model.to_device(dev)
+    for link in model.links():
+        for name, value in list(vars(link).items()):
+            if isinstance(value, numpy.ndarray):
+                setattr(link, name, dev.send(value))
+
 
 class _Compare(object):
     def __init__(self, dtype):
@@ -776,7 +803,8 @@ def _inputs(prog, step, rs):
             numpy.int32)
         if prog.ignore_labels:
             t[rs.rand(step.batch) < 0.4] = -1
-        calls.append((x, t))
+        dev = _device()
+        calls.append((x, t) if dev is None else (dev.send(x), dev.send(t)))
     return calls
 
 
@@ -797,7 +825,7 @@ def _call(model, prog, step, x, t):
 def _run_step(model, opt, prog, step, calls, seed):
     """Run one step on one twin; returns (outputs, input Variables)."""
     outs, xs = [], []
-    numpy.random.seed(seed)
+    _seed(seed)
     backprop = step.mode not in ('eval', 'forward_only')
     train = step.mode in ('train', 'forward_only')
     per = 2 if step.twice else 1
@@ -839,17 +867,23 @@ def _replace(step, models, rs, dtype):
                                 dtype=link.avg_var.dtype)
             for m in models:
                 d = dict(m.namedlinks())[n]
-                d.avg_var = new.copy()
+                d.avg_var = _like(link.avg_var, new)
         return
     names = sorted(n for n, _ in models[0].namedparams())
     if not names:
         return
     name = names[step.replace % len(names)]
     old = dict(models[0].namedparams())[name].array
-    new = numpy.asarray(old * 0.9 + rs.uniform(-0.1, 0.1, old.shape),
+    host = chainer.backend.CpuDevice().send(old)
+    new = numpy.asarray(host * 0.9 + rs.uniform(-0.1, 0.1, old.shape),
                         dtype=old.dtype)
     for m in models:
-        dict(m.namedparams())[name].array = new.copy()
+        dict(m.namedparams())[name].array = _like(old, new)
+
+
+def _like(where, array):
+    """A fresh copy of the host ``array`` on the device of ``where``."""
+    return chainer.backend.get_device_from_array(where).send(array.copy())
 
 
 def check_example(prog, seq, seed, stats=STATS):
@@ -863,6 +897,9 @@ def check_example(prog, seq, seed, stats=STATS):
         b = static_net()
     b.copyparams(a)
     # copyparams copies params only: persistents start equal by construction
+    if _device() is not None:
+        _to_device(a, _device())
+        _to_device(b, _device())
     oa = chainer.optimizers.MomentumSGD(lr=0.01)
     ob = chainer.optimizers.MomentumSGD(lr=0.01)
     oa.setup(a)

@@ -19,6 +19,7 @@ import chainer
 from chainer import function_node
 
 from schedules import ir
+from static_graph import device_reads
 from static_graph import recorder
 
 _SCAN_DEPTH = 4
@@ -140,6 +141,8 @@ def classify_unknown(rec, chain_map):
             # Even a uniform one: a mask that is all True at recording
             # (every element inside a clip range) need not be later.
             rec.pending_backward_consts.append((a, kind, source, bid))
+        elif rec.computed_on_device(a):
+            rec.add_reason(device_reads.computed_reason(kind, source))
         elif not _uniform(a):
             rec.add_reason(
                 'an array not produced by a Chainer function enters %s '

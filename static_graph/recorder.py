@@ -21,6 +21,7 @@ from chainer import reporter as reporter_module
 from chainer import variable as variable_module
 
 from schedules import ir
+from static_graph import device_reads
 from static_graph import traced
 
 _local = threading.local()
@@ -349,6 +350,10 @@ _PATCHES = (
      dict((n, fn) for (m, n), fn in _patched_rng.items() if m == name),
      dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))
     for name, module in _RNG_MODULES.items())
+for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only
+                    device_reads.constant_patches(MISSING)):
+    if _cupy_patch is not None:
+        _PATCHES += (_cupy_patch,)
 
 
 def _put(which):
@@ -358,7 +363,10 @@ def _put(which):
             where.update(pairs)
         else:           # a class: its __dict__ is read-only
             for name, fn in pairs.items():
-                setattr(where, name, fn)
+                if fn is MISSING:   # inherited: the patch goes again
+                    delattr(where, name)
+                else:
+                    setattr(where, name, fn)
 
 
 def install():
@@ -483,6 +491,10 @@ class Recording(object):
         # buffer id -> ids of the Variables that handed its array to ops
         # (None: handed as a raw array, from ``.array`` or an attribute)
         self.input_sources = {}
+        # memory user code allocated with CuPy in the forward pass, outside
+        # Chainer functions (device_reads): arrays computed from values
+        self.user_made = set()
+        self.alloc_hook = None
 
     # -- buffers ------------------------------------------------------------
     def new_buffer(self, array, role, name=None):
@@ -567,6 +579,12 @@ class Recording(object):
         return root is not a and (id(root) in self.by_id or
                                   id(root) in self.chain_held)
 
+    def _check_device_computed(self, kind, a):
+        """The CuPy counterpart of ``_untrace`` for a node's attribute."""
+        if self.computed_on_device(a) and not self._view_of_buffer(a):
+            self.add_reason(device_reads.computed_reason(
+                kind, traced.user_location(1)))
+
     def _check_nested(self, kind, value):
         """Arrays held inside a node's tuple or list attribute (GetItem's
         ``slices``): a view of a recorded buffer is seen like any, one
@@ -583,6 +601,8 @@ class Recording(object):
                         'values' % (kind, traced.user_location(4)))
                 else:
                     self._untrace(x, kind)
+            elif self.user_made:
+                self._check_device_computed(kind, x)
 
     # -- hooks ----------------------------------------------------------------
     def on_apply(self, node, inputs):
@@ -645,6 +665,8 @@ class Recording(object):
                 d[k] = pre[k] = self._untrace(v, kind)
             elif t is tuple or t is list:
                 self._check_nested(kind, v)
+            elif self.user_made:
+                self._check_device_computed(kind, v)
         self.depth += 1
         try:
             outs = _orig_apply(node, inputs)
@@ -756,9 +778,21 @@ class Recording(object):
             raise RuntimeError('a recording is already active in this thread')
         install()
         _local.recording = self
+        self.alloc_hook = device_reads.allocation_hook(self)
+        if self.alloc_hook is not None:
+            self.alloc_hook.__enter__()
         return self
 
     def __exit__(self, *exc):
+        if self.alloc_hook is not None:
+            self.alloc_hook.__exit__(None, None, None)
+            self.alloc_hook = None
         _local.recording = None
         uninstall()
         return False
+
+    def computed_on_device(self, a):
+        """Was CuPy array ``a`` computed by user code during this call
+        (device_reads.allocation_hook)? Replay would freeze it."""
+        return bool(self.user_made) and type(a) is not numpy.ndarray and \
+            is_array(a) and device_reads.memory_of(a) in self.user_made

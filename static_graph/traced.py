@@ -19,17 +19,37 @@ import numpy
 
 import chainer
 
-_CHAINER_DIR = os.path.dirname(chainer.__file__) + os.sep
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_NUMPY_DIR = os.path.dirname(numpy.__file__) + os.sep
-INTERNAL_DIRS = (_CHAINER_DIR, _OWN_DIR, _NUMPY_DIR)
+
+def cupy_module():
+    """CuPy, where Chainer found it importable; else None."""
+    cuda = getattr(chainer.backends, 'cuda', None)
+    if cuda is None or not getattr(cuda, 'available', False):
+        return None
+    return cuda.cupy
+
+
+def _dir_of(module):
+    return os.path.dirname(module.__file__) + os.sep
+
+
+OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Library code user code calls (its frames are looked through to find the
+# user's line): Chainer, NumPy, and CuPy where it is there.
+LIBRARY_DIRS = (_dir_of(chainer), _dir_of(numpy)) + (
+    (_dir_of(cupy_module()),) if cupy_module() is not None else ())
+INTERNAL_DIRS = LIBRARY_DIRS + (OWN_DIR,)
 
 # The active recording of this thread is published here by the recorder.
 _active = None   # set to a threading.local by recorder
 
 
+def active_recording():
+    return getattr(_active, 'recording', None) if _active is not None \
+        else None
+
+
 def user_frame(depth=2):
-    """The innermost frame outside Chainer, NumPy and this package."""
+    """The innermost frame outside Chainer, NumPy, CuPy and this package."""
     f = sys._getframe(depth)
     while f is not None and f.f_code.co_filename.startswith(INTERNAL_DIRS):
         f = f.f_back
@@ -44,14 +64,14 @@ def user_location(depth=2):
 
 
 def _flag(what):
-    rec = getattr(_active, 'recording', None) if _active is not None else None
+    rec = active_recording()
     if rec is not None:
         rec.add_reason('user code reads array values (%s) at %s; replay '
                        'would freeze them' % (what, user_location(2)))
 
 
 def _flag_write(array, what):
-    rec = getattr(_active, 'recording', None) if _active is not None else None
+    rec = active_recording()
     if rec is not None and rec.is_recorded(array):
         rec.add_reason('user code writes into an array in place (%s) at %s; '
                        'replay would not repeat the write'

@@ -163,7 +163,7 @@ def _constant_maker(orig, makes_constant):
     return maker
 
 
-def constant_patches(missing):
+def constant_patches():
     """``(cupy's namespace, {name: patched}, {name: original})``: the
     constructors above, whose results are constants; None without CuPy."""
     cupy = traced.cupy_module()
@@ -195,6 +195,8 @@ def allocation_hook(rec):
                 rec = self.rec
                 if not rec.depth and rec.phase == 'forward':
                     rec.user_made.add(mem_ptr)
+                else:   # memory a freed user array had, now Chainer's
+                    rec.user_made.discard(mem_ptr)
     return _Allocations(rec)
 
 

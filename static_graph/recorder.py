@@ -351,7 +351,7 @@ _PATCHES = (
      dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))
     for name, module in _RNG_MODULES.items())
 for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only
-                    device_reads.constant_patches(MISSING)):
+                    device_reads.constant_patches()):
     if _cupy_patch is not None:
         _PATCHES += (_cupy_patch,)
 
@@ -581,7 +581,8 @@ class Recording(object):
 
     def _check_device_computed(self, kind, a):
         """The CuPy counterpart of ``_untrace`` for a node's attribute."""
-        if self.computed_on_device(a) and not self._view_of_buffer(a):
+        if self.computed_on_device(a) and id(a) not in self.by_id and \
+                not self._view_of_buffer(a):
             self.add_reason(device_reads.computed_reason(
                 kind, traced.user_location(1)))
 

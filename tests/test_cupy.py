@@ -89,27 +89,51 @@ def test_to_gpu_records_again():
     assert caches_of(b)['forward'].recordings == 2
 
 
-# User code reading or writing CuPy array values in the forward pass: each
-# must fall back (with a warning naming the read) and stay correct, since
-# replay would freeze the branch or skip the write. CuPy arrays are not
-# traced like NumPy's; static_graph/device_reads.py patches cupy.ndarray.
-def _reads():
+class Body(chainer.Chain):
+    """``body(self, x)`` -> loss, ``x`` a raw CuPy input array."""
+
+    def __init__(self, body):
+        super(Body, self).__init__()
+        self.body = body
+        with self.init_scope():
+            self.l1 = L.Linear(3, 3)
+            self.l2 = L.Linear(3, 2)
+
+    def forward(self, x):
+        return self.body(self, x)
+
+
+def _twins(body):
+    a = Body(body)
+    b = type('StaticBody', (Body,),
+             {'forward': static_graph(Body.forward)})(body)
+    b.copyparams(a)
+    a.to_device('@cupy:0')
+    b.to_device('@cupy:0')
+    return a, b
+
+
+def _train_twins(a, b, calls=5):
+    """Inputs whose sign flips between calls (so a frozen branch shows);
+    every gradient compared with define-by-run's. Returns b's cache."""
     import cupy
-    from chainer.backends import cuda
-    return {
-        'float()': lambda m, h: h if float(F.sum(h).array) > 0 else -h,
-        'bool()': lambda m, h: h if bool((h.array > 0).all()) else h * 3,
-        '.item()': lambda m, h: h * (2 if h.array.sum().item() > 0 else 3),
-        '.get(): cupy.asnumpy, to_cpu': lambda m, h: h * (
-            2 if cupy.asnumpy(h.array).sum() > 0 else 3),
-        'to_cpu': lambda m, h: h * (
-            2 if cuda.to_cpu(h.array).sum() > 0 else 3),
-        '.tolist()': lambda m, h: h * (
-            2 if h.array.tolist()[0][0] > 0 else 3),
-        'int()': lambda m, h: h[:int(abs(h.array[0, 0]) * 10) % 2 + 1],
-        '[...] =': lambda m, h: _write_into(h),
-        '*=': lambda m, h: _scale_in_place(h),
-    }
+    rs = numpy.random.RandomState(0)
+    for i in range(calls):
+        x = cupy.asarray(rs.rand(4, 3).astype('f') - 0.5 + 0.3 * (-1) ** i)
+        for m in (a, b):
+            m.cleargrads()
+            m(x).backward()
+        for (n, p), (_, q) in zip(sorted(a.namedparams()),
+                                  sorted(b.namedparams())):
+            numpy.testing.assert_allclose(
+                cupy.asnumpy(p.grad), cupy.asnumpy(q.grad), rtol=1e-6,
+                err_msg='%s at call %d' % (n, i))
+    return caches_of(b)['forward']
+
+
+def _on_hidden(f):
+    """A body that applies ``f(m, h)`` to a hidden Variable."""
+    return lambda m, x: F.sum(m.l2(f(m, F.tanh(m.l1(x)))))
 
 
 def _write_into(h):
@@ -123,45 +147,35 @@ def _scale_in_place(h):
     return h
 
 
-class Reader(chainer.Chain):
-    def __init__(self, body):
-        super(Reader, self).__init__()
-        self.body = body
-        with self.init_scope():
-            self.l1 = L.Linear(3, 4)
-            self.l2 = L.Linear(4, 2)
+# User code reading or writing CuPy array values in the forward pass: each
+# must fall back (with a warning naming the read) and stay correct, since
+# replay would freeze the branch or skip the write. CuPy arrays are not
+# traced like NumPy's; static_graph/device_reads.py patches cupy.ndarray.
+READS = {
+    'float()': lambda m, h: h if float(F.sum(h).array) > 0 else -h,
+    'bool()': lambda m, h: h if bool((h.array > 0).all()) else h * 3,
+    '.item()': lambda m, h: h * (2 if h.array.sum().item() > 0 else 3),
+    'cupy.asnumpy': lambda m, h: h * (
+        2 if m.xp.asnumpy(h.array).sum() > 0 else 3),
+    'to_cpu': lambda m, h: h * (
+        2 if chainer.backends.cuda.to_cpu(h.array).sum() > 0 else 3),
+    '.tolist()': lambda m, h: h * (2 if h.array.tolist()[0][0] > 0 else 3),
+    'int()': lambda m, h: h[:int(abs(h.array[0, 0]) * 10) % 2 + 1],
+}
+WRITES = {
+    '[...] =': lambda m, h: _write_into(h),
+    '*=': lambda m, h: _scale_in_place(h),
+}
 
-    def forward(self, x):
-        return F.sum(self.l2(self.body(self, F.tanh(self.l1(x)))))
 
-
-@pytest.mark.parametrize('what', sorted(
-    ['float()', 'bool()', '.item()', '.get(): cupy.asnumpy, to_cpu',
-     'to_cpu', '.tolist()', 'int()', '[...] =', '*=']))
+@pytest.mark.parametrize('what', sorted(READS) + sorted(WRITES))
 def test_value_reads_and_writes_fall_back_on_gpu(what):
-    import cupy
     from static_graph import StaticGraphWarning
-    body = _reads()[what]
-    a = Reader(body)
-    b = type('StaticReader', (Reader,),
-             {'forward': static_graph(Reader.forward)})(body)
-    b.copyparams(a)
-    a.to_device('@cupy:0')
-    b.to_device('@cupy:0')
-    rs = numpy.random.RandomState(0)
+    a, b = _twins(_on_hidden(READS.get(what) or WRITES[what]))
     with pytest.warns(StaticGraphWarning) as caught:
-        for sign in (1, 1, -1, -1, 1, -1):
-            x = cupy.asarray(rs.rand(2, 3).astype('f') * 2 * sign)
-            for m in (a, b):
-                m.cleargrads()
-                m(x).backward()
-            for (n, p), (_, q) in zip(sorted(a.namedparams()),
-                                      sorted(b.namedparams())):
-                numpy.testing.assert_array_equal(
-                    cupy.asnumpy(p.grad), cupy.asnumpy(q.grad), err_msg=n)
-    cache = caches_of(b)['forward']
+        cache = _train_twins(a, b, calls=6)
     assert cache.replays == 0 and cache.fallback_calls == 5
-    word = 'writes into' if what in ('[...] =', '*=') else 'reads array'
+    word = 'writes into' if what in WRITES else 'reads array'
     assert any(word in str(w.message) and 'test_cupy.py' in str(w.message)
                for w in caught), [str(w.message) for w in caught]
 
@@ -170,9 +184,7 @@ def test_reads_outside_the_recording_are_not_flagged():
     """A value read before the call (the loss printed by the training
     loop) or by Chainer's own code keeps the replay."""
     import cupy
-    b = type('StaticReader', (Reader,),
-             {'forward': static_graph(Reader.forward)})(lambda m, h: h)
-    b.to_device('@cupy:0')
+    a, b = _twins(_on_hidden(lambda m, h: h))
     rs = numpy.random.RandomState(0)
     for _ in range(3):
         x = cupy.asarray(rs.rand(2, 3).astype('f'))
@@ -185,19 +197,6 @@ def test_reads_outside_the_recording_are_not_flagged():
     # the patches are gone once the recording ends
     assert not [n for n, v in vars(cupy.ndarray).items() if getattr(
         v, '__module__', None) == 'static_graph.device_reads']
-
-
-class Computer(chainer.Chain):
-    """``body(self, x)`` -> loss, ``x`` a raw CuPy input array."""
-
-    def __init__(self, body):
-        super(Computer, self).__init__()
-        self.body = body
-        with self.init_scope():
-            self.l1 = L.Linear(3, 3)
-
-    def forward(self, x):
-        return self.body(self, x)
 
 
 # Arrays user code computes with CuPy from the input during the call, then
@@ -228,43 +227,17 @@ CONSTANT = {
 }
 
 
-def _computer_twins(body):
-    a = Computer(body)
-    b = type('StaticComputer', (Computer,),
-             {'forward': static_graph(Computer.forward)})(body)
-    b.copyparams(a)
-    a.to_device('@cupy:0')
-    b.to_device('@cupy:0')
-    return a, b
-
-
-def _train_computer_twins(a, b, calls=5):
-    import cupy
-    rs = numpy.random.RandomState(0)
-    for i in range(calls):
-        x = cupy.asarray(rs.rand(4, 3).astype('f') - 0.5 + 0.3 * (-1) ** i)
-        for m in (a, b):
-            m.cleargrads()
-            m(x).backward()
-        for (n, p), (_, q) in zip(sorted(a.namedparams()),
-                                  sorted(b.namedparams())):
-            numpy.testing.assert_allclose(
-                cupy.asnumpy(p.grad), cupy.asnumpy(q.grad), rtol=1e-6,
-                err_msg='%s at call %d' % (n, i))
-    return caches_of(b)['forward']
-
-
 @pytest.mark.parametrize('what', sorted(COMPUTED))
 def test_arrays_computed_with_cupy_fall_back(what):
     from static_graph import StaticGraphWarning
-    a, b = _computer_twins(COMPUTED[what])
+    a, b = _twins(COMPUTED[what])
     with pytest.warns(StaticGraphWarning, match='computed with CuPy'):
-        cache = _train_computer_twins(a, b)
+        cache = _train_twins(a, b)
     assert cache.replays == 0 and cache.fallback_calls == 4
 
 
 @pytest.mark.parametrize('what', sorted(CONSTANT))
 def test_cupy_constants_and_views_replay(what):
-    a, b = _computer_twins(CONSTANT[what])
-    cache = _train_computer_twins(a, b)
+    a, b = _twins(CONSTANT[what])
+    cache = _train_twins(a, b)
     assert cache.recordings == 1 and cache.replays == 4

@@ -77,7 +77,11 @@ def _read(orig, what):
 def _write(orig, what):
     def method(self, *args, **kwargs):
         rec = traced.active_recording()
-        if rec is not None and _user_call(rec) and rec.is_recorded(self):
+        if rec is not None and _user_call(rec) and (
+                rec.is_recorded(self) or not rec.computed_on_device(self)):
+            # into a recorded array, or one that was there before the call
+            # (an array a link holds, a global): not into a scratch array
+            # the method made
             rec.add_reason('user code writes into an array in place (%s) at '
                            '%s; replay would not repeat the write'
                            % (what, traced.user_location(1)))

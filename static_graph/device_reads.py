@@ -64,9 +64,7 @@ def _read(orig, what):
     def method(self, *args, **kwargs):
         rec = traced.active_recording()
         if rec is not None and _user_call(rec):
-            rec.add_reason('user code reads array values (%s) at %s; replay '
-                           'would freeze them' % (what,
-                                                  traced.user_location(1)))
+            traced._flag(what)
         return orig(self, *args, **kwargs)
 
     method.__name__ = orig.__name__
@@ -82,9 +80,7 @@ def _write(orig, what):
             # into a recorded array, or one that was there before the call
             # (an array a link holds, a global): not into a scratch array
             # the method made
-            rec.add_reason('user code writes into an array in place (%s) at '
-                           '%s; replay would not repeat the write'
-                           % (what, traced.user_location(1)))
+            traced.flag_write(rec, what)
         return orig(self, *args, **kwargs)
 
     method.__name__ = orig.__name__

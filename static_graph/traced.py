@@ -35,8 +35,8 @@ def _dir_of(module):
 OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Library code user code calls (its frames are looked through to find the
 # user's line): Chainer, NumPy, and CuPy where it is there.
-LIBRARY_DIRS = (_dir_of(chainer), _dir_of(numpy)) + (
-    (_dir_of(cupy_module()),) if cupy_module() is not None else ())
+LIBRARY_DIRS = tuple(_dir_of(m) for m in (chainer, numpy, cupy_module())
+                     if m is not None)
 INTERNAL_DIRS = LIBRARY_DIRS + (OWN_DIR,)
 
 # The active recording of this thread is published here by the recorder.
@@ -73,9 +73,13 @@ def _flag(what):
 def _flag_write(array, what):
     rec = active_recording()
     if rec is not None and rec.is_recorded(array):
-        rec.add_reason('user code writes into an array in place (%s) at %s; '
-                       'replay would not repeat the write'
-                       % (what, user_location(2)))
+        flag_write(rec, what)
+
+
+def flag_write(rec, what):
+    rec.add_reason('user code writes into an array in place (%s) at %s; '
+                   'replay would not repeat the write'
+                   % (what, user_location(2)))
 
 
 def _in_place(name, symbol):

@@ -95,3 +95,47 @@ def test_no_cyclic_garbage_from_recording_replay_or_dropping(
         assert gc.collect() == 0, 'dropped entries'
         _step(model, opt, rs)                 # records again
         assert gc.collect() == 0, 'recording again'
+
+
+def _young():
+    """How many objects the collector's young generations hold."""
+    return sum(len(gc.get_objects(generation=g)) for g in (0, 1))
+
+
+def test_recording_leaves_its_objects_to_the_oldest_generation():
+    """What a recording step leaves alive goes straight to the oldest
+    generation: the young collections after it do not scan it all."""
+    rs = numpy.random.RandomState(0)
+    models = []
+    for _ in range(2):
+        model = StaticNet()
+        opt = chainer.optimizers.SGD(0.1)
+        opt.setup(model)
+        models.append((model, opt))
+    gc.collect()
+    with _gc_paused():     # the collector off around the whole step
+        _step(*models[0], rs=rs)
+        made = _young()    # what the recording made and left alive
+    gc.collect()
+    _step(*models[1], rs=rs)    # records, then hands its objects on
+    assert gc.get_freeze_count() == 0    # nothing left frozen
+    assert made > 500
+    assert _young() < made / 4
+
+
+def test_objects_the_program_froze_stay_frozen():
+    """A program that froze its objects (before forking workers) keeps
+    them frozen through a recording."""
+    rs = numpy.random.RandomState(0)
+    model = StaticNet()
+    opt = chainer.optimizers.SGD(0.1)
+    opt.setup(model)
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        _step(model, opt, rs)
+        # (frozen objects may still be freed by reference counting)
+        assert gc.get_freeze_count() > 0.9 * frozen
+    finally:
+        gc.unfreeze()

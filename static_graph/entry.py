@@ -455,8 +455,11 @@ class Entry(object):
         # Never written in place: what is handed out or saved for backward,
         # and what nodes read through attributes.
         handed_out = set(out_bids) | set(self.expose) | rec.held
+        # Which buffers share memory: the same for both schedules (built
+        # over one set of buffers, none added from here on).
+        groups = lower_pass.memory_groups(bufs)
         lower_pass.lower(self.forward, handed_out | set(self.saved),
-                         donate=plan_memory)
+                         donate=plan_memory, groups=groups)
         self.run_forward = executor.TieredSchedule(
             self.forward, copyto, before_compile=lower_pass.lower_ops,
             free=plan_memory, copy=recorder.copy_exact,
@@ -492,7 +495,7 @@ class Entry(object):
             self._plain_backward_ops = [op.copy() for op in bops]
             self._plain_backward = None
             lower_pass.lower(self.backward, handed_out | set(grad_bids),
-                             donate=plan_memory)
+                             donate=plan_memory, groups=groups)
             self._backward_copies = set(
                 b for b in grad_bids if self._reused(bufs, b) or
                 bufs[b].role in _ESCAPE_ROLES)

@@ -49,16 +49,18 @@ def memory_groups(bufs):
     return groups
 
 
-def donations(schedule, keep):
+def donations(schedule, keep, groups=None):
     """For each op index, a tuple of bools over its inputs: may the kernel
     overwrite that input? ``keep``: buffers that must survive the schedule
-    (its outputs, what the other schedule reads, what is handed out)."""
+    (its outputs, what the other schedule reads, what is handed out);
+    ``groups``: memory_groups of its buffers, if known."""
     bufs = schedule.buffers
     last = {}
     for i, op in enumerate(schedule.ops):
         for b in op.inputs:
             last[b] = i
-    groups = memory_groups(bufs)
+    if groups is None:
+        groups = memory_groups(bufs)
 
     def untouchable(b, i):
         buf = bufs[b]
@@ -85,11 +87,12 @@ def donations(schedule, keep):
     return out
 
 
-def lower(schedule, keep, donate=True):
+def lower(schedule, keep, donate=True, groups=None):
     """Give the ops marked by ``_ir_ops`` (``op.lower_from`` holds their
     RecordedOp) a cheaper kernel where one is proposed: checked at compile
     for small ops (``lower_ops``), on the first replay for large ones.
-    donate: may kernels write into inputs that die with them?"""
+    donate: may kernels write into inputs that die with them? groups:
+    memory_groups of the schedule's buffers, if known."""
     bufs = schedule.buffers
     donated = None
     for i, op in enumerate(schedule.ops):
@@ -98,7 +101,7 @@ def lower(schedule, keep, donate=True):
             continue
         op.lower_from = None
         if donated is None:
-            donated = donations(schedule, keep) if donate else \
+            donated = donations(schedule, keep, groups) if donate else \
                 [(False,) * len(o.inputs) for o in schedule.ops]
         ins = [bufs[b].storage for b in op.inputs]
         outs = [bufs[b].storage for b in op.outputs]

@@ -8,8 +8,10 @@ generators are caught where they are made (recorder.py patches the module
 functions); a generator object's methods cannot be patched, so its state is
 compared instead: before and after the recording call, for the generators
 the method can reach directly. Those are the attributes of the chain's
-links (the chain itself included) and the module globals its code names.
-A generator held elsewhere (in another object, a closure) is not seen.
+links (the chain itself included) and the module globals named by its code
+and by the user functions it reaches by name (a helper function or method,
+a child link's forward). A generator held elsewhere (in another object, a
+closure) is not seen.
 """
 import random
 
@@ -46,7 +48,8 @@ def _same(a, b):
 
 def snapshot(chain, method):
     """[(name, generator, state)] for the generators ``method`` can reach
-    directly on ``chain``."""
+    directly on ``chain``'s links or as a module global of the functions
+    it reaches (link_values.reachable_functions)."""
     found = []
     seen = set(id(g) for g in _GLOBAL)
     for path, link in chain.namedlinks():
@@ -55,13 +58,13 @@ def snapshot(chain, method):
                 seen.add(id(v))
                 found.append(('self%s.%s' % (path.rstrip('/').replace(
                     '/', '.'), k), v))
-    glob = getattr(method, '__globals__', None)
-    if glob is not None:
-        for n in link_values.global_names(method):
-            v = glob.get(n)
-            if isinstance(v, _TYPES) and id(v) not in seen:
-                seen.add(id(v))
-                found.append(('global %s' % n, v))
+    functions = link_values.reachable_functions(
+        method, set(type(link) for link in chain.links()))
+    for glob, n in link_values.named_globals(functions):
+        v = glob[n]
+        if isinstance(v, _TYPES) and id(v) not in seen:
+            seen.add(id(v))
+            found.append(('global %s' % n, v))
     out = []
     for name, gen in found:
         try:

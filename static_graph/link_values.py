@@ -17,7 +17,9 @@ keeps them, and ``Watch.holds`` compares before every replay:
 
 The links' arrays, Variables and child links are ``entry.link_structure``'s;
 so are the names Chainer manages on every link (``_params``, ``_children``,
-hooks). Globals read only by functions the method calls are not seen.
+hooks). Globals and closure variables read by the user functions the
+method reaches by name (a helper function or method, a child link's
+forward) are watched like its own.
 """
 import types
 
@@ -26,6 +28,7 @@ import numpy
 import chainer
 
 from static_graph import recorder
+from static_graph import traced
 
 SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
            numpy.dtype)
@@ -167,6 +170,73 @@ def _user_classes(classes):
     return out
 
 
+_MAX_FUNCTIONS = 64
+
+
+def _user_function(v):
+    """``v`` as a plain Python function of user code (not Chainer's,
+    NumPy's, CuPy's or this package's: a static method's or class method's
+    too), or None."""
+    if isinstance(v, (staticmethod, classmethod)):
+        v = v.__func__
+    if type(v) is not types.FunctionType or \
+            v.__code__.co_filename.startswith(traced.INTERNAL_DIRS):
+        return None
+    return v
+
+
+def reachable_functions(method, classes=()):
+    """``method`` and the user functions its call can reach by name, at
+    most ``_MAX_FUNCTIONS``: functions its code names as globals, methods
+    of the user classes among ``classes`` (the links' classes) its code
+    names as attributes (``self.helper(h)``), those classes' own
+    ``forward`` and ``__call__`` (a child link's), and so on from each.
+    Found by the names the code mentions, not by running it: a function
+    named on a branch not taken counts too."""
+    user = _user_classes(classes)
+    todo = [method]
+    for cls in user:
+        for k in ('forward', '__call__'):
+            todo.append(_user_function(cls.__dict__.get(k)))
+    seen, out = set(), []
+    i = 0
+    while i < len(todo) and len(out) < _MAX_FUNCTIONS:
+        fn = todo[i]
+        i += 1
+        code = getattr(fn, '__code__', None)
+        if code is None or code in seen or \
+                getattr(fn, '__globals__', None) is None:
+            continue
+        seen.add(code)
+        out.append(fn)
+        glob = fn.__globals__
+        for name in global_names(fn):
+            f = _user_function(glob.get(name))
+            if f is not None and f.__code__ not in seen:
+                todo.append(f)
+            for cls in user:
+                f = _user_function(cls.__dict__.get(name))
+                if f is not None and f.__code__ not in seen:
+                    todo.append(f)
+    return out
+
+
+def named_globals(functions):
+    """(globals dict, name) for the module globals ``functions`` name
+    (modules left out: F, numpy are never rebound in practice), once
+    each."""
+    seen, out = set(), []
+    for fn in functions:
+        glob = fn.__globals__
+        for k in global_names(fn):
+            if k not in glob or (id(glob), k) in seen or \
+                    type(glob[k]) is _ModuleType:
+                continue   # a builtin, an attribute name, a module
+            seen.add((id(glob), k))
+            out.append((glob, k))
+    return out
+
+
 class _Closure(object):
     """A function's closure cells as a mapping (name -> contents)."""
 
@@ -189,7 +259,10 @@ class Watch(object):
         call; ``method``: the undecorated method, whose module globals
         and closure variables named in its code are watched too;
         ``classes``: the links' classes, whose scalar and container class
-        attributes are too (those of Chainer's own classes excepted)."""
+        attributes are too (those of Chainer's own classes excepted). The
+        globals and closure variables of the functions the method reaches
+        (``reachable_functions``: a helper function or method, a child
+        link's forward) are watched as the method's own."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -214,24 +287,19 @@ class Watch(object):
                 if not k.startswith('__') and \
                         isinstance(v, SCALARS + _CONTAINERS):
                     self._add(d, k, v)
-        glob = getattr(method, '__globals__', None)
-        if glob is not None:
-            for k in global_names(method):
-                if k not in glob:
-                    continue   # a builtin, an attribute name
-                v = glob[k]
-                if type(v) is _ModuleType:
-                    continue   # F, numpy: never rebound in practice
-                self._add(glob, k, v)
-        code = getattr(method, '__code__', None)
-        cells = getattr(method, '__closure__', None)
-        if code is not None and cells:
-            env = _Closure(code.co_freevars, cells)
-            self.prefix[id(env)] = 'closure variable '
-            for k in code.co_freevars:
-                v = env.get(k, _TOO_BIG)
-                if v is not _TOO_BIG and type(v) is not _ModuleType:
-                    self._add(env, k, v)
+        functions = reachable_functions(method, classes) \
+            if method is not None else []
+        for glob, k in named_globals(functions):
+            self._add(glob, k, glob[k])
+        for fn in functions:
+            cells = fn.__closure__
+            if cells:
+                env = _Closure(fn.__code__.co_freevars, cells)
+                self.prefix[id(env)] = 'closure variable '
+                for k in fn.__code__.co_freevars:
+                    v = env.get(k, _TOO_BIG)
+                    if v is not _TOO_BIG and type(v) is not _ModuleType:
+                        self._add(env, k, v)
         self.values = tuple(self.values)
 
     def _name(self, d, k):

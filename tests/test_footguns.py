@@ -1019,6 +1019,51 @@ def _class_attr_init(self):
     type(self).class_scale = 1.0
 
 
+def _times_scale(h):
+    return h * _SCALE     # a global read in a helper function
+
+
+def _times_scale_deeper(h):
+    return _times_scale(h) + 0.0
+
+
+class _ScaledChild(chainer.Chain):
+    """A child link whose forward reads a module global."""
+
+    def __init__(self):
+        super(_ScaledChild, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(4, 2)
+
+    def forward(self, h):
+        return self.l(h) * _HP['scale']
+
+
+def _helper_method_init(self):
+    _mlp(self)
+    type(self).shifted = lambda self, h: h + _OFFSET[0]
+
+
+def _child_init(self):
+    self.l1 = L.Linear(3, 4)
+    self.child = _ScaledChild()
+
+
+LINK_VALUE_CASES.update({
+    'global read in a helper function': (
+        _mlp, lambda self, x: _times_scale(F.sum(self.l2(self.l1(x)))),
+        lambda m, i: _set_global('_SCALE', 1.0 + i)),
+    'global read two helper functions deep': (
+        _mlp, lambda self, x: _times_scale_deeper(F.sum(self.l2(self.l1(x)))),
+        lambda m, i: _set_global('_SCALE', 1.0 + i)),
+    'global read in a helper method': (
+        _helper_method_init,
+        lambda self, x: F.sum(self.shifted(self.l2(self.l1(x)))),
+        lambda m, i: _set_global('_OFFSET', numpy.full(2, i, 'f'))),
+    'global changed in place, read in a child link\'s forward': (
+        _child_init, lambda self, x: F.sum(self.child(self.l1(x))),
+        lambda m, i: _set_item(_HP, 'scale', 1.0 + i)),
+})
 LINK_VALUE_CASES['class attribute changed on the class'] = (
     _class_attr_init,
     lambda self, x: F.sum(self.l2(self.l1(x))) * self.class_scale,
@@ -1207,9 +1252,14 @@ def _coefficient(gen):
     return gen.beta(0.4, 0.4)
 
 
+def _shared_coefficient():
+    return _coefficient(SHARED_RNG)    # a global drawn from in a helper
+
+
 @pytest.mark.parametrize('kind,where', [
     (kind, where) for kind in ('RandomState', 'Generator', 'random.Random')
-    for where in ('chain', 'child link')] + [('RandomState', 'global')])
+    for where in ('chain', 'child link')] + [('RandomState', 'global'),
+                                             ('RandomState', 'helper')])
 def test_draw_from_a_generator_of_ones_own_falls_back(kind, where):
     """A mixup coefficient drawn from the user's own generator object (not
     the global one, whose module functions the recorder watches): the
@@ -1221,14 +1271,17 @@ def test_draw_from_a_generator_of_ones_own_falls_back(kind, where):
             self.gen if where == 'chain' else self.l1.gen
         return F.sum(self.l2(F.relu(self.l1(x))) * _coefficient(gen))
 
-    models = make_twins(body)
-    if where != 'global':
+    def helper_body(self, x):   # names no generator itself
+        return F.sum(self.l2(F.relu(self.l1(x))) * _shared_coefficient())
+
+    models = make_twins(helper_body if where == 'helper' else body)
+    if where not in ('global', 'helper'):
         for m in models:
             (m if where == 'chain' else m.l1).gen = _own_generator(kind)
     w = _train_bit_for_bit(models, SHARED_RNG.seed)
     assert states(models[1]) == ['fallback']
     name = {'chain': 'self.gen', 'child link': 'self.l1.gen',
-            'global': 'SHARED_RNG'}[where]
+            'global': 'SHARED_RNG', 'helper': 'SHARED_RNG'}[where]
     assert any('draws random numbers from the generator' in str(x.message)
                and name in str(x.message) for x in w)
 

@@ -21,6 +21,8 @@ hooks). Globals and closure variables read by the user functions the
 method reaches by name (a helper function or method, a child link's
 forward) are watched like its own.
 """
+import os
+import sysconfig
 import types
 
 import numpy
@@ -171,16 +173,26 @@ def _user_classes(classes):
 
 
 _MAX_FUNCTIONS = 64
+# Python's own library (where installed packages are not inside it).
+_STDLIB = tuple(set(os.path.join(sysconfig.get_paths()[k], '')
+                    for k in ('stdlib', 'platstdlib')))
+
+
+def _library_file(filename):
+    if filename.startswith(traced.INTERNAL_DIRS):
+        return True
+    return filename.startswith(_STDLIB) and \
+        'site-packages' not in filename and 'dist-packages' not in filename
 
 
 def _user_function(v):
     """``v`` as a plain Python function of user code (not Chainer's,
-    NumPy's, CuPy's or this package's: a static method's or class method's
-    too), or None."""
+    NumPy's, CuPy's, Python's own library's or this package's: a static
+    method's or class method's too), or None."""
     if isinstance(v, (staticmethod, classmethod)):
         v = v.__func__
     if type(v) is not types.FunctionType or \
-            v.__code__.co_filename.startswith(traced.INTERNAL_DIRS):
+            _library_file(v.__code__.co_filename):
         return None
     return v
 

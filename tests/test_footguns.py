@@ -1064,6 +1064,29 @@ LINK_VALUE_CASES.update({
         _child_init, lambda self, x: F.sum(self.child(self.l1(x))),
         lambda m, i: _set_item(_HP, 'scale', 1.0 + i)),
 })
+def test_reachable_functions_follow_user_code_only():
+    """The functions whose globals are watched: the method, the user
+    functions and methods it names (however deep), a child link's forward;
+    not Chainer's, NumPy's or Python's own library's."""
+    import copy
+    from static_graph import link_values
+
+    def body(self, x):
+        copy.deepcopy(x)
+        return _times_scale_deeper(F.sum(self.shifted(self.child(x))))
+
+    class Net(chainer.Chain):
+        shifted = _helper_method_init    # any user function will do
+
+    found = link_values.reachable_functions(body, [Net, _ScaledChild])
+    names = [f.__name__ for f in found]
+    assert names[0] == 'body'
+    assert sorted(names[1:]) == sorted([
+        'forward', '_times_scale_deeper', '_helper_method_init',
+        '_times_scale', '_mlp'])
+    assert all(f.__code__.co_filename == __file__ for f in found)
+
+
 LINK_VALUE_CASES['class attribute changed on the class'] = (
     _class_attr_init,
     lambda self, x: F.sum(self.l2(self.l1(x))) * self.class_scale,

@@ -470,10 +470,11 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
     detached = _detach_link_variables(chain, rec)
     snapshot = _snapshot_links(chain)
-    watch = link_values.Watch(snapshot, method,
-                              set(type(link) for link in chain.links()))
+    classes = set(type(link) for link in chain.links())
+    watch = link_values.Watch(
+        snapshot, link_values.reachable_functions(method, classes), classes)
     held = _trace_held_arrays(chain, rec)
-    rngs = generators.snapshot(chain, method)
+    rngs = generators.snapshot(chain, watch.named_globals)
     with rec:
         try:
             out = method(chain, *new_args, **new_kwargs)

@@ -17,8 +17,6 @@ import random
 
 import numpy
 
-from static_graph import link_values
-
 _TYPES = (numpy.random.RandomState, numpy.random.Generator, random.Random)
 # The global generators: their draws are caught by recorder.py (and Chainer
 # functions, F.dropout, draw from them inside, which replay repeats).
@@ -46,10 +44,11 @@ def _same(a, b):
     return a == b
 
 
-def snapshot(chain, method):
-    """[(name, generator, state)] for the generators ``method`` can reach
-    directly on ``chain``'s links or as a module global of the functions
-    it reaches (link_values.reachable_functions)."""
+def snapshot(chain, global_names):
+    """[(name, generator, state)] for the generators the method can reach
+    directly on ``chain``'s links, or as one of the module globals
+    ``global_names`` (link_values.Watch.named_globals: those named by the
+    method and the functions it reaches)."""
     found = []
     seen = set(id(g) for g in _GLOBAL)
     for path, link in chain.namedlinks():
@@ -58,9 +57,7 @@ def snapshot(chain, method):
                 seen.add(id(v))
                 found.append(('self%s.%s' % (path.rstrip('/').replace(
                     '/', '.'), k), v))
-    functions = link_values.reachable_functions(
-        method, set(type(link) for link in chain.links()))
-    for glob, n in link_values.named_globals(functions):
+    for glob, n in global_names:
         v = glob[n]
         if isinstance(v, _TYPES) and id(v) not in seen:
             seen.add(id(v))

@@ -266,15 +266,15 @@ class Watch(object):
     """The values the recording saw on the links and in the globals the
     method names (see the module)."""
 
-    def __init__(self, snapshot, method=None, classes=()):
+    def __init__(self, snapshot, functions=(), classes=()):
         """``snapshot``: [(link __dict__, copy of it, path)] before the
-        call; ``method``: the undecorated method, whose module globals
-        and closure variables named in its code are watched too;
-        ``classes``: the links' classes, whose scalar and container class
-        attributes are too (those of Chainer's own classes excepted). The
-        globals and closure variables of the functions the method reaches
-        (``reachable_functions``: a helper function or method, a child
-        link's forward) are watched as the method's own."""
+        call; ``functions``: the undecorated method and the functions it
+        reaches (``reachable_functions``: a helper function or method, a
+        child link's forward), whose module globals and closure variables
+        named in their code are watched too (``named_globals``: those
+        globals, kept for generators.snapshot); ``classes``: the links'
+        classes, whose scalar and container class attributes are too
+        (those of Chainer's own classes excepted)."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -299,9 +299,8 @@ class Watch(object):
                 if not k.startswith('__') and \
                         isinstance(v, SCALARS + _CONTAINERS):
                     self._add(d, k, v)
-        functions = reachable_functions(method, classes) \
-            if method is not None else []
-        for glob, k in named_globals(functions):
+        self.named_globals = named_globals(functions)
+        for glob, k in self.named_globals:
             self._add(glob, k, glob[k])
         for fn in functions:
             cells = fn.__closure__

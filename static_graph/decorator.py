@@ -162,6 +162,15 @@ def static_graph(method=None, **options):
                 '%s.%s called while another static chain records: inlined '
                 'into that recording', type(self).__name__, name)
             return method(self, *args, **kwargs)
+        if chainer.is_debug():
+            diagnostics.warn_once(
+                (type(self), name, 'debug'),
+                "%s.%s runs define-by-run while Chainer's debug mode is on: "
+                'its checks are per function (a NaN in each result and '
+                'gradient, named after the function that made it), which '
+                'replay would make once per call' % (type(self).__name__,
+                                                     name))
+            return method(self, *args, **kwargs)
         try:
             _check_backends()
             spec, leaves, paths = signature.flatten(arg_names, args, kwargs)

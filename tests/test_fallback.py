@@ -431,3 +431,33 @@ def test_recurrent_state_survives_a_method_that_raises():
     with pytest.raises(ValueError):
         m(numpy.ones((2, 4), numpy.float32), fail=True)
     assert m.rnn.c is c and m.rnn.h is h
+
+
+def test_debug_mode_runs_define_by_run():
+    """Chainer's debug mode checks every function's results for NaN and
+    names the function that made one. A replayed call could check only its
+    own outputs, so under debug mode the call runs define-by-run (warned
+    once) and replays again once debug mode is off."""
+    class Net(Base):
+        @static_graph.static_graph
+        def forward(self, x):
+            return self.l1(x) * F.sqrt(x)
+    m = Net()
+    m.cleargrads()   # not the NaN-filled gradients a new Parameter holds
+    good = numpy.abs(data(3, 4)) + 0.5
+    with chainer.using_config('debug', True):
+        with pytest.warns(StaticGraphWarning, match="debug mode"):
+            F.sum(m(good)).backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', StaticGraphWarning)
+            y = m(good)   # warned once only
+        assert type(y.creator).__name__ == 'Mul'   # not a ReplayNode
+        F.sum(y).backward()
+        with pytest.raises(RuntimeError, match='forward computation of sqrt'):
+            m(-good)
+    assert not caches_of(m)
+    for _ in range(3):
+        y = m(good)
+        F.sum(y).backward()
+    assert caches_of(m)['forward'].replays == 2
+    assert type(y.creator).__name__ == 'ReplayNode'

@@ -33,7 +33,9 @@ def inference_schedule(chain, args, method='forward', kwargs=None):
     cache = decorator.caches_of(chain).get(name)
     entry = cache.get(key) if cache is not None else None
     if entry is None or entry.state != 'complete':
-        reason = entry.reason if entry is not None else 'nothing was recorded'
+        reason = entry.reason if entry is not None else \
+            "Chainer's debug mode is on" if chainer.is_debug() else \
+            'nothing was recorded'
         raise ValueError('cannot export %s.%s: its call runs define-by-run '
                          '(%s)' % (type(chain).__name__, method, reason))
     return entry

@@ -461,3 +461,21 @@ def test_debug_mode_runs_define_by_run():
         F.sum(y).backward()
     assert caches_of(m)['forward'].replays == 2
     assert type(y.creator).__name__ == 'ReplayNode'
+
+
+def test_export_under_debug_mode_says_why():
+    """Exporting needs a recording, which debug mode does not make: the
+    error names debug mode, not 'nothing was recorded'."""
+    from static_graph import export
+
+    class Net(Base):
+        @static_graph.static_graph
+        def forward(self, x):
+            return self.l1(x)
+    m = Net()
+    with chainer.using_config('debug', True):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', StaticGraphWarning)
+            with pytest.raises(ValueError, match='debug mode is on'):
+                export.inference_schedule(m, (data(2, 4),))
+    assert export.inference_schedule(m, (data(2, 4),)).state == 'complete'

@@ -5,6 +5,7 @@ inputs, comparing outputs, every gradient, and the parameters after each
 optimizer step.
 """
 import os
+import warnings
 
 import numpy
 import pytest
@@ -519,3 +520,41 @@ def test_lstm_with_the_last_cell_state_unused(cls):
                        atol=0)
     c = cache(b)
     assert (c.recordings, c.replays) == (1, 3)
+
+
+@pytest.mark.parametrize('scaling', ['fixed', 'dynamic'])
+def test_loss_scaling(scaling):
+    """backward(loss_scale=...) scales every gradient of the replayed call
+    as define-by-run does; with dynamic scaling starting high enough that
+    gradients overflow, both skip the same updates and lower the scale at
+    the same steps."""
+    make = twin(MLP)
+    numpy.random.seed(0)
+    a, b = make(False), make(True)
+    b.copyparams(a)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.Adam()
+        o.setup(m)
+        if scaling == 'dynamic':
+            o.loss_scaling(interval=2)
+            o._loss_scale = 2.0 ** 130    # overflows: no update, scale cut
+        opts.append(o)
+    scales = []
+    for i in range(6):
+        x, t = data(8, 12), labels(8, 5)
+        for m, o in zip((a, b), opts):
+            m.cleargrads()
+            loss = m(x, t)
+            with warnings.catch_warnings():   # the overflow, and its note
+                warnings.simplefilter('ignore', RuntimeWarning)
+                warnings.simplefilter('ignore', UserWarning)
+                loss.backward(loss_scale=1024.0 if scaling == 'fixed' else
+                              o._loss_scale)
+                o.update()
+        compare_chains(a, b, rtol=0, atol=0)
+        scales.append((opts[0]._loss_scale, opts[1]._loss_scale))
+    assert cache(b).replays == 5
+    assert all(sa == sb for sa, sb in scales)
+    if scaling == 'dynamic':   # the first step overflowed in both
+        assert scales[0] == (65504, 65504)

@@ -187,6 +187,12 @@ class AdapterAttrs(object):
         out.extend((_FUNCTION + k, v) for k, v in self.fn.items())
         return out
 
+    def keys(self):
+        return dict(self.items()).keys()
+
+    def __iter__(self):
+        return iter(self.keys())
+
     def __len__(self):
         return len(self.items())
 
@@ -728,15 +734,10 @@ class Recording(object):
                 bid = self.new_buffer(a, _TEMP)
             out_ids.append(bid)
         # The attributes the forward set or replaced, in the node's order.
-        if type(post) is dict:
-            changed = post.keys() - _APPLY_KEYS
-            if changed:
-                changed = [k for k in post if k in changed and
-                           pre.get(k, MISSING) is not post[k]]
-        else:   # AdapterAttrs
-            changed = [k for k, v in post.items()
-                       if pre.get(k, MISSING) is not v and
-                       k not in _APPLY_KEYS]
+        changed = post.keys() - _APPLY_KEYS
+        if changed:
+            changed = [k for k in post if k in changed and
+                       pre.get(k, MISSING) is not post[k]]
         state = []
         restore = []
         if changed:

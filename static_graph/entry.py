@@ -768,9 +768,10 @@ class ReplayNode(function_node.FunctionNode):
         entry's match already made (array types, devices, dtypes). It
         leaves the node and its outputs as ``FunctionNode.apply`` would:
         same attributes, ranks, edges and retained data (none). Function
-        hooks, debug mode, memory layouts and Chainer's own static graph
-        take the full ``apply``."""
-        if chainer.is_debug() or chainer.get_function_hooks() or \
+        hooks, memory layouts and Chainer's own static graph take the full
+        ``apply``. (Under debug mode nothing replays: the decorator runs
+        the call define-by-run.)"""
+        if chainer.get_function_hooks() or \
                 configuration.config.schedule_func is not None:
             return super(ReplayNode, self).apply(inputs)
         Variable = chainer.Variable

@@ -234,7 +234,7 @@ class _BuildTimer(object):
             setattr(o, n, fn)
 
 
-def recording_cost(case, trials=5, steady_steps=10):
+def recording_cost(case, trials=5, steady_steps=10, warm_repeats=3):
     """First iteration of a fresh static model vs define-by-run iterations
     (a steady one, and the first of a fresh model, which also pays for
     first use: gradient arrays, optimizer state, cold memory); for ours
@@ -242,7 +242,9 @@ def recording_cost(case, trials=5, steady_steps=10):
     that records again on a warm model (its cache emptied, as a new
     argument shape would find it), which pays for recording only. A
     steady define-by-run iteration is the median of ``steady_steps``
-    per trial: the denominator of every ratio, so not one sample."""
+    per trial: the denominator of every ratio, so not one sample; the
+    warm recording is the median of ``warm_repeats`` per trial, each
+    after two replays."""
     rs = numpy.random.RandomState(5)
     batch = case['batch'](rs)
     first = {v: [] for v in cases.VARIANTS}
@@ -268,13 +270,14 @@ def recording_cost(case, trials=5, steady_steps=10):
             step(m, o, batch, 'dbr')
             steady.append(time.perf_counter() - t0)
         m, o = built['ours']
-        for _ in range(2):
+        for _ in range(warm_repeats):
+            for _ in range(2):     # replays: the model is warm again
+                step(m, o, batch, 'ours')
+            for cache in static_decorator.caches_of(m).values():
+                cache.entries.clear()
+            t0 = time.perf_counter()
             step(m, o, batch, 'ours')
-        for cache in static_decorator.caches_of(m).values():
-            cache.entries.clear()
-        t0 = time.perf_counter()
-        step(m, o, batch, 'ours')
-        warm.append(time.perf_counter() - t0)
+            warm.append(time.perf_counter() - t0)
     out = {'dbr_steady': float(numpy.median(steady)),
            'ours_building': float(numpy.median(building)),
            'ours_warm_recording': float(numpy.median(warm))}

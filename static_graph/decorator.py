@@ -147,7 +147,7 @@ def static_graph(method=None, **options):
         diagnostics.warn_once(
             ('unsupported',),
             'static_graph is a pass-through here: %s; methods run '
-            'define-by-run' % compat.UNSUPPORTED, stacklevel=3)
+            'define-by-run' % compat.UNSUPPORTED)
         return method
 
     name = method.__name__
@@ -577,7 +577,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         diagnostics.warn_once(
             (type(chain), name, reason),
             '%s.%s falls back to define-by-run for this call signature: %s'
-            % (type(chain).__name__, name, reason), stacklevel=5)
+            % (type(chain).__name__, name, reason))
 
     reports = [(weakref.ref(obs) if obs is not None else None, items)
                for obs, items in rec.reports]

@@ -96,6 +96,8 @@ def test_value_reads_on_variables_fall_back(read):
     assert 'test_fallback.py' in reasons[0]
     assert len(ws) == 1, [str(w.message) for w in ws]
     assert 'test_fallback.py' in str(ws[0].message)
+    # Issued at the caller's line (run_twins), not inside the library.
+    assert ws[0].filename == __file__
 
 
 def test_branch_on_raw_input_array_falls_back():

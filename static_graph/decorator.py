@@ -505,8 +505,9 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             # A memo fills once; this changes at every call.
             for what in recheck:
                 rec.add_reason('the method changes %s at every call (a list '
-                               'appended to, a dict entry or a global set); '
-                               'replay would not repeat that' % what)
+                               'appended to, a dict entry, a global or a '
+                               "helper object's attribute set); replay "
+                               'would not repeat that' % what)
         _write_back_inputs(rec, leaves, inner, leaf_bids)
         out_spec, out_leaves = signature.flatten_outputs(out)
         out_bids, out_kinds, inner_outs = [], [], []

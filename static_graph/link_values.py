@@ -12,8 +12,13 @@ keeps them, and ``Watch.holds`` compares before every replay:
 * containers (tuple, list, dict, set, frozenset) by value, element by
   element, which sees a list or dict changed in place; a container of more
   than ``MAX_ITEMS`` elements in all (a vocabulary) by identity only;
-* anything else (a function, a helper object, a global array) by identity:
-  assigning another records again, a change inside the object is not seen.
+* anything else (a function, a global array) by identity: assigning
+  another records again;
+* a helper object (an instance of a class defined outside Chainer, NumPy
+  and Python's own library, a ``SimpleNamespace``, an ``argparse``
+  ``Namespace``: ``self.sched.t``, ``CFG.scale``) by identity and its
+  attributes like the others, to ``HELPER_DEPTH`` levels and
+  ``MAX_FIELDS`` attributes in all; one past those by identity only.
 
 The links' arrays, Variables and child links are ``entry.link_structure``'s;
 so are the names Chainer manages on every link (``_params``, ``_children``,
@@ -21,7 +26,9 @@ hooks). Globals and closure variables read by the user functions the
 method reaches by name (a helper function or method, a child link's
 forward) are watched like its own.
 """
+import argparse
 import os
+import sys
 import sysconfig
 import types
 
@@ -36,6 +43,9 @@ SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
            numpy.dtype)
 _CONTAINERS = (tuple, list, dict, set, frozenset)
 MAX_ITEMS = 64
+HELPER_DEPTH = 3     # self.a.b.c: helper attributes watched to this depth
+MAX_FIELDS = 256     # helper-object attributes watched in all
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 
 # What Link, Chain and ChainList put in every link's __dict__, the link
 # hooks and the device (a new Device object at every ``to_device``, even to
@@ -197,6 +207,41 @@ def _user_function(v):
     return v
 
 
+_user_class_memo = {}   # class -> is it defined in user code?
+
+
+def _user_class(cls):
+    """Is ``cls`` defined outside Chainer, NumPy, CuPy, this package and
+    Python's own library (in a script, a notebook, an installed package)?"""
+    known = _user_class_memo.get(cls)
+    if known is None:
+        name = getattr(cls, '__module__', None) or 'builtins'
+        module = sys.modules.get(name)
+        filename = getattr(module, '__file__', None)
+        if filename is None:    # interactive __main__; builtins
+            known = name not in ('builtins', 'sys')
+        else:
+            known = not _library_file(filename)
+        _user_class_memo[cls] = known
+    return known
+
+
+def helper_fields(v):
+    """The attribute dict of helper object ``v`` (see the module), or None.
+    Read without running the object's own code (``__getattr__``)."""
+    if isinstance(v, _NAMESPACES):
+        return v.__dict__
+    cls = type(v)
+    if isinstance(v, (type, _ModuleType, chainer.Link, chainer.Variable)) \
+            or not _user_class(cls):
+        return None
+    try:
+        d = object.__getattribute__(v, '__dict__')
+    except Exception:      # __slots__ only
+        return None
+    return d if type(d) is dict else None
+
+
 def reachable_functions(method, classes=()):
     """``method`` and the user functions its call can reach by name, at
     most ``_MAX_FUNCTIONS``: functions its code names as globals, methods
@@ -262,6 +307,17 @@ class _Closure(object):
             return default
 
 
+class _Names(object):
+    """The attribute names a helper object has now, as a mapping's only
+    value (whatever the key)."""
+
+    def __init__(self, fields):
+        self.fields = fields
+
+    def get(self, k, default=None):
+        return tuple(self.fields)
+
+
 class Watch(object):
     """The values the recording saw on the links and in the globals the
     method names (see the module)."""
@@ -292,13 +348,8 @@ class Watch(object):
         self.n_link_pairs = len(self.pairs)
         self.n_link_frozen = len(self.frozen)
         self.n_link_objects = len(self.objects)
-        for cls in _user_classes(classes):
-            d = cls.__dict__
-            self.prefix[id(d)] = 'class attribute %s.' % cls.__name__
-            for k, v in d.items():
-                if not k.startswith('__') and \
-                        isinstance(v, SCALARS + _CONTAINERS):
-                    self._add(d, k, v)
+        self._classes_seen = set()
+        self._add_class_attributes(classes)
         self.named_globals = named_globals(functions)
         for glob, k in self.named_globals:
             self._add(glob, k, glob[k])
@@ -311,7 +362,52 @@ class Watch(object):
                     v = env.get(k, _TOO_BIG)
                     if v is not _TOO_BIG and type(v) is not _ModuleType:
                         self._add(env, k, v)
+        self._add_helper_fields()
         self.values = tuple(self.values)
+
+    def _add_class_attributes(self, classes):
+        """The scalar and container class attributes of the user classes
+        in the MROs of ``classes``, once per class."""
+        for cls in _user_classes(classes):
+            if cls in self._classes_seen:
+                continue
+            self._classes_seen.add(cls)
+            d = cls.__dict__
+            self.prefix[id(d)] = 'class attribute %s.' % cls.__name__
+            for k, v in d.items():
+                if not k.startswith('__') and \
+                        isinstance(v, SCALARS + _CONTAINERS):
+                    self._add(d, k, v)
+
+    def _add_helper_fields(self):
+        """Watch the attributes of the helper objects watched so far (by
+        identity), and of the helpers those hold, to HELPER_DEPTH levels
+        and MAX_FIELDS attributes in all: ``self.sched.t`` changed by the
+        training loop records again, and one the call itself changes
+        (``self.counter.n += 1``) is a change replay would not repeat.
+        After the links' own entries: changed_by_call counts these."""
+        todo = [(self._name(d, k), v, 1) for d, k, v in self.objects]
+        seen = set()
+        budget = MAX_FIELDS
+        for name, v, depth in todo:
+            fields = helper_fields(v)
+            if fields is None or id(v) in seen or len(fields) > budget:
+                continue
+            seen.add(id(v))
+            budget -= len(fields) + 1
+            self.prefix[id(fields)] = name + '.'
+            # An attribute set later that was not there (one shadowing a
+            # class default: ``self.n += 1`` with ``n = 0`` on the class).
+            names = _Names(fields)
+            self.prefix[id(names)] = ''
+            self.pairs.append((names, 'the attribute names of ' + name))
+            self.values.append(tuple(fields))
+            self._add_class_attributes([type(v)])
+            for k, x in list(fields.items()):
+                self._add(fields, k, x)
+                if depth < HELPER_DEPTH and not isinstance(
+                        x, SCALARS + _CONTAINERS):
+                    todo.append((name + '.' + k, x, depth + 1))
 
     def _name(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""
@@ -335,8 +431,9 @@ class Watch(object):
     def changed_by_call(self):
         """What the recorded call itself changed, which replay does not
         repeat: the contents of a container a link still holds (a memo
-        filled, a list appended to), or any watched global (assigning an
-        attribute of a link is decorator._attr_changes')."""
+        filled, a list appended to), or any watched global, closure
+        variable or helper-object attribute (assigning an attribute of a
+        link is decorator._attr_changes')."""
         out = [self._name(d, k) for d, k, frozen, v in self.frozen[
             :self.n_link_frozen] if d.get(k) is v and not _holds(v, frozen)]
         return out + [self._name(d, k) for d, k in self._changed(

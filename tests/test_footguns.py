@@ -6,7 +6,9 @@ checks that what the user sees (outputs, reported values, gradients,
 parameters, running statistics, arrays handed out earlier) is the same, or
 that the static chain falls back / raises a clear error.
 """
+import argparse
 import random
+import types
 import warnings
 
 import numpy
@@ -1096,6 +1098,71 @@ LINK_VALUE_CASES['closure variable changed in place'] = (
     lambda m, i: _set_item(_CLOSURE_CFG, 'scale', 1.0 + i))
 
 
+class _Schedule(object):
+    """A helper object the training loop advances (an annealed weight)."""
+
+    def __init__(self):
+        self.t = 0
+
+    def weight(self):
+        return 1.0 / (1 + self.t)
+
+
+def _schedule_init(self):
+    _mlp(self)
+    self.sched = _Schedule()
+
+
+def _namespace_init(self):
+    _mlp(self)
+    self.args = argparse.Namespace(scale=1.0, shift=0.0)
+
+
+def _nested_helper_init(self):
+    _mlp(self)
+    self.cfg = types.SimpleNamespace(loss=types.SimpleNamespace(weight=1.0))
+
+
+def _stats_init(self):
+    _mlp(self)
+    self.stats = types.SimpleNamespace(mean=numpy.zeros(2, 'f'))
+
+
+_CFG = types.SimpleNamespace(scale=1.0)
+
+
+def _global_helper_init(self):
+    _mlp(self)
+    _CFG.scale = 1.0
+
+
+# Helper objects (instances of user classes, SimpleNamespace, argparse's
+# Namespace) held on a link or named as a global: their attributes are
+# watched like the links' own.
+LINK_VALUE_CASES.update({
+    'helper object advanced by the training loop': (
+        _schedule_init,
+        lambda self, x: F.sum(self.l2(self.l1(x))) * self.sched.weight(),
+        lambda m, i: setattr(m.sched, 't', i)),
+    'argparse Namespace attribute changed': (
+        _namespace_init,
+        lambda self, x: F.sum(self.l2(self.l1(x)) * self.args.scale),
+        lambda m, i: setattr(m.args, 'scale', 1.0 + i)),
+    'attribute of a helper inside a helper changed': (
+        _nested_helper_init,
+        lambda self, x: F.sum(self.l2(self.l1(x))) * self.cfg.loss.weight,
+        lambda m, i: setattr(m.cfg.loss, 'weight', 1.0 + i)),
+    'array held by a helper object replaced': (
+        _stats_init,
+        lambda self, x: F.sum(self.l2(self.l1(x)) - self.stats.mean),
+        lambda m, i: setattr(m.stats, 'mean', numpy.full(2, i, 'f'))),
+    'attribute of a global helper object changed': (
+        _global_helper_init,
+        lambda self, x: F.sum(self.l2(self.l1(x))) * _CFG.scale,
+        lambda m, i: setattr(_CFG, 'scale', 1.0 + i)),
+})
+
+
 @pytest.mark.parametrize('case', sorted(LINK_VALUE_CASES))
 def test_link_values_changed_between_calls(case):
     """Values on the links other than plain numbers and strings: a function
@@ -1123,17 +1190,21 @@ def test_link_values_changed_between_calls(case):
 
 
 def test_unchanged_link_values_still_replay():
-    """Functions, dicts, lists, tuples and NumPy scalars on the links that
-    stay as they are (read each call, or never) cost no new recording."""
+    """Functions, dicts, lists, tuples, NumPy scalars and helper objects on
+    the links that stay as they are (read each call, or never) cost no new
+    recording."""
     def init(self):
         _hyper_init(self)
         self.act = F.relu
         self.temperature = numpy.float32(2)
         self.sizes = (4, 3)
         self.unused = [object(), {'a': [1, 2]}, {3, 4}]
+        self.args = argparse.Namespace(scale=2.0, names=['a'],
+                                       sched=_Schedule())
 
     def body(self, x):
         h = self.act(self.l1(F.reshape(x, self.sizes))) * self.hp['scale']
+        h = h * self.args.scale * self.args.sched.weight()
         return F.sum(self.l2(h) + self.hp['shift'][0]) / self.temperature
 
     models = make_twins(body, init)
@@ -1215,6 +1286,34 @@ def test_method_changing_a_link_container_in_place_falls_back():
     assert states(models[1]) == ['fallback']
     assert any('changes attribute self.history' in str(w.message)
                for w in caught)
+
+
+def test_method_changing_a_helper_object_falls_back():
+    """``self.counter.n += 1`` on a helper object inside the method: replay
+    would not repeat it (the count stopped at the recording's). That call
+    signature runs define-by-run, and the warning names the attribute at
+    the caller's line."""
+    class Counter(object):
+        n = 0
+
+    def init(self):
+        _mlp(self)
+        self.counter = Counter()
+
+    def body(self, x):
+        self.counter.n += 1
+        return F.sum(self.l2(self.l1(x)))
+
+    models = make_twins(body, init)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always', StaticGraphWarning)
+        train_alike(models, [(data(4, 3),) for i in range(4)], rtol=0,
+                    atol=0)
+    assert models[0].counter.n == models[1].counter.n == 4
+    assert states(models[1]) == ['fallback']
+    named = [w for w in caught
+             if 'changes attribute self.counter.n' in str(w.message)]
+    assert named and all(w.filename == __file__ for w in named)
 
 
 def _train_bit_for_bit(models, reseed, n=4):

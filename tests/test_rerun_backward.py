@@ -179,13 +179,14 @@ def test_masked_ops_on_inputs_and_parameters_directly():
 
 
 def test_recording_variable_kept_alive():
-    """The method keeps its input Variable (in a list of a helper object,
-    for debugging, which replay does not see: filled during the recording
-    call only): the recording's own variable stays alive, and a replayed
-    backward step that retained that input must still read the current
-    call's. (A list the method's closure names directly would make it fall
-    back: test_footguns.)"""
-    box = types.SimpleNamespace(seen=[])
+    """The method keeps its input Variable (in a list on a module object,
+    for debugging, which the link-values watch leaves out: filled during
+    the recording call only): the recording's own variable stays alive,
+    and a replayed backward step that retained that input must still read
+    the current call's. (A list the method's closure names directly, or
+    one on a helper object, would make it fall back: test_footguns.)"""
+    box = types.ModuleType('box')
+    box.seen = []
 
     class Net(chainer.Chain):
         def forward(self, x):

@@ -31,6 +31,7 @@ import os
 import sys
 import sysconfig
 import types
+import weakref
 
 import numpy
 
@@ -207,7 +208,9 @@ def _user_function(v):
     return v
 
 
-_user_class_memo = {}   # class -> is it defined in user code?
+# class -> is it defined in user code? (Weak: a class made per call, in a
+# factory, is not kept alive by this.)
+_user_class_memo = weakref.WeakKeyDictionary()
 
 
 def _user_class(cls):

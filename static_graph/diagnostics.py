@@ -19,15 +19,18 @@ _seen_lock = threading.Lock()
 
 
 def _user_stacklevel():
-    """The stacklevel, for a warnings.warn called in warn_once, of the
-    innermost frame outside this package, Chainer, NumPy and CuPy: the
-    user's line that called the chain (or decorated the method)."""
-    level, f = 2, sys._getframe(2)    # 2: warn_once's caller
-    while f is not None and \
-            f.f_code.co_filename.startswith(traced.INTERNAL_DIRS):
+    """The stacklevel, for a warnings.warn called in warn_once, of
+    traced.user_frame (the innermost frame outside this package, Chainer,
+    NumPy and CuPy): the user's line that called the chain (or decorated
+    the method)."""
+    user = traced.user_frame(3)       # 3: warn_once's caller, from here
+    if user is None:
+        return 2
+    level, f = 2, sys._getframe(2)    # stacklevel 2: warn_once's caller
+    while f is not user:
         f = f.f_back
         level += 1
-    return level if f is not None else 2
+    return level
 
 
 def warn_once(key, message):

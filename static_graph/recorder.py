@@ -508,12 +508,15 @@ class Recording(object):
     # -- buffers ------------------------------------------------------------
     def new_buffer(self, array, role, name=None):
         bid = len(self.buffers)
-        shape = getattr(array, 'shape', ())
-        dtype = getattr(array, 'dtype', None)
-        if dtype is None:   # a Python number (analysis.scalar_state)
-            dtype = numpy.asarray(array).dtype
-        self.buffers[bid] = ir.Buffer(bid, shape, dtype, role, name=name,
-                                      storage=array)
+        if type(array) is _ndarray:   # most (every op's results come here)
+            shape, dtype = array.shape, array.dtype
+        else:
+            shape = getattr(array, 'shape', ())
+            dtype = getattr(array, 'dtype', None)
+            if dtype is None:   # a Python number (analysis.scalar_state)
+                dtype = numpy.asarray(array).dtype
+        self.buffers[bid] = _Buffer(bid, shape, dtype, role, name, False,
+                                    array)
         self.by_id[id(array)] = bid
         self.arrays.append(array)
         return bid
@@ -717,22 +720,9 @@ class Recording(object):
                 input_sources[b] = {v}
             else:
                 known.add(v)
-        # The results' buffers; a NumPy array's made here, as new_buffer
-        # would (every op's results pass through this: ~1/3 of its time).
-        buffers, arrays = self.buffers, self.arrays
-        out_arrays, out_ids = [], []
-        for y in outs:
-            a = y._data[0]
-            out_arrays.append(a)
-            if type(a) is _ndarray:
-                bid = len(buffers)
-                buffers[bid] = _Buffer(bid, a.shape, a.dtype, _TEMP, None,
-                                       False, a)
-                by_id[id(a)] = bid
-                arrays.append(a)
-            else:
-                bid = self.new_buffer(a, _TEMP)
-            out_ids.append(bid)
+        new_buffer = self.new_buffer
+        out_arrays = [y._data[0] for y in outs]
+        out_ids = [new_buffer(a, _TEMP) for a in out_arrays]
         # The attributes the forward set or replaced, in the node's order.
         changed = post.keys() - _APPLY_KEYS
         if changed:

@@ -29,6 +29,12 @@ class Base(chainer.Chain):
             self.l2 = L.Linear(4, 4)
 
 
+class OneLinear(Base):
+    @static_graph.static_graph
+    def forward(self, x):
+        return self.l1(x)
+
+
 def run_twins(body, inputs, **kw):
     """Build dbr and static chains whose forward is ``body``; run each input
     through both (forward+backward), compare; return (static chain, warnings).
@@ -261,11 +267,7 @@ def test_nested_static_chains_are_inlined():
 
 
 def test_use_static_graph_flag_off_is_define_by_run():
-    class Net(Base):
-        @static_graph.static_graph
-        def forward(self, x):
-            return self.l1(x)
-    m = Net()
+    m = OneLinear()
     with chainer.using_config('use_static_graph', False):
         for _ in range(3):
             y = m(data(3, 4))
@@ -470,11 +472,7 @@ def test_export_under_debug_mode_says_why():
     error names debug mode, not 'nothing was recorded'."""
     from static_graph import export
 
-    class Net(Base):
-        @static_graph.static_graph
-        def forward(self, x):
-            return self.l1(x)
-    m = Net()
+    m = OneLinear()
     with chainer.using_config('debug', True):
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', StaticGraphWarning)

@@ -11,7 +11,11 @@
 call fell back; ``export_onnx(chain, args, path)`` writes the inference
 schedule as an ONNX model.
 """
-from static_graph import compat as _compat
+from static_graph import chainer_import as _chainer_import
+
+_chainer_import.prepare()   # Chainer 7.8.1 on Python 3.12+ and NumPy 2
+
+from static_graph import compat as _compat  # NOQA (after prepare)
 from static_graph.decorator import static_graph  # NOQA
 from static_graph.diagnostics import StaticGraphWarning  # NOQA
 from static_graph.diagnostics import logger  # NOQA

@@ -37,12 +37,13 @@ class Cache(object):
     """The entries of one method of one chain, least recently used first."""
 
     def __init__(self, owner_name, size, warn_retrace, recompute=True,
-                 plan_memory=True):
+                 plan_memory=True, cuda_graph=True):
         self.owner_name = owner_name
         self.size = size
         self.warn_retrace = warn_retrace
         self.recompute = recompute
         self.plan_memory = plan_memory
+        self.cuda_graph = cuda_graph
         self.entries = collections.OrderedDict()
         self.lock = threading.RLock()
         self.recordings = 0
@@ -86,7 +87,8 @@ def _cache_for(chain, name, options):
         if cache is None:
             cache = Cache('%s.%s' % (type(chain).__name__, name),
                           options['cache_size'], options['warn_retrace'],
-                          options['recompute'], options['plan_memory'])
+                          options['recompute'], options['plan_memory'],
+                          options['cuda_graph'])
             per_chain[name] = cache
         return cache
 
@@ -121,17 +123,20 @@ def static_graph(method=None, **options):
     plan_memory: False turns memory reuse off for comparison: every buffer
         of a schedule lives until it returns, no kernel writes into an
         input that dies with it, nothing is recomputed (default True).
+    cuda_graph: on CuPy, replay the forward and the backward each as one
+        CUDA graph launch once they have run a few times, where the capture
+        is faithful (default True; see ``explain``).
     """
     unknown = set(options) - {'cache_size', 'warn_retrace', 'recompute',
-                              'plan_memory'}
+                              'plan_memory', 'cuda_graph'}
     if unknown:
         raise TypeError('static_graph got unknown option(s): %s'
                         % ', '.join(sorted(unknown)))
     opts = {'cache_size': DEFAULT_CACHE_SIZE,
             'warn_retrace': DEFAULT_WARN_RETRACE, 'recompute': True,
-            'plan_memory': True}
+            'plan_memory': True, 'cuda_graph': True}
     opts.update(options)
-    for flag in ('recompute', 'plan_memory'):
+    for flag in ('recompute', 'plan_memory', 'cuda_graph'):
         if not isinstance(opts[flag], bool):
             raise TypeError('%s must be True or False, got %r'
                             % (flag, opts[flag]))
@@ -591,7 +596,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                 out_spec, params, persists, attr_writes=attr_writes,
                 reports=reports, link_values=watch,
                 recompute=cache.recompute, plan_memory=cache.plan_memory,
-                **backward)
+                cuda_graph=cache.cuda_graph, **backward)
         e.verify()
 
     if not need_backward:

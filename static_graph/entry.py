@@ -27,6 +27,7 @@ from schedules import ir
 from schedules import recompute as schedule_recompute
 from static_graph import describe
 from static_graph import diagnostics
+from static_graph import graphs
 from static_graph import link_values
 from static_graph import lower_pass
 from static_graph import lowering
@@ -385,18 +386,26 @@ class Entry(object):
         self._reused_roots = None
         self.owner = None            # weakref to the ReplayNode whose values
         self.replays = 0             # are in the static buffers
+        self.cuda_graph = True
+        self.quiet = True            # no earlier call waits for its backward
+        self.pending = weakref.WeakSet()   # calls that wait for it
+        self.graph_static = []       # the forward graph's saved activations
+        self.graph_owned = set()     # (their ids)
 
     # -- building -------------------------------------------------------------
     def build(self, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
               params, persists, grad_in=None, grad_targets=None,
               grad_out_bids=None, attr_writes=(), reports=(),
-              link_values=None, recompute=True, plan_memory=True):
+              link_values=None, recompute=True, plan_memory=True,
+              cuda_graph=True):
         """Turn a finished recording into compiled schedules. recompute:
         let the backward compute cheap activations again instead of saving
         them (recompute_rules.py); plan_memory=False: no memory reuse at
         all (no early frees, no kernel writing into a dying input, nothing
-        recomputed), for comparison."""
+        recomputed), for comparison; cuda_graph: on CuPy, replay each
+        schedule as one CUDA graph launch once it has run (graphs.py)."""
         self.plan_memory = plan_memory
+        self.cuda_graph = cuda_graph
         recompute = recompute and plan_memory
         bufs = rec.buffers
         self.n_leaves = n_leaves
@@ -450,6 +459,15 @@ class Entry(object):
                               for b in out_bids)
         copyto = _copyto_for([bufs[b].storage for b in f_inputs] or [])
         self._copyto = copyto
+        self._graphs = graphs.wants_graphs(self, copyto)
+        if self._graphs is not None:
+            # What nodes may update in place besides static buffers
+            # (BatchNormalization's running statistics, held by its node).
+            self.persistent_arrays = [
+                v for link in chain.links()
+                for v in (link.__dict__.get(k)
+                          for k in getattr(link, '_persistent', ()))
+                if recorder.is_array(v)]
         self.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids,
                                    keep=self.saved + self.expose)
         # Never written in place: what is handed out or saved for backward,
@@ -466,6 +484,9 @@ class Entry(object):
             extra_outputs=self.forward.keep,
             copy_outputs=set(b for b in self.expose
                              if self._reused(bufs, b)))
+        if self._graphs is not None:
+            self.run_forward = graphs.forward_tier(self, self.run_forward,
+                                                   self._graphs)
         # What a later call overwrites, and so what a pending call's backward
         # needs put back: static buffers the forward writes. Views of stable
         # memory follow their base and are never written; a view of memory
@@ -557,10 +578,13 @@ class Entry(object):
         """How a backward schedule (or a variant over its buffers) runs:
         gradients that later calls could overwrite are handed out as
         copies in their own layout."""
-        return executor.TieredSchedule(
+        run = executor.TieredSchedule(
             schedule, self._copyto, free=self.plan_memory,
             copy=recorder.copy_exact, copy_outputs=self._backward_copies,
             **options)
+        if self._graphs is not None:
+            run = graphs.backward_tier(self, run, self._graphs)
+        return run
 
     def _reused(self, bufs, b):
         """Is buffer b memory that a later call writes again (static, or a
@@ -810,13 +834,15 @@ class ReplayNode(function_node.FunctionNode):
     def forward(self, inputs):
         entry = self.entry
         with entry.lock:
-            if entry.static_storages:
-                if entry.owner is not None:
-                    owner = entry.owner()
-                    if owner is not None and not owner.done:
-                        owner.snapshot = [s.copy()
-                                          for s in entry.static_storages]
-                entry.owner = weakref.ref(self)
+            if entry.static_storages and entry.owner is not None:
+                owner = entry.owner()
+                if owner is not None and not owner.done:
+                    owner.snapshot = [s.copy()
+                                      for s in entry.static_storages]
+            # (Also while there are no static storages: a graph captured
+            # in this very call adds some.)
+            entry.owner = weakref.ref(self)
+            entry.quiet = not entry.pending
             result = entry.run_forward(inputs)
             n = len(entry.forward.outputs)
             # Copy what later calls rewrite while no other thread can.
@@ -826,6 +852,7 @@ class ReplayNode(function_node.FunctionNode):
         self.exposed = result[m:]
         if entry.backward is not None and chainer.config.enable_backprop:
             self.saved = result[n:m]
+            entry.pending.add(self)
         else:
             self.done = True
         return outs
@@ -906,6 +933,7 @@ class ReplayNode(function_node.FunctionNode):
             args.extend(held[k] for k in sorted(held))
             grads = self._on_device(run, args)
         self.done = True
+        entry.pending.discard(self)
         self.saved = None
         by_input = {}
         it = iter(grads)

@@ -11,6 +11,7 @@ import numpy
 
 from schedules import ir
 from static_graph import decorator
+from static_graph import graphs
 
 
 class CachedSchedule(collections.namedtuple(
@@ -121,6 +122,9 @@ def explain(chain):
                             '%s at %s' % (op.kind[:-len('.backward')],
                                           op.source or '?')
                             for op in reruns)
+                graph = graphs.describe(e)
+                if graph:
+                    line += '\n    ' + graph
             elif e.state == 'recording':
                 line += ' (waiting for its first backward)'
             if e.reason:

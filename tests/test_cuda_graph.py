@@ -1,0 +1,308 @@
+"""Schedules replayed as CUDA graphs (schedules/cuda_graph.py, graphs.py).
+
+Every scenario runs twice: on NumPy through the stand-in for graphs
+(tests/fake_cuda_graph.py: a launch writes into the captured results, as a
+graph writes its memory), and on CuPy with real CUDA graphs where there is a
+GPU (skipped elsewhere). Twins train side by side, define-by-run and
+static, and must agree bit for bit.
+"""
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from static_graph import graphs
+from static_graph.decorator import caches_of
+from static_graph.inspect import explain
+from tests import fake_cuda_graph
+from tests.twins import static_twins
+
+
+def _gpu_reason():
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return 'no CUDA device'
+    except Exception as e:
+        return 'no CuPy with a CUDA device (%s)' % type(e).__name__
+    return None
+
+
+class Target(object):
+    def __init__(self, name, device, backend):
+        self.name = name
+        self.device = chainer.get_device(device)
+        self.backend = backend
+
+    @property
+    def xp(self):
+        return self.device.xp
+
+    def send(self, a):
+        return self.device.send(a)
+
+    def seed(self, i):
+        numpy.random.seed(i)
+        if self.xp is not numpy:
+            self.xp.random.seed(i)
+
+
+@pytest.fixture(params=['fake', 'cupy'])
+def target(request):
+    saved = list(graphs._backend)
+    if request.param == 'fake':
+        b = fake_cuda_graph.FakeBackend()
+        graphs.set_backend(b)
+        t = Target('fake', '@numpy', b)
+    else:
+        reason = _gpu_reason()
+        if reason:
+            pytest.skip(reason)
+        graphs._backend[:] = []     # made afresh: CuPy's
+        t = Target('cupy', '@cupy:0', graphs.backend())
+        assert t.backend is not None
+    yield t
+    graphs._backend[:] = saved
+
+
+def cpu(a):
+    return chainer.backend.CpuDevice().send(a)
+
+
+def same(a, b, what):
+    numpy.testing.assert_array_equal(cpu(a), cpu(b), err_msg=what)
+
+
+def same_chains(a, b, grads=True):
+    pa, pb = dict(a.namedparams()), dict(b.namedparams())
+    for name in pa:
+        same(pa[name].array, pb[name].array, 'param ' + name)
+        if grads and pa[name].grad is not None:
+            same(pa[name].grad, pb[name].grad, 'grad of ' + name)
+    for (n, la), (_, lb) in zip(sorted(a.namedlinks()),
+                                sorted(b.namedlinks())):
+        for k in getattr(la, '_persistent', ()):
+            if hasattr(getattr(la, k), 'shape'):
+                same(getattr(la, k), getattr(lb, k), n + '/' + k)
+
+
+def entry_of(chain):
+    (cache,) = caches_of(chain).values()
+    (e,) = [e for e in cache.entries.values() if e.state == 'complete']
+    return e
+
+
+def tiers(chain):
+    return dict(graphs.tiers(entry_of(chain)))
+
+
+class BNNet(chainer.Chain):
+    def __init__(self, drop=0.0, accuracy=False):
+        super(BNNet, self).__init__()
+        self.drop = drop
+        self.accuracy = accuracy
+        with self.init_scope():
+            self.l1 = L.Linear(6, 8)
+            self.bn = L.BatchNormalization(8)
+            self.l2 = L.Linear(8, 3)
+
+    def forward(self, x, t):
+        h = F.relu(self.bn(self.l1(x)))
+        if self.drop:
+            h = F.dropout(h, self.drop)
+        y = self.l2(h)
+        loss = F.softmax_cross_entropy(y, t)
+        if self.accuracy:
+            chainer.report({'accuracy': F.accuracy(y, t, ignore_label=-1)},
+                           self)
+        return loss
+
+
+def batch(target, rs, n=5):
+    x = rs.standard_normal((n, 6)).astype('f')
+    t = rs.randint(0, 3, n).astype('i')
+    return target.send(x), target.send(t)
+
+
+def twins(target, *args, **options):
+    a, b = static_twins(BNNet, *args, **options)
+    a.to_device(target.device)
+    b.to_device(target.device)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.Adam()
+        o.setup(m)
+        opts.append(o)
+    return (a, b), opts
+
+
+def train(target, models, opts, steps=8, seed=0):
+    rs = numpy.random.RandomState(seed)
+    losses = []
+    for i in range(steps):
+        x, t = batch(target, rs)
+        step = []
+        for m, o in zip(models, opts):
+            target.seed(i)
+            m.cleargrads()
+            loss = m(x, t)
+            loss.backward()
+            o.update()
+            step.append(loss)
+        same(step[0].array, step[1].array, 'loss of step %d' % i)
+        same_chains(*models, grads=True)
+        losses.append(step)
+    return losses
+
+
+def test_training_replays_as_graphs_bit_for_bit(target):
+    models, opts = twins(target)
+    train(target, models, opts, steps=9)
+    t = tiers(models[1])
+    for name in ('forward', 'backward'):
+        assert t[name].reason is None, t[name].reason
+        assert t[name].graph is not None and t[name].captures == 1
+        # Recording, 2 interpreted runs, 1 compiled, then the graph.
+        assert t[name].launches == 5, name
+    assert 'forward replays as one launch' in explain(models[1])
+
+
+def test_what_the_caller_keeps_is_not_overwritten(target):
+    """The loss, reported values and gradients handed out are the caller's:
+    later launches, which rewrite the graph's memory, leave them alone."""
+    models, opts = twins(target, 0.0, True)
+    rs = numpy.random.RandomState(1)
+    kept = []
+    for i in range(8):
+        x, t = batch(target, rs)
+        m = models[1]
+        m.cleargrads()
+        r = chainer.reporter.Reporter()
+        r.add_observer('m', m)
+        seen = {}
+        with r.scope(seen):
+            loss = m(x, t)
+        loss.backward()
+        grads = dict((n, p.grad) for n, p in m.namedparams())
+        kept.append((loss.array, seen['m/accuracy'].array, grads,
+                     cpu(loss.array), cpu(seen['m/accuracy'].array),
+                     dict((n, cpu(g)) for n, g in grads.items())))
+        opts[1].update()
+    for loss, acc, grads, loss0, acc0, grads0 in kept:
+        same(loss, loss0, 'a loss kept from an earlier step')
+        same(acc, acc0, 'a reported value kept from an earlier step')
+        for n in grads:
+            same(grads[n], grads0[n], 'a gradient kept from an earlier step')
+    assert tiers(models[1])['forward'].launches > 0
+
+
+def test_two_calls_before_their_backwards(target):
+    """Two calls, then both backwards: the first call's backward reads its
+    own saved activations (put aside from the graph's memory by the second
+    call), BatchNormalization's statistics included."""
+    models, opts = twins(target)
+    rs = numpy.random.RandomState(2)
+    for i in range(8):
+        x1, t1 = batch(target, rs)
+        x2, t2 = batch(target, rs)
+        first = []
+        for m in models:
+            m.cleargrads()
+            y1 = m(x1, t1)
+            y2 = m(x2, t2)
+            y1.backward()
+            first.append(dict((n, p.grad.copy())
+                              for n, p in m.namedparams()))
+            y2.backward()
+        for n in first[0]:
+            same(first[0][n], first[1][n], 'first backward ' + n)
+        same_chains(*models)
+        for o in opts:
+            o.update()
+    assert tiers(models[1])['forward'].launches > 0
+
+
+def test_random_draws_keep_the_stream_replay(target):
+    models, opts = twins(target, 0.5)
+    train(target, models, opts, steps=7)
+    reason = tiers(models[1])['forward'].reason
+    assert reason is not None and 'random' in reason, reason
+    assert 'forward replays launch by launch' in explain(models[1])
+    # The backward has no draws of its own.
+    assert tiers(models[1])['backward'].graph is not None
+
+
+def test_replaced_parameters_capture_again_then_stop(target):
+    models, opts = twins(target)
+    rs = numpy.random.RandomState(3)
+    for i in range(12):
+        x, t = batch(target, rs)
+        for m, o in zip(models, opts):
+            if i >= 6:   # as weight clipping by assignment does
+                m.l1.W.array = m.l1.W.array.copy()
+            m.cleargrads()
+            m(x, t).backward()
+            o.update()
+        same_chains(*models)
+    t = tiers(models[1])['forward']
+    assert t.captures == 2 and t.stale == 2
+    assert 'replaced' in t.reason
+
+
+def test_option_off():
+    saved = list(graphs._backend)
+    graphs.set_backend(fake_cuda_graph.FakeBackend())
+    try:
+        target = Target('fake', '@numpy', graphs.backend())
+        models, opts = twins(target, cuda_graph=False)
+        train(target, models, opts, steps=6)
+        assert tiers(models[1]) == {}
+        assert 'CUDA graph' not in explain(models[1])
+    finally:
+        graphs._backend[:] = saved
+
+
+class Refusing(fake_cuda_graph.FakeBackend):
+    def __init__(self):
+        super(Refusing, self).__init__(refuse='a reason of the backend')
+
+
+class Perturbing(fake_cuda_graph.FakeBackend):
+    """Its launches add one to the first result: as a graph that froze a
+    host value would be off."""
+
+    def launch(self, graph):
+        graph.launch()
+        graph.outputs[0][...] += 1
+
+
+@pytest.mark.parametrize('backend,words', [
+    (Refusing, 'a reason of the backend'),
+    (Perturbing, "differs from the schedule run launch by launch")])
+def test_a_graph_that_fails_keeps_the_stream_replay(backend, words):
+    saved = list(graphs._backend)
+    graphs.set_backend(backend())
+    try:
+        target = Target('fake', '@numpy', graphs.backend())
+        models, opts = twins(target)
+        train(target, models, opts, steps=7)   # bit for bit throughout
+        t = tiers(models[1])
+        for name in ('forward', 'backward'):
+            assert t[name].graph is None and words in t[name].reason
+        assert 'launch by launch: ' in explain(models[1])
+    finally:
+        graphs._backend[:] = saved
+
+
+def test_host_synchronization_is_refused_on_the_gpu(target):
+    """F.accuracy with an ignore label tests a count on the host; the
+    capture fails and the stream replay stays (on NumPy there is nothing to
+    refuse)."""
+    if target.name != 'cupy':
+        pytest.skip('a CUDA capture')
+    models, opts = twins(target, 0.0, True)
+    train(target, models, opts, steps=6)
+    reason = tiers(models[1])['forward'].reason
+    assert reason is not None and 'capture failed' in reason, reason

@@ -320,7 +320,10 @@ class _Guard(object):
             return
         for n in names:
             old = getattr(curand, n)
-            setattr(curand, n, refuse('cuRAND ' + n, old))
+            try:
+                setattr(curand, n, refuse('cuRAND ' + n, old))
+            except (AttributeError, TypeError):   # a read-only module
+                continue
             self.undo.append(
                 lambda n=n, old=old: setattr(curand, n, old))
 

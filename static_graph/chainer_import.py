@@ -19,7 +19,7 @@ NumPy 1) it does nothing but ``import chainer``.
 
 ``import static_graph`` calls it, so a script that imports ``static_graph``
 before ``chainer`` runs unchanged on both. For scripts that import
-``chainer`` first, ``python -m static_graph.chainer_import --install`` adds a
+``chainer`` first, ``python -m static_graph chainer-import --install`` adds a
 ``.pth`` file to the environment's site-packages that does the same at
 interpreter start, only when something imports ``chainer``
 (``--uninstall`` removes it).
@@ -217,7 +217,7 @@ def _site_dir():
 def main(argv=None):
     import argparse
     p = argparse.ArgumentParser(
-        prog='python -m static_graph.chainer_import',
+        prog='python -m static_graph chainer-import',
         description='Make "import chainer" work on Python 3.12+/NumPy 2 in '
                     'this environment, for scripts that import chainer '
                     'before static_graph.')

@@ -98,11 +98,25 @@ def tiers(chain):
     return dict(graphs.tiers(entry_of(chain)))
 
 
+class HostRead(chainer.function_node.FunctionNode):
+    """2x, after reading the input's maximum on the host: a function that
+    synchronizes with the device in its forward."""
+
+    def forward(self, inputs):
+        x, = inputs
+        self.seen = float(x.max())
+        return x * x.dtype.type(2),
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0] * 2,
+
+
 class BNNet(chainer.Chain):
-    def __init__(self, drop=0.0, accuracy=False):
+    def __init__(self, drop=0.0, accuracy=False, sync=False):
         super(BNNet, self).__init__()
         self.drop = drop
         self.accuracy = accuracy
+        self.sync = sync
         with self.init_scope():
             self.l1 = L.Linear(6, 8)
             self.bn = L.BatchNormalization(8)
@@ -112,6 +126,8 @@ class BNNet(chainer.Chain):
         h = F.relu(self.bn(self.l1(x)))
         if self.drop:
             h = F.dropout(h, self.drop)
+        if self.sync:
+            h, = HostRead().apply((h,))
         y = self.l2(h)
         loss = F.softmax_cross_entropy(y, t)
         if self.accuracy:
@@ -297,12 +313,13 @@ def test_a_graph_that_fails_keeps_the_stream_replay(backend, words):
 
 
 def test_host_synchronization_is_refused_on_the_gpu(target):
-    """F.accuracy with an ignore label tests a count on the host; the
-    capture fails and the stream replay stays (on NumPy there is nothing to
-    refuse)."""
+    """A function that reads a value on the host in its forward: CUDA
+    refuses the capture, and the stream replay stays (on NumPy there is
+    nothing to refuse)."""
     if target.name != 'cupy':
         pytest.skip('a CUDA capture')
-    models, opts = twins(target, 0.0, True)
+    models, opts = twins(target, 0.0, False, True)
     train(target, models, opts, steps=6)
     reason = tiers(models[1])['forward'].reason
     assert reason is not None and 'capture failed' in reason, reason
+    assert tiers(models[1])['backward'].graph is not None

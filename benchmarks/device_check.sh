@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU checks, in one call on a lent GPU machine (Python 3.12, NumPy 2,
+# CuPy 14, no Chainer): install the carried Chainer wheel, make it import
+# (python -m static_graph.chainer_import --install), then the GPU tests, the
+# GPU benchmark and the main job on @cupy:0. Logs and results go to $OUT
+# (or ./device_out). Each step has its own time limit, so one that hangs
+# leaves the others their time; the whole script stays within ~8 minutes.
+#
+#   (here)  pip wheel --no-deps --no-build-isolation chainer==7.8.1 -w .whl
+#   (there) bash benchmarks/device_check.sh            # carry: .whl
+#
+# STEPS="tests bench main" (default: all of them) picks steps; BENCH_CASES
+# the benchmark's cases.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-"probe tests bench main"}
+PY=${PY:-python3}
+
+log() { echo "== $* ($(date +%T))"; }
+
+log setup
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site .whl/chainer-*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+$PY -m static_graph chainer-import --install
+$PY - <<'EOF' 2>&1 | tee "$OUT/env.txt"
+import sys, platform
+import chainer, numpy, cupy
+print('python', platform.python_version(), 'chainer', chainer.__version__,
+      'numpy', numpy.__version__, 'cupy', cupy.__version__)
+print(cupy.cuda.runtime.getDeviceProperties(0)['name'].decode(),
+      'CUDA runtime', cupy.cuda.runtime.runtimeGetVersion())
+print('numpy.distutils imported:', 'numpy.distutils' in sys.modules,
+      'numpy.sctypes:', hasattr(numpy, 'sctypes'))
+EOF
+
+for step in $STEPS; do
+  case $step in
+  probe)
+    log probe
+    timeout 60 $PY - <<'EOF' 2>&1 | tee "$OUT/probe.txt"
+# Can CuPy capture what a schedule does: a matmul, an elementwise kernel,
+# a reduction, allocations from a private pool?
+import cupy
+from schedules import cuda_graph
+b = cuda_graph.CupyBackend()
+w = cupy.random.rand(64, 64, dtype='f')
+x = cupy.random.rand(8, 64, dtype='f')
+def run(args):
+    x, w = args
+    h = cupy.maximum(x.dot(w), 0)
+    return h, h.sum()
+g, outs, keep = b.capture(run, (x, w))
+b.launch(g)
+want = run((x, w))
+print('capture probe: equal', all(b.same(o, r) for o, r in zip(outs, want)))
+try:
+    b.capture(lambda a: (a[0] * float(a[0].sum()),), (x,))
+    print('host read probe: captured (unexpected)')
+except cuda_graph.NotCapturable as e:
+    print('host read probe: refused:', e)
+try:
+    b.capture(lambda a: (a[0] * cupy.random.rand(*a[0].shape, dtype='f'),),
+              (x,))
+    print('random probe: captured (unexpected)')
+except cuda_graph.NotCapturable as e:
+    print('random probe: refused:', e)
+try:
+    import numpy
+    b.capture(lambda a: (a[0] + cupy.asarray(numpy.ones(64, 'f')),), (x,))
+    print('host copy probe: captured (unexpected)')
+except cuda_graph.NotCapturable as e:
+    print('host copy probe: refused:', e)
+EOF
+    ;;
+  tests)
+    log tests
+    timeout 200 $PY -m pytest -q -p no:cacheprovider \
+        tests/test_cuda_graph.py tests/test_cupy.py 2>&1 \
+        | tee "$OUT/tests.txt" | tail -25
+    ;;
+  bench)
+    log bench
+    timeout 240 $PY benchmarks/gpu.py --device @cupy:0 \
+        --json "$OUT/gpu.json" ${BENCH_CASES:+--cases $BENCH_CASES} 2>&1 \
+        | tee "$OUT/bench.txt"
+    ;;
+  main)
+    log main job
+    timeout 120 $PY examples/mnist/train_mnist.py --compare \
+        --device @cupy:0 2>&1 | tee "$OUT/main.txt" | tail -8
+    ;;
+  esac
+done
+log done

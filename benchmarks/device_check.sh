@@ -41,7 +41,7 @@ for step in $STEPS; do
   case $step in
   probe)
     log probe
-    timeout 60 $PY - <<'EOF' 2>&1 | tee "$OUT/probe.txt"
+    timeout 40 $PY - <<'EOF' 2>&1 | tee "$OUT/probe.txt"
 # Can CuPy capture what a schedule does: a matmul, an elementwise kernel,
 # a reduction, allocations from a private pool?
 import cupy
@@ -78,19 +78,19 @@ EOF
     ;;
   tests)
     log tests
-    timeout 200 $PY -m pytest -q -p no:cacheprovider \
+    timeout 180 $PY -m pytest -q -p no:cacheprovider \
         tests/test_cuda_graph.py tests/test_cupy.py 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
     ;;
   bench)
     log bench
-    timeout 240 $PY benchmarks/gpu.py --device @cupy:0 \
+    timeout 200 $PY benchmarks/gpu.py --device @cupy:0 \
         --json "$OUT/gpu.json" ${BENCH_CASES:+--cases $BENCH_CASES} 2>&1 \
         | tee "$OUT/bench.txt"
     ;;
   main)
     log main job
-    timeout 120 $PY examples/mnist/train_mnist.py --compare \
+    timeout 90 $PY examples/mnist/train_mnist.py --compare \
         --device @cupy:0 2>&1 | tee "$OUT/main.txt" | tail -8
     ;;
   esac

@@ -9,14 +9,14 @@
 #   (here)  pip wheel --no-deps --no-build-isolation chainer==7.8.1 -w .whl
 #   (there) bash benchmarks/device_check.sh            # carry: .whl
 #
-# STEPS="tests bench main" (default: all of them) picks steps; BENCH_CASES
+# STEPS="probe tests bench main fuzz" (default: all of them) picks steps; BENCH_CASES
 # the benchmark's cases.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"probe tests bench main"}
+STEPS=${STEPS:-"probe tests bench main fuzz"}
 PY=${PY:-python3}
 
 log() { echo "== $* ($(date +%T))"; }
@@ -92,6 +92,12 @@ EOF
     log main job
     timeout 90 $PY examples/mnist/train_mnist.py --compare \
         --device @cupy:0 2>&1 | tee "$OUT/main.txt" | tail -8
+    ;;
+  fuzz)
+    log fuzz
+    timeout 150 $PY benchmarks/fuzz.py --device @cupy:0 --capture-early \
+        --max-steps 7 --minutes 1.5 --chunk 50 --quiet --seed 1931 2>&1 \
+        | tee "$OUT/fuzz.txt" | tail -8
     ;;
   esac
 done

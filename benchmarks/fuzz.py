@@ -56,6 +56,10 @@ def parse_args(argv=None):
     p.add_argument('--device', default=None,
                    help="Chainer device of both twins, e.g. '@cupy:0' "
                         '(default: NumPy)')
+    p.add_argument('--capture-early', action='store_true',
+                   help='capture CUDA graphs (or, on NumPy, the stand-in '
+                        'of tests/fake_cuda_graph.py) at the first compiled '
+                        'run, so that short call patterns reach them')
     p.add_argument('--quiet', action='store_true',
                    help='print only the summary and the minimal examples')
     return p.parse_args(argv)
@@ -96,6 +100,12 @@ def main(argv=None):
     args = parse_args(argv)
     grammar.EXACT = args.exact
     grammar.DEVICE = args.device
+    if args.capture_early:
+        from static_graph import graphs
+        graphs.CAPTURE_AFTER = 0
+        if args.device is None:
+            from tests import fake_cuda_graph
+            graphs.set_backend(fake_cuda_graph.FakeBackend())
     if args.device is not None:
         import chainer
         chainer.get_device(args.device).use()
@@ -176,6 +186,10 @@ def main(argv=None):
     print('examples checked (each a full define-by-run vs static run; '
           'shrinking included): %d' % stats.examples)
     print(stats.summary())
+    from schedules import cuda_graph
+    if any(cuda_graph.counts.values()):
+        print('CUDA graphs: %(captured)d schedules captured, %(refused)d '
+              'refused, %(stale)d gone stale' % cuda_graph.counts)
     print('divergences: %d distinct, %d reports' % (
         len(divergences), sum(c for c, _ in divergences.values())))
     for (what, calls), (count, _) in divergences.items():

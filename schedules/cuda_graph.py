@@ -36,13 +36,21 @@ argument positions keep their address, which results stay in the graph
 (static) and which are copied out, and the arrays the schedule updates in
 place. ``Backend`` is the seam that tests replace where there is no GPU.
 """
+import ctypes
+import os
 import threading
+
+import numpy
 
 from schedules import ir
 
 _STABLE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
 # Results that must not be handed to the caller as the graph's own memory
 # (the next launch overwrites it) are copied out after each launch.
+
+
+# Process-wide counts, for benchmarks and fuzzing reports.
+counts = {'captured': 0, 'refused': 0, 'stale': 0}
 
 
 class NotCapturable(Exception):
@@ -100,15 +108,13 @@ class GraphTier(object):
             if out is not None:
                 self.launches += 1
                 return out
-            # Stale: a parameter's array was replaced. Captured again, but
-            # not at every call (``use_fp32_update`` replaces them all).
+            # Stale: captured again, but not at every call
+            # (``use_fp32_update`` replaces every parameter array).
             self.graph = None
             self.stale += 1
+            counts['stale'] += 1
             if self.stale >= 2:
-                self.reason = (
-                    'parameter arrays were replaced between calls %d times '
-                    '(optimizer.use_fp32_update(), W.array = ...): the '
-                    'graph reads parameters in place' % self.stale)
+                self.reason = '%s (%d times)' % (g.stale, self.stale)
         if self.reason is not None or self.tiered.run is None or \
                 self._compiled_runs < self.after or \
                 (self.allowed is not None and not self.allowed()):
@@ -122,10 +128,12 @@ class GraphTier(object):
                              self.state() if self.state else (), self.owned)
         except NotCapturable as e:
             self.reason = str(e)
+            counts['refused'] += 1
             out = getattr(e, 'result', None)
             return out if out is not None else self.tiered(args)
         self.graph = g
         self.captures += 1
+        counts['captured'] += 1
         self.launches += 1
         if self.on_capture is not None:
             self.on_capture(g)
@@ -140,18 +148,36 @@ class GraphedRun(object):
                  keep):
         self.graph = graph
         self.inputs = inputs          # the captured arrays, per argument
-        self.in_place = in_place      # per argument: 'param', 'owned', None
+        # Per argument: read in place ('param': stale if another array
+        # comes; 'owned': another graph's memory), 'value' (a host value,
+        # frozen), or None (copied into the static input).
+        self.in_place = in_place
         self.outputs = outputs        # the graph's results (its memory)
-        self.copy_out = copy_out      # per result: copy after each launch
         self.backend = backend
         self.keep = keep              # the pool, the stream: alive with it
+        self.stale = None
+        # Results that are host values are handed out as captured.
+        self.copy_out = tuple(c and backend.is_array(o)
+                              for o, c in zip(outputs, copy_out))
 
     def replay(self, args):
+        """This call's results, or None (and ``stale`` says why) where the
+        graph no longer fits: an argument read in place is another array,
+        or a host value differs from the captured one."""
         copyto = self.backend.copyto
         for a, s, how in zip(args, self.inputs, self.in_place):
             if a is s:
                 continue
             if how == 'param':
+                self.stale = ('parameter arrays were replaced between calls '
+                              '(optimizer.use_fp32_update(), W.array = ...): '
+                              'the graph reads parameters in place')
+                return None
+            if how == 'value':
+                if type(a) is type(s) and a == s:
+                    continue
+                self.stale = ('a host value among its arguments changed '
+                              'between calls (%r, then %r)' % (s, a))
                 return None
             copyto(s, a)
         if args.__class__ is list:
@@ -163,15 +189,33 @@ class GraphedRun(object):
 
     def static_arrays(self):
         """The results that stay the graph's memory (not copied out)."""
-        return [o for o, c in zip(self.outputs, self.copy_out) if not c]
+        return [o for o, c in zip(self.outputs, self.copy_out)
+                if not c and self.backend.is_array(o)]
 
 
-def _check_arrays(backend, what, arrays):
-    for i, a in enumerate(arrays):
-        if not backend.is_array(a):
+_VALUES = (bool, int, float, complex, type(None))
+
+
+def _is_value(a):
+    """A plain host value (a number, a NumPy scalar, None): what a
+    schedule's Python computed from shapes and attributes, the same at
+    every call of a key (one computed from a device value would have
+    synchronized, which fails the capture)."""
+    return isinstance(a, _VALUES) or isinstance(a, numpy.generic)
+
+
+def _check_values(backend, what, values):
+    for i, a in enumerate(values):
+        if not backend.is_array(a) and not _is_value(a):
             raise NotCapturable(
-                '%s %d is %s, not a device array: its value would be '
-                'frozen at capture' % (what, i, type(a).__name__))
+                '%s %d is %s, neither a device array nor a number'
+                % (what, i, type(a).__name__))
+
+
+def _same(backend, a, b):
+    if backend.is_array(a) and backend.is_array(b):
+        return backend.same(a, b)
+    return type(a) is type(b) and (a == b or (a != a and b != b))
 
 
 def capture(run, schedule, args, backend, static_results=(), state=(),
@@ -183,13 +227,16 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     ``.result`` holds this call's results (of the launch-by-launch run,
     whose effects stand), or None where the schedule did not run."""
     args = tuple(args)
-    _check_arrays(backend, 'argument', args)
+    _check_values(backend, 'argument', args)
     bufs = schedule.buffers
     roles = [bufs[b].role for b in schedule.inputs]
     roles += [None] * (len(args) - len(roles))    # preset buffers
     in_place, inputs = [], []
     for a, role in zip(args, roles):
-        if role in _STABLE_ROLES:
+        if not backend.is_array(a):
+            in_place.append('value')    # frozen: must stay the same
+            inputs.append(a)
+        elif role in _STABLE_ROLES:
             in_place.append('param')
             inputs.append(a)
         elif owned is not None and owned(a):
@@ -209,7 +256,7 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     # What a run may change: arguments a kernel may write into (all but
     # parameters and constants), and what the schedule updates in place.
     touched = [s for s, role in zip(inputs, roles)
-               if role not in (ir.PARAM, ir.CONST)]
+               if role not in (ir.PARAM, ir.CONST) and backend.is_array(s)]
     seen = set(id(a) for a in touched)
     for a in state:
         if id(a) not in seen:
@@ -230,7 +277,7 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
         return e
 
     try:
-        _check_arrays(backend, 'result', want)
+        _check_values(backend, 'result', want)
     except NotCapturable as e:
         raise refuse(e)
     for a, b in zip(touched, before):
@@ -248,7 +295,7 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
                    copy_out, backend, keep)
     backend.launch(graph)
     bad = [i for i, (o, w) in enumerate(zip(outputs, want))
-           if not backend.same(o, w)]
+           if not _same(backend, o, w)]
     bad_state = [i for i, (a, w) in enumerate(zip(touched, after))
                  if not backend.same(a, w)]
     if bad or bad_state:
@@ -259,7 +306,8 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
                 ', '.join(map(str, bad)) or 'none',
                 '; arrays updated in place %s' % ', '.join(map(
                     str, bad_state)) if bad_state else '')))
-    return g, tuple(copy(o) if c else o for o, c in zip(outputs, copy_out))
+    return g, tuple(copy(o) if c and backend.is_array(o) else o
+                    for o, c in zip(outputs, copy_out))
 
 
 class _Guard(object):
@@ -293,7 +341,49 @@ class _Guard(object):
         self.undo.append(
             lambda: cupy.cuda.set_pinned_memory_allocator(pinned))
         self._hook_random()
+        self._hook_cublas()
+        self._host_rng = _host_random_states()
         return self
+
+    def _hook_cublas(self):
+        """CuPy refuses any cuBLAS call while a stream captures (its
+        ``setStream`` raises NotImplementedError; cuBLAS itself supports
+        capture). Its matrix products reach cuBLAS through attributes of
+        ``cupy_backends.cuda.libs.cublas`` looked up at each call, so while
+        capturing, the GEMM entry points CuPy uses go to the same cuBLAS
+        functions of the same library, on the same handle and with the same
+        arguments, through ctypes, after setting the handle's stream
+        without that check. (The first replay's comparison with the run
+        launch by launch stands behind this too.)"""
+        try:
+            from cupy_backends.cuda.libs import cublas
+            lib = _cublas_library()
+        except Exception:   # no cuBLAS: nothing calls it
+            return
+        cupy = self.cupy
+        guard = self
+        for name, (symbol, sig) in _CUBLAS_GEMMS.items():
+            old = getattr(cublas, name, None)
+            fn = getattr(lib, symbol, None)
+            if old is None or fn is None:
+                continue
+            fn.restype = ctypes.c_int
+            fn.argtypes = [_CTYPES[c] for c in sig]
+
+            def direct(handle, *args, _fn=fn, _old=old, _name=symbol):
+                if not guard._mine():
+                    return _old(handle, *args)
+                stream = cupy.cuda.get_current_stream().ptr
+                status = lib.cublasSetStream_v2(handle, stream)
+                if status == 0:
+                    status = _fn(handle, *args)
+                if status != 0:
+                    raise NotCapturable('%s returned cuBLAS status %d while '
+                                        'capturing' % (_name, status))
+
+            setattr(cublas, name, direct)
+            self.undo.append(
+                lambda name=name, old=old: setattr(cublas, name, old))
 
     def _hook_random(self):
         import cupy.random._generator as generator
@@ -327,10 +417,66 @@ class _Guard(object):
             self.undo.append(
                 lambda n=n, old=old: setattr(curand, n, old))
 
+    def check(self):
+        """After the captured run: did it draw from NumPy's or Python's
+        global generator (a host value the graph would freeze)?"""
+        if _host_random_states() != self._host_rng:
+            raise NotCapturable(
+                'it draws random numbers on the host (NumPy\'s or Python\'s '
+                'global generator): a graph would repeat the first draw')
+
     def __exit__(self, *exc):
         while self.undo:
             self.undo.pop()()
         return False
+
+
+def _host_random_states():
+    import random
+    import numpy
+    st = numpy.random.get_state()
+    return (st[0], st[1].tobytes(), st[2:], random.getstate())
+
+
+# cuBLAS GEMM entry points of CuPy's binding -> (C symbol, argument kinds:
+# h handle, p pointer, i int, q 64-bit int), as cublas_api.h declares them.
+_CUBLAS_GEMMS = {
+    'gemmEx': ('cublasGemmEx', 'hiiiiippiipiippiiii'),
+    'gemmStridedBatchedEx': ('cublasGemmStridedBatchedEx',
+                             'hiiiiippiiqpiiqppiiqiii'),
+    'gemmBatchedEx': ('cublasGemmBatchedEx', 'hiiiiippiipiippiiiii'),
+    'sgemmEx': ('cublasSgemmEx', 'hiiiiippiipiippii'),
+    'sgemm': ('cublasSgemm_v2', 'hiiiiippipippi'),
+    'dgemm': ('cublasDgemm_v2', 'hiiiiippipippi'),
+    'sgemmBatched': ('cublasSgemmBatched', 'hiiiiippipippii'),
+    'dgemmBatched': ('cublasDgemmBatched', 'hiiiiippipippii'),
+    'sgemmStridedBatched': ('cublasSgemmStridedBatched',
+                            'hiiiiippiqpiqppiqi'),
+    'dgemmStridedBatched': ('cublasDgemmStridedBatched',
+                            'hiiiiippiqpiqppiqi'),
+}
+_CTYPES = {'h': ctypes.c_void_p, 'p': ctypes.c_void_p, 'i': ctypes.c_int,
+           'q': ctypes.c_longlong}
+_cublas_lib = []
+
+
+def _cublas_library():
+    """The libcublas this process loaded (CuPy's), through ctypes."""
+    if not _cublas_lib:
+        path = None
+        with open('/proc/self/maps') as f:
+            for line in f:
+                name = line.rsplit(None, 1)[-1]
+                if os.path.basename(name).startswith('libcublas.so'):
+                    path = name
+                    break
+        if path is None:
+            raise OSError('libcublas is not loaded')
+        lib = ctypes.CDLL(path)
+        lib.cublasSetStream_v2.restype = ctypes.c_int
+        lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        _cublas_lib.append(lib)
+    return _cublas_lib[0]
 
 
 class CupyBackend(object):
@@ -369,10 +515,12 @@ class CupyBackend(object):
         # instead of running outside it.
         stream = cupy.cuda.Stream()
         outputs = graph = err = None
-        with cupy.cuda.using_allocator(pool.malloc), stream, _Guard(cupy):
+        with cupy.cuda.using_allocator(pool.malloc), stream, \
+                _Guard(cupy) as guard:
             stream.begin_capture()
             try:
                 outputs = run(inputs)
+                guard.check()
             except Exception as e:
                 err = e
             try:

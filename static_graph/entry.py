@@ -848,13 +848,15 @@ class ReplayNode(function_node.FunctionNode):
             # Copy what later calls rewrite while no other thread can.
             outs = tuple(recorder.copy_exact(o) if c else o
                          for o, c in zip(result[:n], entry.out_copy))
-        m = n + len(entry.saved)
-        self.exposed = result[m:]
-        if entry.backward is not None and chainer.config.enable_backprop:
-            self.saved = result[n:m]
-            entry.pending.add(self)
-        else:
-            self.done = True
+            if entry.backward is not None and \
+                    chainer.config.enable_backprop:
+                # (Under the lock: a call of another thread must see this
+                # one waiting, before it captures a graph.)
+                entry.pending.add(self)
+                self.saved = result[n:n + len(entry.saved)]
+            else:
+                self.done = True
+        self.exposed = result[n + len(entry.saved):]
         return outs
 
     backward_accumulate = accumulate
@@ -932,8 +934,8 @@ class ReplayNode(function_node.FunctionNode):
             args.extend(p.array for p in entry.params)
             args.extend(held[k] for k in sorted(held))
             grads = self._on_device(run, args)
+            entry.pending.discard(self)
         self.done = True
-        entry.pending.discard(self)
         self.saved = None
         by_input = {}
         it = iter(grads)

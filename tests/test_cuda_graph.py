@@ -323,3 +323,38 @@ def test_host_synchronization_is_refused_on_the_gpu(target):
     reason = tiers(models[1])['forward'].reason
     assert reason is not None and 'capture failed' in reason, reason
     assert tiers(models[1])['backward'].graph is not None
+
+
+def test_capture_refuses_what_a_graph_cannot_repeat(target):
+    """CuPy capture on its own: GEMMs are captured and replay the same
+    bits; a read of a value, a random draw, a copy from host memory and a
+    draw from NumPy's generator on the host are refused."""
+    if target.name != 'cupy':
+        pytest.skip('a CUDA capture')
+    import cupy
+    from schedules import cuda_graph
+    b = target.backend
+    rs = numpy.random.RandomState(0)
+    w = cupy.asarray(rs.standard_normal((64, 64)).astype('f'))
+    x = cupy.asarray(rs.standard_normal((8, 64)).astype('f'))
+
+    def mlp(a):
+        h = cupy.maximum(a[0].dot(a[1]), 0)
+        return h, h.sum()
+
+    g, outs, _ = b.capture(mlp, (x, w))
+    b.launch(g)
+    for o, r in zip(outs, mlp((x, w))):
+        assert b.same(o, r)
+    refused = {
+        'D2H': lambda a: (a[0] * float(a[0].sum()),),
+        'random numbers from CuPy':
+            lambda a: (a[0] * cupy.random.rand(*a[0].shape, dtype='f'),),
+        'host memory':
+            lambda a: (a[0] + cupy.asarray(numpy.ones(64, 'f')),),
+        'on the host': lambda a: (a[0] * numpy.random.rand(),),
+    }
+    for words, run in refused.items():
+        with pytest.raises(cuda_graph.NotCapturable) as e:
+            b.capture(run, (x,))
+        assert words in str(e.value), (words, str(e.value))

@@ -143,7 +143,8 @@ def classify_unknown(rec, chain_map):
             rec.pending_backward_consts.append((a, kind, source, bid))
         elif rec.computed_on_device(a):
             rec.add_reason(device_reads.computed_reason(kind, source))
-        elif not _uniform(a):
+        elif not _uniform(a) and id(recorder.root_of(a)) not in \
+                rec.shape_made and id(a) not in rec.shape_made:
             rec.add_reason(
                 'an array not produced by a Chainer function enters %s '
                 'at %s; replay would freeze its recorded value'

@@ -22,6 +22,7 @@ if compat.UNSUPPORTED is None:
     from static_graph import entry as entry_module
     from static_graph import generators
     from static_graph import link_values
+    from static_graph import outputs
     from static_graph import recorder
     from static_graph import signature
     from static_graph import traced
@@ -241,7 +242,7 @@ def _replay(e, leaves):
     for v, kind in zip(outs, e.out_kinds):
         vals.append(v if kind == 'V' else v.raw_array)
     _side_effects(e, exposed, outs)
-    return signature.unflatten_outputs(e.out_spec, vals[:e.n_outs])
+    return outputs.rebuild(e.out_spec, vals[:e.n_outs])
 
 
 def _side_effects(e, exposed, outs):
@@ -514,7 +515,13 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
                                "helper object's attribute set); replay "
                                'would not repeat that' % what)
         _write_back_inputs(rec, leaves, inner, leaf_bids)
-        out_spec, out_leaves = signature.flatten_outputs(out)
+        try:
+            out_spec, out_leaves = outputs.flatten(out)
+        except outputs.Unrebuildable as err:
+            rec.add_reason('it returns a %s that replay cannot rebuild: %s'
+                           % (type(out).__name__, err))
+            # This call hands out what the method returned, as it is.
+            out_spec, out_leaves = ('K', out), []
         out_bids, out_kinds, inner_outs = [], [], []
         for o in out_leaves:
             if isinstance(o, chainer.Variable):
@@ -616,7 +623,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         vals = _outputs_after_recording(e, inner_outs, out_kinds)
         _keep_attrs(attr_writes, dict(zip(map(id, inner_outs), vals)),
                     rec.buffers)
-        return signature.unflatten_outputs(out_spec, vals[:n_outs])
+        return outputs.rebuild(out_spec, vals[:n_outs])
 
     if rec.reasons:
         fall_back(rec.reasons[0])
@@ -755,7 +762,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
     vals = [v if k == 'V' else v.raw_array for v, k in zip(outs, out_kinds)]
     _keep_attrs(attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},
                 rec.buffers)
-    return signature.unflatten_outputs(out_spec, vals[:n_outs])
+    return outputs.rebuild(out_spec, vals[:n_outs])
 
 
 def _keep_attrs(attr_writes, by_inner, bufs):

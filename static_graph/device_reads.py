@@ -136,11 +136,34 @@ def _host(v, depth=3):
     return False
 
 
-_CONSTANT_MAKERS = {
+def numbers_only(args, kwargs):
+    """Are a maker's arguments Python values alone (numbers, dtypes,
+    strings, tuples of them), no arrays? Its result then follows from
+    them: the same at every call of a key."""
+    return all(_plain(v) for v in args) and \
+        all(_plain(v) for v in kwargs.values())
+
+
+def _plain(v, depth=2):
+    if isinstance(v, (numbers.Number, numpy.generic, str, type(None),
+                      numpy.dtype, type)):
+        return True
+    if isinstance(v, (list, tuple)) and depth:
+        return all(_plain(x, depth - 1) for x in v)
+    return False
+
+
+# Makers whose result, from Python values alone, is a constant of the key
+# even where its elements differ (``xp.arange(n)`` as a position index):
+# noted in ``rec.shape_made`` (NumPy's too, recorder.py).
+SHAPE_MAKERS = ('arange', 'linspace', 'logspace', 'eye', 'identity', 'tri',
+                'indices')
+
+_CONSTANT_MAKERS = dict({
     'zeros': None, 'ones': None, 'empty': None, 'zeros_like': None,
     'ones_like': None, 'empty_like': None, 'full': _number_fill,
     'full_like': _number_fill, 'array': _host_source,
-    'asarray': _host_source}
+    'asarray': _host_source}, **dict((n, numbers_only) for n in SHAPE_MAKERS))
 
 
 def memory_of(a):
@@ -153,9 +176,11 @@ def _constant_maker(orig, makes_constant):
     def maker(*args, **kwargs):
         out = orig(*args, **kwargs)
         rec = traced.active_recording()
-        if rec is not None and rec.user_made and (
+        if rec is not None and not rec.depth and (
                 makes_constant is None or makes_constant(args, kwargs)):
             rec.user_made.discard(memory_of(out))
+            if makes_constant is numbers_only:
+                rec.shape_made[id(out)] = out
         return out
 
     maker.__name__ = orig.__name__

@@ -983,6 +983,3 @@ class RecordNode(function_node.FunctionNode):
         grads = finish(grad_outputs)
         return tuple(grads[i] for i in indexes)
 
-
-def flatten_out(out):
-    return signature.flatten_outputs(out)

@@ -278,6 +278,30 @@ _patched_numpy = dict((name, _keeps_traced(name))
                       for name in _NUMPY_CONSTRUCTORS)
 
 
+def _shape_maker(name):
+    """numpy.arange and the like: a result made by user code from Python
+    values alone is noted as a constant of the key (device_reads has
+    CuPy's)."""
+    orig = _orig_numpy[name]
+
+    def maker(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        rec = getattr(_local, 'recording', None)
+        if rec is not None and not rec.depth and \
+                device_reads.numbers_only(args, kwargs):
+            rec.shape_made[id(out)] = out   # (alive: its id stays its own)
+        return out
+
+    maker.__name__ = name
+    maker.__doc__ = orig.__doc__
+    return maker
+
+
+for _name in device_reads.SHAPE_MAKERS:
+    _orig_numpy[_name] = getattr(numpy, _name)
+    _patched_numpy[_name] = _shape_maker(_name)
+
+
 def _detached_copy(v):
     if isinstance(v, chainer.Variable):
         a = v.raw_array
@@ -503,6 +527,9 @@ class Recording(object):
         # memory user code allocated with CuPy in the forward pass, outside
         # Chainer functions (device_reads): arrays computed from values
         self.user_made = set()
+        # ids of arrays user code made from Python values alone
+        # (numpy.arange(n)): constants of the key, uniform or not
+        self.shape_made = {}
         self.alloc_hook = None
 
     # -- buffers ------------------------------------------------------------

@@ -150,15 +150,24 @@ def test_stop_gradient_through_array_is_replayed():
     assert only_cache(b).replays == 2
 
 
-def test_uniform_constant_is_replayed_but_data_constant_falls_back():
+def test_constants_replay_but_data_constant_falls_back():
+    """A uniform constant, and one made from a shape alone (arange, eye:
+    the same at every call of the key), replay; an array computed from the
+    input's values outside Chainer functions falls back."""
     def uniform(self, x):
         return self.l1(x) + self.xp.ones((3, 4), 'f')
     b, ws = run_twins(uniform, [data(3, 4) for _ in range(3)])
     assert not fell_back(b)
 
-    def varying(self, x):
-        return self.l1(x) + self.xp.arange(12, dtype='f').reshape(3, 4)
-    b, ws = run_twins(varying, [data(3, 4) for _ in range(3)])
+    def from_shape(self, x):
+        return self.l1(x) + self.xp.arange(12, dtype='f').reshape(3, 4) + \
+            self.xp.eye(3, 4, dtype='f')
+    b, ws = run_twins(from_shape, [data(3, 4) for _ in range(3)])
+    assert not fell_back(b) and only_cache(b).replays == 2
+
+    def from_data(self, x):
+        return self.l1(x) + self.xp.sort(x, axis=1)
+    b, ws = run_twins(from_data, [data(3, 4) for _ in range(3)])
     assert fell_back(b)
 
 

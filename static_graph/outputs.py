@@ -1,0 +1,198 @@
+"""What a method returns: the Variables and arrays in it, and the same
+structure rebuilt around each call's own.
+
+``flatten(out)`` gives a spec and the leaves (Variables and arrays) in
+order; ``rebuild(spec, leaves)`` makes a new structure of the same kind
+around other leaves. Walked are tuples (namedtuples too), lists and dicts
+(their subclasses too: an OrderedDict, a defaultdict) and objects that hold
+Variables or arrays in their attributes (a ``chainer.distributions.Normal``,
+a dataclass, a result object of the user's), objects up to three levels
+deep. A rebuilt object is a new instance of the same class, with the
+recording's other attributes and this call's Variables; its ``__init__`` is
+not run again. Anything else comes back as the recording returned it (a
+number, a string, None, the chain itself).
+
+An object that holds Variables or arrays where the walk does not go (in
+``__slots__``, more than three objects deep, past 256 attributes, in a
+reference cycle) cannot be rebuilt: ``flatten`` raises ``Unrebuildable``
+and the call falls back to define-by-run. Never is an object of the
+recording handed out again with the recording's Variables in it.
+"""
+import copy
+import types
+
+import numpy
+
+import chainer
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes,
+            numpy.generic, type, types.ModuleType, types.FunctionType,
+            types.BuiltinFunctionType, types.MethodType)
+MAX_DEPTH = 3       # objects inside objects
+MAX_ATTRIBUTES = 256
+
+
+class Unrebuildable(Exception):
+    """The result holds Variables or arrays that replay cannot put back."""
+
+
+def _is_leaf(obj):
+    return isinstance(obj, chainer.Variable) or \
+        hasattr(obj, '__array_interface__') or \
+        hasattr(obj, '__cuda_array_interface__')
+
+
+class _Walk(object):
+    def __init__(self):
+        self.leaves = []
+        self.attributes = 0
+        self.path = []      # ids of the objects being walked (cycles)
+
+    def spec(self, obj, depth=0):
+        if isinstance(obj, _SCALARS):
+            return ('K', obj)
+        if _is_leaf(obj):
+            self.leaves.append(obj)
+            return ('V' if isinstance(obj, chainer.Variable) else 'A',)
+        if id(obj) in self.path:
+            if self._holds_leaves(obj):
+                raise Unrebuildable('it holds Variables or arrays in a '
+                                    'reference cycle')
+            return ('K', obj)
+        self.path.append(id(obj))
+        try:
+            return self._container(obj, depth)
+        finally:
+            self.path.pop()
+
+    def _container(self, obj, depth):
+        n = len(self.leaves)
+        if isinstance(obj, tuple):
+            children = tuple(self.spec(o, depth) for o in obj)
+            return ('T', type(obj), children)
+        if isinstance(obj, list):
+            children = tuple(self.spec(o, depth) for o in obj)
+            return ('L', _empty_like(obj, list), children)
+        if isinstance(obj, dict):
+            children = tuple((k, self.spec(v, depth))
+                             for k, v in obj.items())
+            return ('D', _empty_like(obj, dict), children)
+        if isinstance(obj, chainer.Link) or \
+                not hasattr(obj, '__dict__') or depth >= MAX_DEPTH:
+            if not isinstance(obj, chainer.Link):
+                self._no_slot_leaves(obj)
+            self._no_hidden_leaves(obj, depth)
+            return ('K', obj)
+        state, children = {}, []
+        for name, value in vars(obj).items():
+            self.attributes += 1
+            if self.attributes > MAX_ATTRIBUTES:
+                self._no_hidden_leaves(obj, depth)
+                return ('K', obj)
+            before = len(self.leaves)
+            s = self.spec(value, depth + 1)
+            if len(self.leaves) > before:
+                children.append((name, s))
+            else:
+                state[name] = value
+        self._no_slot_leaves(obj)
+        if len(self.leaves) == n:
+            return ('K', obj)
+        return ('O', type(obj), state, tuple(children))
+
+    def _no_hidden_leaves(self, obj, depth):
+        if not isinstance(obj, chainer.Link) and self._holds_leaves(obj):
+            raise Unrebuildable(
+                'it holds Variables or arrays %s' % (
+                    'more than %d objects deep' % MAX_DEPTH
+                    if depth >= MAX_DEPTH else
+                    'past %d attributes' % MAX_ATTRIBUTES
+                    if self.attributes > MAX_ATTRIBUTES else
+                    'where its attributes are not a __dict__'))
+
+    def _no_slot_leaves(self, obj):
+        for cls in type(obj).__mro__:
+            for name in getattr(cls, '__slots__', ()):
+                if name in ('__dict__', '__weakref__'):
+                    continue
+                if self._holds_leaves(getattr(obj, name, None)):
+                    raise Unrebuildable(
+                        'it holds Variables or arrays in __slots__ (%s.%s)'
+                        % (type(obj).__name__, name))
+
+    def _holds_leaves(self, obj, depth=0, seen=None):
+        """Are there Variables or arrays in obj (a bounded search)?"""
+        if _is_leaf(obj):
+            return True
+        if isinstance(obj, _SCALARS) or isinstance(obj, chainer.Link) or \
+                depth > 2 * MAX_DEPTH:
+            return False
+        seen = set() if seen is None else seen
+        if id(obj) in seen:
+            return False
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            items = list(obj.values())
+        elif isinstance(obj, (tuple, list, set, frozenset)):
+            items = list(obj)
+        else:
+            items = list(getattr(obj, '__dict__', {}).values())
+            for cls in type(obj).__mro__:
+                for name in getattr(cls, '__slots__', ()):
+                    if name not in ('__dict__', '__weakref__'):
+                        items.append(getattr(obj, name, None))
+        return any(self._holds_leaves(o, depth + 1, seen)
+                   for o in items[:MAX_ATTRIBUTES])
+
+
+def _empty_like(obj, base):
+    """None for a plain list or dict; else an empty one of obj's class,
+    with what its copy keeps (a defaultdict's factory)."""
+    if type(obj) is base:
+        return None
+    empty = copy.copy(obj)
+    empty.clear()
+    return empty
+
+
+def flatten(out):
+    """(spec, leaves) of a method's result."""
+    w = _Walk()
+    return w.spec(out), w.leaves
+
+
+def rebuild(spec, leaves):
+    return _build(spec, iter(leaves))
+
+
+def _build(s, it):
+    tag = s[0]
+    if tag in ('V', 'A'):
+        return next(it)
+    if tag == 'K':
+        return s[1]
+    if tag == 'T':
+        cls, items = s[1], [_build(c, it) for c in s[2]]
+        if cls is tuple:
+            return tuple(items)
+        make = getattr(cls, '_make', None)   # a namedtuple
+        return make(items) if make is not None else cls(items)
+    if tag == 'L':
+        items = [_build(c, it) for c in s[2]]
+        if s[1] is None:
+            return items
+        new = copy.copy(s[1])
+        new.extend(items)
+        return new
+    if tag == 'D':
+        new = {} if s[1] is None else copy.copy(s[1])
+        for k, c in s[2]:
+            new[k] = _build(c, it)
+        return new
+    cls, state, children = s[1], s[2], s[3]
+    new = cls.__new__(cls)
+    d = new.__dict__
+    d.update(state)
+    for name, c in children:
+        d[name] = _build(c, it)
+    return new

@@ -756,7 +756,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         return result
 
     node = entry_module.RecordNode(
-        finish, [v.raw_array for v in inner_outs])
+        finish, [v.raw_array for v in inner_outs], e)
     outs = entry_module.detach_outputs(node.apply(list(leaves) + param_objs),
                                        e.no_grad_outs)
     vals = [v if k == 'V' else v.raw_array for v, k in zip(outs, out_kinds)]

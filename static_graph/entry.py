@@ -390,6 +390,11 @@ class Entry(object):
         self.quiet = True            # no earlier call waits for its backward
         self.pending = weakref.WeakSet()   # calls that wait for it
         self.graph_static = []       # the forward graph's saved activations
+        # A call's backward may run twice (the DCGAN updater backpropagates
+        # two losses through one call): calls keep their saved activations
+        # until they die, and their backward writes into none of them.
+        self.repeat_backward = False
+        self._recording_saved = None
         self.graph_owned = set()     # (their ids)
 
     # -- building -------------------------------------------------------------
@@ -531,19 +536,24 @@ class Entry(object):
                                  link_hooks(link.__dict__))
                                 for link, _, _ in self.link_sets)
         self.global_link_hooks = tuple(chainer._get_link_hooks().values())
+        # The recording call's own saved arrays, for a second backward
+        # through it (RecordNode.bind takes them at once).
+        self._recording_saved = [bufs[b].storage for b in self.saved]
         release_recording(rec)
         self.state = 'complete'
 
-    def accumulating_backward(self, ks):
+    def accumulating_backward(self, ks, plain=False):
         """The backward schedule for a call whose targets ``ks`` (positions
         in ``grad_targets``) already hold a gradient, which becomes an
         input: define-by-run adds it to the first contribution and then
-        each next one (``((g + c1) + c2) + c3``); compiled on first use."""
-        run = self._accumulating.get(ks)
+        each next one (``((g + c1) + c2) + c3``); compiled on first use.
+        plain: from the ops as recorded (``plain_backward``'s)."""
+        run = self._accumulating.get((ks, plain))
         if run is not None:
             return run
         bufs = self.backward.buffers
-        ops = [op.copy() for op in self.backward.ops]
+        ops = [op.copy() for op in (self._plain_backward_ops if plain
+                                    else self.backward.ops)]
         before = {}
         extra = []
         for k in sorted(ks):
@@ -560,7 +570,7 @@ class Entry(object):
         sched = ir.Schedule('backward (accumulating)', bufs, ops,
                             tuple(self.backward.inputs) + tuple(extra),
                             self.backward.outputs)
-        run = self._accumulating[ks] = self._backward_runner(sched)
+        run = self._accumulating[ks, plain] = self._backward_runner(sched)
         return run
 
     def plain_backward(self):
@@ -743,13 +753,9 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     backward fails (an exception, KeyboardInterrupt) they are put back, so
     parameters keep their gradients. A replay adds such a gradient where
     define-by-run does (``ReplayNode.backward``'s ``earlier``)."""
-    included = ()
     try:
-        if isinstance(node, ReplayNode):
-            gxs, included = node.backward_from(
-                target_input_indexes, grad_outputs, grad_inputs)
-        else:
-            gxs = node.backward(target_input_indexes, grad_outputs)
+        gxs, included = node.backward_from(
+            target_input_indexes, grad_outputs, grad_inputs)
     except BaseException:
         for i, g in zip(target_input_indexes, grad_inputs):
             if g is None:
@@ -763,6 +769,22 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
                  for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
 
 
+def _snapshot(entry):
+    """A call's values of the static buffers, as (storage, copy) pairs:
+    put back into those very buffers (a graph captured meanwhile adds
+    buffers of its own, which a call from before it does not read)."""
+    return [(s, s.copy()) for s in entry.static_storages]
+
+
+def _on_device(entry, fn, arrays):
+    """``fn(arrays)``; for CuPy arrays on their device, as
+    ``FunctionNode.apply`` runs a forward."""
+    if entry._copyto is numpy.copyto:
+        return fn(arrays)
+    with chainer.using_device(backend.get_device_from_array(*arrays)):
+        return fn(arrays)
+
+
 def _variable(array, requires_grad=True):
     """``chainer.Variable(array, requires_grad=...)`` for an array replay
     made (NumPy or CuPy, never ChainerX): without re-checking its type."""
@@ -770,7 +792,105 @@ def _variable(array, requires_grad=True):
         array, requires_grad=requires_grad, is_chainerx_array=False)
 
 
-class ReplayNode(function_node.FunctionNode):
+class _Replayed(object):
+    """The backward of a call of a built entry, by its schedule: a replayed
+    call (``ReplayNode``), or the recording call once its entry is built
+    (``RecordNode``). Such a node has ``entry``; ``saved``, the activations
+    its backward reads; ``snapshot``, its values of the static buffers put
+    aside while a later call used them; ``done`` once no backward can come
+    any more."""
+
+    def backward_from(self, indexes, grad_outputs, earlier=()):
+        """The gradients for ``indexes``, and the indexes whose gradient
+        already includes the one given in ``earlier`` (the gradients the
+        inputs held before, per index, or None)."""
+        entry = self.entry
+        if self.saved is None and self.done:
+            entry.repeat_backward = True
+            raise RuntimeError(
+                'backward ran twice through one replayed call of %s, whose '
+                'first backward freed the activations it saved: the '
+                'recording call was backpropagated once. Calls of this key '
+                'keep them for another backward from the next call on; for '
+                'this one, run the pattern with '
+                'chainer.config.use_static_graph = False' % entry.method_name)
+        if chainer.config.enable_backprop:
+            raise NotImplementedError(
+                'double backpropagation through a replayed static graph is '
+                'not supported; run this chain with '
+                'chainer.config.use_static_graph = False')
+        gys = []
+        for i, (g, has) in enumerate(zip(grad_outputs, entry.grad_out_mask)):
+            if has == (g is not None):
+                if has:
+                    gys.append(raw(g))
+                continue
+            raise RuntimeError(
+                'the static graph of %s was recorded with%s a gradient for '
+                'its output %d, and this backward gives %s; replay only '
+                'knows the recorded backward. Backpropagate the same outputs '
+                'as in the recording iteration, or run this pattern with '
+                'chainer.config.use_static_graph = False'
+                % (entry.method_name, '' if has else 'out', i,
+                   'none' if has else 'one'))
+        with entry.lock:
+            if entry.static_storages:
+                owner = entry.owner() if entry.owner is not None else None
+                if owner is not self:
+                    if self.snapshot is None:
+                        raise RuntimeError(
+                            'backward ran again through a replayed call whose '
+                            'buffers were reused by a later call')
+                    if owner is not None and not owner.done:
+                        owner.snapshot = _snapshot(entry)
+                    for s, v in self.snapshot:
+                        entry._copyto(s, v)
+                    self.snapshot = None
+                    entry.owner = weakref.ref(self)
+            # Another backward may come: no kernel writes into the saved
+            # activations (the ops' own kernels).
+            repeat = entry.repeat_backward
+            run = entry.plain_backward() if repeat else entry.run_backward
+            held = {}   # target position -> the gradient it holds already
+            for i, g in zip(indexes, earlier):
+                if g is not None:
+                    k = entry.target_position[i]
+                    if k in entry._sum_chains:
+                        held[k] = raw(g)
+            if held:
+                run = entry.accumulating_backward(frozenset(held), repeat)
+            if any(signature.layout(g) != lay
+                   for g, lay in zip(gys, entry.grad_out_layouts)):
+                # A gradient in another memory layout than the recorded
+                # one (the loss outside changed): which results are views
+                # of it may differ, so no kernel may write into an input.
+                run, held = entry.plain_backward(), {}
+                diagnostics.logger.info(
+                    '%s: a gradient came in another memory layout than at '
+                    'recording; this backward runs the ops\' own kernels',
+                    entry.method_name)
+            args = list(gys)
+            args.extend(self.saved)
+            if not repeat:
+                self.saved = None   # the schedule frees each at last use
+            args.extend(p.array for p in entry.params)
+            args.extend(held[k] for k in sorted(held))
+            grads = _on_device(entry, run, args)
+            if not repeat:
+                entry.pending.discard(self)
+        if not repeat:
+            self.done = True
+        by_input = {}
+        it = iter(grads)
+        for target, slot in zip(entry.grad_targets, entry.grad_slots):
+            by_input[target] = next(it) if slot is not None else None
+        included = set(entry.grad_targets[k] for k in held)
+        return tuple(
+            _variable(by_input[i]) if by_input.get(i) is not None
+            else None for i in indexes), included
+
+
+class ReplayNode(_Replayed, function_node.FunctionNode):
     """One call of a static chain: forward and backward schedules."""
 
     def __init__(self, entry):
@@ -808,7 +928,7 @@ class ReplayNode(function_node.FunctionNode):
         self._input_layouts = (None,) * len(input_vars)
         self._input_indexes_to_retain = None
         self._output_indexes_to_retain = None
-        outputs = self._on_device(self.forward, in_data)
+        outputs = _on_device(self.entry, self.forward, in_data)
         self._output_layouts = (None,) * len(outputs)
         self._output_count = len(outputs)
         requires_grad = any([x.requires_grad for x in input_vars])
@@ -823,13 +943,6 @@ class ReplayNode(function_node.FunctionNode):
             self.lazy_grad_sum = configuration.config.lazy_grad_sum
         return ret
 
-    def _on_device(self, fn, arrays):
-        """``fn(arrays)``; for CuPy arrays on their device, as
-        ``FunctionNode.apply`` runs a forward."""
-        if self.entry._copyto is numpy.copyto:
-            return fn(arrays)
-        with chainer.using_device(backend.get_device_from_array(*arrays)):
-            return fn(arrays)
 
     def forward(self, inputs):
         entry = self.entry
@@ -837,8 +950,7 @@ class ReplayNode(function_node.FunctionNode):
             if entry.static_storages and entry.owner is not None:
                 owner = entry.owner()
                 if owner is not None and not owner.done:
-                    owner.snapshot = [s.copy()
-                                      for s in entry.static_storages]
+                    owner.snapshot = _snapshot(entry)
             # (Also while there are no static storages: a graph captured
             # in this very call adds some.)
             entry.owner = weakref.ref(self)
@@ -864,97 +976,24 @@ class ReplayNode(function_node.FunctionNode):
     def backward(self, indexes, grad_outputs):
         return self.backward_from(indexes, grad_outputs)[0]
 
-    def backward_from(self, indexes, grad_outputs, earlier=()):
-        """The gradients for ``indexes``, and the indexes whose gradient
-        already includes the one given in ``earlier`` (the gradients the
-        inputs held before, per index, or None)."""
-        entry = self.entry
-        if self.saved is None and self.done:
-            raise RuntimeError(
-                'backward ran twice through one replayed call of %s; replay '
-                'frees saved activations after the first backward. Use '
-                'chainer.config.use_static_graph = False to backpropagate '
-                'twice' % entry.method_name)
-        if chainer.config.enable_backprop:
-            raise NotImplementedError(
-                'double backpropagation through a replayed static graph is '
-                'not supported; run this chain with '
-                'chainer.config.use_static_graph = False')
-        gys = []
-        for i, (g, has) in enumerate(zip(grad_outputs, entry.grad_out_mask)):
-            if has == (g is not None):
-                if has:
-                    gys.append(raw(g))
-                continue
-            raise RuntimeError(
-                'the static graph of %s was recorded with%s a gradient for '
-                'its output %d, and this backward gives %s; replay only '
-                'knows the recorded backward. Backpropagate the same outputs '
-                'as in the recording iteration, or run this pattern with '
-                'chainer.config.use_static_graph = False'
-                % (entry.method_name, '' if has else 'out', i,
-                   'none' if has else 'one'))
-        with entry.lock:
-            if entry.static_storages:
-                owner = entry.owner() if entry.owner is not None else None
-                if owner is not self:
-                    if self.snapshot is None:
-                        raise RuntimeError(
-                            'backward ran again through a replayed call whose '
-                            'buffers were reused by a later call')
-                    if owner is not None and not owner.done:
-                        owner.snapshot = [s.copy()
-                                          for s in entry.static_storages]
-                    for s, v in zip(entry.static_storages, self.snapshot):
-                        entry._copyto(s, v)
-                    self.snapshot = None
-                    entry.owner = weakref.ref(self)
-            run = entry.run_backward
-            held = {}   # target position -> the gradient it holds already
-            for i, g in zip(indexes, earlier):
-                if g is not None:
-                    k = entry.target_position[i]
-                    if k in entry._sum_chains:
-                        held[k] = raw(g)
-            if held:
-                run = entry.accumulating_backward(frozenset(held))
-            if any(signature.layout(g) != lay
-                   for g, lay in zip(gys, entry.grad_out_layouts)):
-                # A gradient in another memory layout than the recorded
-                # one (the loss outside changed): which results are views
-                # of it may differ, so no kernel may write into an input.
-                run, held = entry.plain_backward(), {}
-                diagnostics.logger.info(
-                    '%s: a gradient came in another memory layout than at '
-                    'recording; this backward runs the ops\' own kernels',
-                    entry.method_name)
-            args = list(gys)
-            args.extend(self.saved)
-            self.saved = None   # the schedule frees each at its last use
-            args.extend(p.array for p in entry.params)
-            args.extend(held[k] for k in sorted(held))
-            grads = self._on_device(run, args)
-            entry.pending.discard(self)
-        self.done = True
-        self.saved = None
-        by_input = {}
-        it = iter(grads)
-        for target, slot in zip(entry.grad_targets, entry.grad_slots):
-            by_input[target] = next(it) if slot is not None else None
-        included = set(entry.grad_targets[k] for k in held)
-        return tuple(
-            _variable(by_input[i]) if by_input.get(i) is not None
-            else None for i in indexes), included
 
-
-class RecordNode(function_node.FunctionNode):
+class RecordNode(_Replayed, function_node.FunctionNode):
     """The recording call: forward already ran define-by-run; backward runs
-    the inner graph's backward while recording it, then builds the entry."""
+    the inner graph's backward while recording it, then builds the entry.
+    A second backward (the DCGAN updater's) runs the built backward
+    schedule on the recording's own saved arrays (``bind``), or, where no
+    entry was built, the inner graph's backward again."""
 
-    def __init__(self, finish, out_arrays):
+    def __init__(self, finish, out_arrays, entry):
         self.finish = finish
         self.out_arrays = out_arrays
+        self.built = entry     # the entry this call's backward builds
         self.handed = None
+        self.again = None     # finish, for a backward through the inner graph
+        self.entry = None
+        self.saved = None
+        self.snapshot = None
+        self.done = False
 
     def _check_data_type_forward(self, in_data):
         pass
@@ -969,10 +1008,33 @@ class RecordNode(function_node.FunctionNode):
         self.handed = tuple(recorder.copy_exact(a) for a in self.out_arrays)
         return self.handed
 
+    def bind(self, entry):
+        """The entry built from this call: the static buffers hold this
+        call's values, its saved arrays are the recording's."""
+        self.entry = entry
+        self.saved, entry._recording_saved = entry._recording_saved, None
+        with entry.lock:
+            entry.owner = weakref.ref(self)
+
+    def backward_from(self, indexes, grad_outputs, earlier=()):
+        if self.finish is not None:
+            return self.backward(indexes, grad_outputs), ()
+        if self.entry is not None:
+            if not self.entry.repeat_backward:
+                self.entry.repeat_backward = True
+                diagnostics.logger.info(
+                    '%s: a second backward through one call; calls keep '
+                    'their saved activations for another backward',
+                    self.entry.method_name)
+            return _Replayed.backward_from(self, indexes, grad_outputs,
+                                           earlier)
+        grads = self.again(grad_outputs)
+        return tuple(grads[i] for i in indexes), ()
+
     def backward(self, indexes, grad_outputs):
         finish, self.finish = self.finish, None
         if finish is None:
-            raise RuntimeError('backward ran twice through a recording call')
+            return self.backward_from(indexes, grad_outputs)[0]
         for mine, out in zip(self.handed, self.out_arrays):
             # The caller wrote into an output (``y.array *= 3``): nodes that
             # retained it (sigmoid, tanh, relu) see the change under
@@ -981,5 +1043,10 @@ class RecordNode(function_node.FunctionNode):
                 _copyto_for((out,))(out, mine)
         self.handed = None
         grads = finish(grad_outputs)
+        e, self.built = self.built, None
+        if e._recording_saved is not None:
+            self.bind(e)
+        else:
+            self.again = finish
         return tuple(grads[i] for i in indexes)
 

@@ -67,3 +67,118 @@ def test_an_index_computed_from_the_data_still_falls_back():
         for m in (a, b):
             m(x).backward()
     assert any(issubclass(x.category, StaticGraphWarning) for x in w)
+
+
+class Gen(chainer.Chain):
+    def __init__(self):
+        super(Gen, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(2, 3)
+            self.bn = L.BatchNormalization(3)
+
+    def forward(self, z):
+        return F.tanh(self.bn(self.l(z)))
+
+
+class Dis(chainer.Chain):
+    def __init__(self):
+        super(Dis, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(3, 4)
+            self.bn = L.BatchNormalization(4)
+            self.l2 = L.Linear(4, 1)
+
+    def forward(self, x):
+        return self.l2(F.leaky_relu(self.bn(self.l1(x))))
+
+
+def _gan_step(gen, dis, go, do, x_real, z):
+    """The DCGAN example's updater: the discriminator's loss, then the
+    generator's, both backpropagated through the discriminator's call on
+    the fake batch and the generator's call."""
+    n = len(x_real)
+    y_real = dis(x_real)
+    x_fake = gen(z)
+    y_fake = dis(x_fake)
+
+    def loss_dis(y_fake, y_real):
+        return F.sum(F.softplus(-y_real)) / n + F.sum(F.softplus(y_fake)) / n
+
+    def loss_gen(y_fake):
+        return F.sum(F.softplus(-y_fake)) / n
+
+    do.update(loss_dis, y_fake, y_real)
+    go.update(loss_gen, y_fake)
+
+
+@pytest.mark.parametrize('decorated', ['both', 'dis', 'gen'])
+def test_two_backward_passes_through_one_call(decorated):
+    """Bit for bit with define-by-run, BatchNormalization included; the
+    second backward reads the discriminator's updated weights, as
+    define-by-run's does."""
+    twins = {}
+    for name, cls in (('gen', Gen), ('dis', Dis)):
+        if decorated in ('both', name):
+            twins[name] = static_twins(cls)
+        else:
+            a = cls()
+            b = cls()
+            b.copyparams(a)
+            twins[name] = (a, b)
+    opts = {}
+    for name in ('gen', 'dis'):
+        for m in twins[name]:
+            o = chainer.optimizers.Adam(alpha=0.01)
+            o.setup(m)
+            opts[id(m)] = o
+    rs = numpy.random.RandomState(0)
+    for i in range(6):
+        x_real = rs.standard_normal((4, 3)).astype('f')
+        z = rs.standard_normal((4, 2)).astype('f')
+        for k in (0, 1):
+            gen, dis = twins['gen'][k], twins['dis'][k]
+            _gan_step(gen, dis, opts[id(gen)], opts[id(dis)], x_real, z)
+        for name in ('gen', 'dis'):
+            a, b = twins[name]
+            for (n, p), (_, q) in zip(sorted(a.namedparams()),
+                                      sorted(b.namedparams())):
+                numpy.testing.assert_array_equal(
+                    p.array, q.array, err_msg='%s %s step %d' % (name, n, i))
+            numpy.testing.assert_array_equal(a.bn.avg_mean, b.bn.avg_mean)
+    for name in ('gen', 'dis'):
+        if decorated in ('both', name):
+            c = cache(twins[name][1])
+            assert c.fallback_calls == 0 and c.replays >= 5, name
+
+
+def test_a_second_backward_first_seen_after_the_recording():
+    """The recording call was backpropagated once: a replayed call's first
+    backward freed what it saved, so a second one cannot be served (an
+    error that says so, never wrong numbers); the key's later calls keep
+    their saved activations and serve it."""
+    a, b = static_twins(Dis)
+    rs = numpy.random.RandomState(1)
+    for i in range(3):
+        b.cleargrads()
+        F.sum(b(rs.standard_normal((4, 3)).astype('f'))).backward()
+    x = rs.standard_normal((4, 3)).astype('f')
+    y = b(x)
+    F.sum(y).backward()
+    with pytest.raises(RuntimeError, match='backward ran twice'):
+        F.sum(y * y).backward()
+    a.copyparams(b)
+    a.bn.avg_mean[...] = b.bn.avg_mean
+    a.bn.avg_var[...] = b.bn.avg_var
+    rs = numpy.random.RandomState(2)
+    for i in range(3):
+        x = rs.standard_normal((4, 3)).astype('f')
+        grads = []
+        for m in (a, b):
+            m.cleargrads()
+            y = m(x)
+            F.sum(y).backward()
+            F.sum(y * y).backward()
+            grads.append([p.grad.copy() for _, p in sorted(m.namedparams())])
+        for u, v in zip(*grads):
+            numpy.testing.assert_array_equal(u, v)
+    assert cache(b).fallback_calls == 0

@@ -644,6 +644,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         (double backpropagation follows their graph)."""
         outs, gys, more, bids = [], [], [], []
         position = {}   # id(output Variable) -> its index in outs
+        grad_outputs = entry_module.empty_gradients(inner_outs, grad_outputs)
         for o, g in zip(inner_outs, grad_outputs):
             if g is None or not o.requires_grad:
                 bids.append(None)
@@ -668,7 +669,23 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         # of the recorded backward).
         for i, g in more:
             gys[i] = gys[i] + g
-        return chainer.grad(outs, target_vars, grad_outputs=gys, **options)
+        # chainer.grad runs only the nodes on a path to target_vars;
+        # Variable.backward (define-by-run) runs every node whose input needs
+        # a gradient. A node on no such path matters by its side effects
+        # (ChainerMN's recv sends the gradient back in its backward, from a
+        # Variable it made inside the method): the method's own leaf
+        # Variables are targets too, their gradients dropped.
+        extra = _inner_leaves(rec, target_vars)
+        grads = chainer.grad(outs, target_vars + extra, grad_outputs=gys,
+                             **options)
+        n = len(target_vars)
+        if rec.phase == 'backward':
+            # What those backward() steps returned for them: buffers, so
+            # that the steps resolve (their gradients go nowhere).
+            for g in grads[n:]:
+                if g is not None and g.raw_array is not None:
+                    rec.buffer_of(g.raw_array, 'a gradient')
+        return grads[:n]
 
     @_with_gc_paused
     def finish(grad_outputs):
@@ -779,6 +796,21 @@ def _keep_attrs(attr_writes, by_inner, bufs):
             d[k] = bufs[b].storage
         else:
             d[k] = recorder._detached_copy(cur)
+
+
+def _inner_leaves(rec, targets):
+    """Variables made inside the recorded call that need a gradient and
+    no function made (``chainer.Variable(xp.zeros(...))``, the dummy input
+    of ChainerMN's recv), other than ``targets``."""
+    seen = set(id(v.node) for v in targets)
+    out = []
+    for rop in rec.forward_ops:
+        for vn in rop.node.inputs or ():
+            if vn.creator_node is None and vn.requires_grad and \
+                    id(vn) not in seen:
+                seen.add(id(vn))
+                out.append(vn.get_variable())   # (made again if dropped)
+    return out
 
 
 def _outputs_after_recording(e, inner_outs, out_kinds):

@@ -395,6 +395,7 @@ class Entry(object):
         # until they die, and their backward writes into none of them.
         self.repeat_backward = False
         self._recording_saved = None
+        self.empty_outputs = ()
         self.graph_owned = set()     # (their ids)
 
     # -- building -------------------------------------------------------------
@@ -516,7 +517,14 @@ class Entry(object):
             # layout runs these (see ReplayNode.backward).
             self.grad_out_layouts = tuple(
                 signature.layout(bufs[b].storage) for b in gouts)
-            self._sum_chains = _sum_chains(bops, rec.sum_ops, grad_in)
+            uses = {}
+            for op in fops:
+                for b in op.inputs:
+                    uses[b] = uses.get(b, 0) + 1
+            used = [f_inputs[t] for t in grad_targets]
+            self._sum_chains = _sum_chains(
+                bops, rec.sum_ops, [b if uses.get(u, 0) > 1 else None
+                                    for b, u in zip(grad_in, used)])
             self._accumulating = {}
             self._plain_backward_ops = [op.copy() for op in bops]
             self._plain_backward = None
@@ -532,13 +540,18 @@ class Entry(object):
             self.target_position = dict(
                 (t, k) for k, t in enumerate(grad_targets))
             self.grad_out_mask = tuple(b is not None for b in grad_out_bids)
+            # Outputs of no elements (ChainerMN's delegate variables): an
+            # empty gradient where Chainer gives None (empty_gradients).
+            self.empty_outputs = tuple(bufs[b].storage for b in out_bids) \
+                if any(bufs[b].storage is not None and
+                       bufs[b].storage.size == 0 for b in out_bids) else ()
         self.link_sizes = tuple((link, len(link.__dict__),
                                  link_hooks(link.__dict__))
                                 for link, _, _ in self.link_sets)
         self.global_link_hooks = tuple(chainer._get_link_hooks().values())
         # The recording call's own saved arrays, for a second backward
         # through it (RecordNode.bind takes them at once).
-        self._recording_saved = [bufs[b].storage for b in self.saved]
+        self._recording_saved = _recorded_values(self.forward, self.saved)
         release_recording(rec)
         self.state = 'complete'
 
@@ -702,6 +715,28 @@ class Entry(object):
         return self.link_values is None or self.link_values.holds()
 
 
+def _recorded_values(schedule, bids):
+    """The recording call's arrays of buffers ``bids``. One no recorded op
+    made (a copy of a parameter the forward takes for the backward to
+    compute an activation again, recompute.py) is made now, from the
+    recorded arrays and the parameters as they are."""
+    bufs = schedule.buffers
+    made = {}
+    for op in schedule.ops:
+        for b in op.outputs:
+            made.setdefault(b, op)
+    out = []
+    for b in bids:
+        a = bufs[b].storage
+        op = made.get(b)
+        if a is None and op is not None and op.fn is not None and all(
+                bufs[i].storage is not None for i in op.inputs):
+            r = op.fn(tuple(bufs[i].storage for i in op.inputs))
+            a = r[op.select[op.outputs.index(b)]]
+        out.append(a)
+    return out
+
+
 def detach_outputs(outs, which):
     """Outputs that needed no gradient at recording (computed from arrays
     alone: ``F.identity(x)``) as Variables that do not require one, as
@@ -714,6 +749,25 @@ def detach_outputs(outs, which):
     return outs
 
 
+def empty_gradients(outs, grad_outputs):
+    """``grad_outputs`` with an empty gradient for each output of no
+    elements that needs one and got None. Define-by-run runs the backward
+    of every node it reaches, gradient or not: ChainerMN's ``send``
+    returns such an empty "delegate variable", whose backward (receiving
+    the gradient from the other process) runs when it is backpropagated
+    without one. An empty gradient carries no number, so this changes no
+    result; it makes the recorded and replayed backward go through it."""
+    if all(g is not None for g in grad_outputs):
+        return grad_outputs
+    out = list(grad_outputs)
+    for i, (o, g) in enumerate(zip(outs, grad_outputs)):
+        a = o.raw_array if isinstance(o, chainer.Variable) else o
+        if g is None and a is not None and a.size == 0 and (
+                not isinstance(o, chainer.Variable) or o.requires_grad):
+            out[i] = backend.get_array_module(a).empty_like(a)
+    return tuple(out)
+
+
 def raw(g):
     """A gradient's array: Chainer passes on what chainer.grad's
     ``grad_outputs`` got, a Variable or an array."""
@@ -723,7 +777,11 @@ def raw(g):
 def _sum_chains(bops, sum_ids, grad_in):
     """{target position: (its first gradient contribution, index in bops
     of the first sum)} for targets whose gradient Chainer summed from two
-    or more contributions as it went (``(c1 + c2) + c3``)."""
+    or more contributions as it went (``(c1 + c2) + c3``). ``grad_in``
+    holds None for a target the forward used once: a sum that makes its
+    gradient is then an inner variable's (``h = p + x; h * h``: the Add's
+    backward hands on h's gradient as x's), which define-by-run adds to
+    x's earlier gradient whole."""
     producer = {}
     for i, op in enumerate(bops):
         for b in op.outputs:
@@ -820,6 +878,9 @@ class _Replayed(object):
                 'not supported; run this chain with '
                 'chainer.config.use_static_graph = False')
         gys = []
+        if entry.empty_outputs:
+            grad_outputs = empty_gradients(entry.empty_outputs,
+                                           grad_outputs)
         for i, (g, has) in enumerate(zip(grad_outputs, entry.grad_out_mask)):
             if has == (g is not None):
                 if has:

@@ -117,8 +117,9 @@ def explain(chain):
                           if op.fn is not None and
                           op.fn.__name__ == 'rerun_backward']
                 if reruns:
-                    line += '\n    define-by-run in backward (a mask built ' \
-                        'in Python): ' + ', '.join(
+                    line += '\n    define-by-run in backward (its ' \
+                        'backward() runs again: a mask built in Python, a ' \
+                        'message): ' + ', '.join(
                             '%s at %s' % (op.kind[:-len('.backward')],
                                           op.source or '?')
                             for op in reruns)

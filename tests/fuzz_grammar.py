@@ -98,6 +98,17 @@ STATS = Stats()
 
 
 # -- programs -----------------------------------------------------------------
+# Results that hold Variables beyond tuples, lists and dicts: a namedtuple,
+# an object with attributes (as a distribution or a dataclass is).
+Pair = collections.namedtuple('Pair', 'loss out')
+
+
+class Holder(object):
+    def __init__(self, loss, out):
+        self.loss = loss
+        self.extras = {'out': out, 'n': 2}
+
+
 class Program(object):
     """The source of a chain class and what its forward expects."""
 
@@ -110,6 +121,7 @@ class Program(object):
         self.n_classes = n_classes
         self.ops = ops
         self.param_count = param_count
+        self.backward_again = False   # every backward run twice
         sig = 'self, x, t' if head == 'ce' else 'self, x, t=None'
         lines = ['class Net(chainer.Chain):',
                  '    def __init__(self):',
@@ -123,13 +135,16 @@ class Program(object):
         self.source = '\n'.join(lines) + '\n'
 
     def __repr__(self):
-        return 'Program(dtype=%s, in_shape=%r, head=%s)\n%s' % (
-            self.dtype, self.in_shape, self.head, self.source)
+        return 'Program(dtype=%s, in_shape=%r, head=%s%s)\n%s' % (
+            self.dtype, self.in_shape, self.head,
+            ', every backward twice' if self.backward_again else '',
+            self.source)
 
     def classes(self):
         """(define-by-run class, static class), fresh for every call."""
         ns = {'chainer': chainer, 'F': F, 'L': L, 'numpy': numpy,
-              'DTYPE': numpy.dtype(self.dtype)}
+              'DTYPE': numpy.dtype(self.dtype), 'Pair': Pair,
+              'Holder': Holder}
         code = compile(self.source, '<fuzz program>', 'exec')
         exec(code, ns)
         net = ns['Net']
@@ -632,11 +647,16 @@ def programs(draw, dtypes=DTYPES, max_layers=6, fallback_ops=True,
         last = 'h'
     rets = ['loss']
     if 'return_h' not in b.exclude:
-        rets += ['(loss, %s)' % last, "{'loss': loss, 'out': %s}" % last]
+        rets += ['(loss, %s)' % last, "{'loss': loss, 'out': %s}" % last,
+                 'Pair(loss, %s)' % last, 'Holder(loss, %s)' % last]
     ret = draw(st.sampled_from(rets))
     prog = Program(dtype, in_shape, head, n_classes, b.init, b.body, ret,
                    b.ops, b.params, b.ignore_labels)
     prog.keeps_attr = b.keeps_attr
+    # Every backward of the training loop is run a second time through the
+    # same calls (the DCGAN updater backpropagates two losses so).
+    prog.backward_again = 'again' not in b.exclude and \
+        draw(st.integers(0, 4)) == 4
     return prog
 
 
@@ -711,6 +731,8 @@ def _flat(out):
         return [v for k in sorted(out) for v in _flat(out[k])]
     if hasattr(out, 'shape'):
         return [out]
+    if isinstance(out, Holder):
+        return [out.loss] + _flat(out.extras)
     return []
 
 
@@ -723,6 +745,8 @@ def _loss(out):
         return out[0]
     if isinstance(out, dict):
         return out['loss']
+    if isinstance(out, Holder):
+        return out.loss
     return out
 
 
@@ -851,6 +875,8 @@ def _run_step(model, opt, prog, step, calls, seed):
                 (losses[0] + 2 * losses[1]).backward()
             else:
                 losses[0].backward()
+            if prog.backward_again:
+                losses[-1].backward()
     return outs, xs
 
 

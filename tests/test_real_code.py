@@ -182,3 +182,40 @@ def test_a_second_backward_first_seen_after_the_recording():
         for u, v in zip(*grads):
             numpy.testing.assert_array_equal(u, v)
     assert cache(b).fallback_calls == 0
+
+
+class SharedSum(chainer.Chain):
+    def __init__(self):
+        super(SharedSum, self).__init__()
+        with self.init_scope():
+            self.p = chainer.Parameter(numpy.full((2, 3), 0.3, 'f'))
+
+    def forward(self, x):
+        h = self.p + x     # Add's backward hands h's gradient on to both
+        return F.sum(h * h)
+
+
+def test_earlier_gradients_do_not_leak_into_a_shared_sum():
+    """Gradients accumulated over two calls (no cleargrads between), with
+    the input a Variable that needs a gradient: h's gradient (a sum of two
+    contributions) is both p's and x's. Replay added p's earlier gradient
+    inside that sum, so x got p's earlier gradient too (found by the fuzzer
+    with a second backward through one call)."""
+    a, b = static_twins(SharedSum)
+    rs = numpy.random.RandomState(3)
+    for i in range(4):
+        grads = []
+        for m in (a, b):
+            m.cleargrads()
+            xs = [chainer.Variable(rs.standard_normal((2, 3)).astype('f'))
+                  for _ in range(2)] if m is a else xs_a
+            if m is a:
+                xs_a = [chainer.Variable(x.array.copy()) for x in xs]
+            x = xs[0]
+            m(x).backward()
+            m(x).backward()     # a second call, same input, grads held
+            m(xs[1]).backward()
+            grads.append((m.p.grad.copy(), x.grad.copy(), xs[1].grad.copy()))
+        for u, v in zip(*grads):
+            numpy.testing.assert_array_equal(u, v)
+    assert cache(b).replays >= 8

@@ -145,7 +145,7 @@ class GraphedRun(object):
     argument read in place is no longer the captured array."""
 
     def __init__(self, graph, inputs, in_place, outputs, copy_out, backend,
-                 keep):
+                 keep, written=()):
         self.graph = graph
         self.inputs = inputs          # the captured arrays, per argument
         # Per argument: read in place ('param': stale if another array
@@ -156,6 +156,7 @@ class GraphedRun(object):
         self.backend = backend
         self.keep = keep              # the pool, the stream: alive with it
         self.stale = None
+        self.written = written        # arguments copied back after launch
         # Results that are host values are handed out as captured.
         self.copy_out = tuple(c and backend.is_array(o)
                               for o, c in zip(outputs, copy_out))
@@ -180,9 +181,12 @@ class GraphedRun(object):
                               'between calls (%r, then %r)' % (s, a))
                 return None
             copyto(s, a)
+        back = [(args[i], self.inputs[i]) for i in self.written]
         if args.__class__ is list:
             args.clear()
         self.backend.launch(self.graph)
+        for a, s in back:
+            copyto(a, s)
         copy = self.backend.copy
         return tuple(copy(o) if c else o
                      for o, c in zip(self.outputs, self.copy_out))
@@ -255,8 +259,10 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     copy = backend.copy
     # What a run may change: arguments a kernel may write into (all but
     # parameters and constants), and what the schedule updates in place.
-    touched = [s for s, role in zip(inputs, roles)
-               if role not in (ir.PARAM, ir.CONST) and backend.is_array(s)]
+    # (Copied arguments first, in order: ``written`` reads their places.)
+    touched = [s for s, how in zip(inputs, in_place) if how is None]
+    touched += [s for s, role, how in zip(inputs, roles, in_place)
+                if how == 'owned' and role not in (ir.PARAM, ir.CONST)]
     seen = set(id(a) for a in touched)
     for a in state:
         if id(a) not in seen:
@@ -269,10 +275,18 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     want = tuple(copy(r) if backend.is_array(r) else r
                  for r in run(inputs))
     after = [copy(a) for a in touched]
+    # Copied arguments the schedule wrote into (Chainer's hinge flips signs
+    # in the state its backward gets): the caller's arrays must change too,
+    # as they do where the schedule runs on them.
+    copied = [i for i, how in enumerate(in_place) if how is None]
+    written = tuple(i for i, a, b in zip(copied, after, before)
+                    if not backend.same(a, b))
 
     def refuse(e):
         for a, w in zip(touched, after):
             backend.copyto(a, w)
+        for i in written:
+            backend.copyto(args[i], inputs[i])
         e.result = want
         return e
 
@@ -292,8 +306,10 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
         backend.copyto(a, b)
     copy_out = tuple(i not in static_results for i in range(len(outputs)))
     g = GraphedRun(graph, inputs, tuple(in_place), tuple(outputs),
-                   copy_out, backend, keep)
+                   copy_out, backend, keep, written)
     backend.launch(graph)
+    for i in written:
+        backend.copyto(args[i], inputs[i])
     bad = [i for i, (o, w) in enumerate(zip(outputs, want))
            if not _same(backend, o, w)]
     bad_state = [i for i, (a, w) in enumerate(zip(touched, after))

@@ -663,7 +663,7 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             outs.append(o)
         return outs, gys, more, bids
 
-    def backprop(outs, gys, more, **options):
+    def backprop(outs, gys, more, earlier=None, **options):
         # ``return h, h``: chainer.grad keeps one gradient per output
         # Variable, so the gradients of the copies are added first (an op
         # of the recorded backward).
@@ -676,6 +676,10 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         # Variable it made inside the method): the method's own leaf
         # Variables are targets too, their gradients dropped.
         extra = _inner_leaves(rec, target_vars)
+        if earlier is not None:
+            # Gradients the targets hold already, added where define-by-run
+            # adds them (before the contributions, in their order).
+            options['grad_inputs'] = list(earlier) + [None] * len(extra)
         grads = chainer.grad(outs, target_vars + extra, grad_outputs=gys,
                              **options)
         n = len(target_vars)
@@ -688,7 +692,11 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         return grads[:n]
 
     @_with_gc_paused
-    def finish(grad_outputs):
+    def finish(grad_outputs, earlier=None):
+        """The recording call's backward; called again for a second
+        backward through it where no entry was built, with ``earlier``:
+        {input position: the gradient it holds}, which the results
+        include."""
         if chainer.config.enable_backprop:
             return _double_backprop(grad_outputs)
         recording = e.state == 'recording'
@@ -700,7 +708,9 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             with rec:
                 grads = backprop(outs_for_grad, gys, more)
         else:
-            grads = backprop(outs_for_grad, gys, more)
+            grads = backprop(outs_for_grad, gys, more, earlier=None if
+                             earlier is None else
+                             [earlier.get(pos) for pos in targets])
         arrays = [g.raw_array if g is not None else None for g in grads]
         result = [None] * (len(leaves) + len(param_objs))
         for pos, a in zip(targets, arrays):

@@ -1089,8 +1089,10 @@ class RecordNode(_Replayed, function_node.FunctionNode):
                     self.entry.method_name)
             return _Replayed.backward_from(self, indexes, grad_outputs,
                                            earlier)
-        grads = self.again(grad_outputs)
-        return tuple(grads[i] for i in indexes), ()
+        held = dict((i, g) for i, g in zip(indexes, earlier)
+                    if g is not None)
+        grads = self.again(grad_outputs, held)
+        return tuple(grads[i] for i in indexes), set(held)
 
     def backward(self, indexes, grad_outputs):
         finish, self.finish = self.finish, None

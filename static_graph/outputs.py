@@ -9,8 +9,11 @@ Variables or arrays in their attributes (a ``chainer.distributions.Normal``,
 a dataclass, a result object of the user's), objects up to three levels
 deep. A rebuilt object is a new instance of the same class, with the
 recording's other attributes and this call's Variables; its ``__init__`` is
-not run again. Anything else comes back as the recording returned it (a
-number, a string, None, the chain itself).
+not run again. An object that holds Parameters of the chain is made afresh
+too, around the same Parameters (the prior of the VAE example returns
+``D.Normal(self.loc, scale=self.scale)``, which caches ``log(scale)`` on
+itself). Anything else comes back as the recording returned it (a number,
+a string, None, the chain itself, a Parameter).
 
 An object that holds Variables or arrays where the walk does not go (in
 ``__slots__``, more than three objects deep, past 256 attributes, in a
@@ -45,10 +48,17 @@ def _is_leaf(obj):
 class _Walk(object):
     def __init__(self):
         self.leaves = []
+        self.parameters = 0
         self.attributes = 0
         self.path = []      # ids of the objects being walked (cycles)
 
     def spec(self, obj, depth=0):
+        if isinstance(obj, chainer.Parameter):
+            # The chain's own, live: handed out as it is, as define-by-run
+            # does (gradients reach it directly); but an object holding one
+            # is made afresh (what it caches is per call).
+            self.parameters += 1
+            return ('K', obj)
         if isinstance(obj, _SCALARS):
             return ('K', obj)
         if _is_leaf(obj):
@@ -66,7 +76,7 @@ class _Walk(object):
             self.path.pop()
 
     def _container(self, obj, depth):
-        n = len(self.leaves)
+        n, m = len(self.leaves), self.parameters
         if isinstance(obj, tuple):
             children = tuple(self.spec(o, depth) for o in obj)
             return ('T', type(obj), children)
@@ -96,7 +106,7 @@ class _Walk(object):
             else:
                 state[name] = value
         self._no_slot_leaves(obj)
-        if len(self.leaves) == n:
+        if len(self.leaves) == n and self.parameters == m:
             return ('K', obj)
         return ('O', type(obj), state, tuple(children))
 

@@ -358,3 +358,36 @@ def test_capture_refuses_what_a_graph_cannot_repeat(target):
         with pytest.raises(cuda_graph.NotCapturable) as e:
             b.capture(run, (x,))
         assert words in str(e.value), (words, str(e.value))
+
+
+class HingeNet(chainer.Chain):
+    def __init__(self):
+        super(HingeNet, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 3)
+
+    def forward(self, x, t):
+        return F.hinge(self.l(x), t)
+
+
+def test_what_a_schedule_writes_into_its_arguments_reaches_the_caller(target):
+    """Chainer's hinge flips signs in the state its backward gets (on the
+    CPU): a second backward through the same call sees the flipped state.
+    A graph reads a copy of that state; what it writes there is copied
+    back, so the two backwards train as define-by-run's."""
+    a, b = static_twins(HingeNet)
+    for m in (a, b):
+        m.to_device(target.device)
+    rs = numpy.random.RandomState(4)
+    for i in range(8):
+        grads = []
+        data = [batch(target, rs) for _ in range(2)]
+        for m in (a, b):
+            m.cleargrads()
+            for x, t in data:
+                loss = m(x, t)
+                loss.backward()
+                loss.backward()
+            grads.append(m.l.W.grad.copy())
+        same(grads[0], grads[1], 'step %d' % i)
+    assert tiers(b)['forward'].graph is not None

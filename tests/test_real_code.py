@@ -219,3 +219,39 @@ def test_earlier_gradients_do_not_leak_into_a_shared_sum():
         for u, v in zip(*grads):
             numpy.testing.assert_array_equal(u, v)
     assert cache(b).replays >= 8
+
+
+class Branching(chainer.Chain):
+    def __init__(self):
+        super(Branching, self).__init__()
+        with self.init_scope():
+            self.lin = L.Linear(8, 2)
+
+    def forward(self, x):
+        h = F.concat([x, x * 0.5], axis=2)
+        h = self.lin(F.relu(h))
+        if float(F.sum(h).array) > 0:   # falls back from the first call
+            h = F.relu(h)
+        return F.sum(h * h)
+
+
+def test_second_backward_through_a_recording_that_falls_back():
+    """Its input (used twice inside) holds the first backward's gradient:
+    the second adds it before the contributions, as define-by-run does
+    (it was added after them: 1.5e-8 apart)."""
+    a, b = static_twins(Branching)
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        for i in range(3):
+            x = rs.standard_normal((2, 1, 2, 2)).astype('f')
+            grads = []
+            for m in (a, b):
+                m.cleargrads()
+                xv = chainer.Variable(x.copy())
+                loss = m(xv)
+                loss.backward()
+                loss.backward()
+                grads.append((xv.grad, m.lin.W.grad.copy()))
+            for u, v in zip(*grads):
+                numpy.testing.assert_array_equal(u, v)

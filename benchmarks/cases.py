@@ -9,13 +9,14 @@ import io
 import os
 import sys
 
-import numpy
-
-import chainer
-import chainer.functions as F
-import chainer.links as L
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import static_graph  # NOQA  (before chainer: Python 3.12+/NumPy 2)
+import numpy  # NOQA
+
+import chainer  # NOQA
+import chainer.functions as F  # NOQA
+import chainer.links as L  # NOQA
 
 from static_graph import static_graph  # NOQA
 try:

@@ -24,13 +24,14 @@ import time
 import tracemalloc
 import warnings
 
-import numpy
-
-import chainer
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+import static_graph  # NOQA  (before chainer: Python 3.12+/NumPy 2)
+import numpy  # NOQA
+
+import chainer  # NOQA
 
 import cases  # NOQA
 import numpy_mlp  # NOQA

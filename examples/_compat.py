@@ -7,6 +7,7 @@ Chainer >= 6, any specifier Chainer understands).  ``mode_label`` says what a
 training run really is: the static graph only where it was asked for and the
 library can record on this Chainer.
 """
+import static_graph  # NOQA  (before chainer: Python 3.12+/NumPy 2)
 import numpy
 
 import chainer

@@ -24,6 +24,7 @@ for _p in (_ROOT, _EXAMPLES, _HERE):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+import static_graph  # NOQA  (before chainer: Python 3.12+/NumPy 2)
 import numpy  # NOQA
 
 import chainer  # NOQA

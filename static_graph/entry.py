@@ -782,14 +782,20 @@ def _sum_chains(bops, sum_ids, grad_in):
     gradient is then an inner variable's (``h = p + x; h * h``: the Add's
     backward hands on h's gradient as x's), which define-by-run adds to
     x's earlier gradient whole."""
-    producer = {}
+    producer, readers = {}, {}
     for i, op in enumerate(bops):
         for b in op.outputs:
             producer[b] = i
+        for b in op.inputs:
+            readers[b] = readers.get(b, 0) + 1
     out = {}
     for k, b in enumerate(grad_in):
         first = None
-        while b is not None:
+        # Each partial sum of the chain feeds the next sum alone (the final
+        # one no op): a sum another op reads is an inner variable's
+        # gradient (``h = x + f(x); h * h``: h's two contributions), which
+        # define-by-run completes before x's sum takes it.
+        while b is not None and readers.get(b, 0) == (first is not None):
             i = producer.get(b)
             if i is None or id(bops[i]) not in sum_ids or \
                     bops[i].kind != 'Add' or len(bops[i].inputs) != 2 or \

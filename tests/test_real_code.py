@@ -255,3 +255,34 @@ def test_second_backward_through_a_recording_that_falls_back():
                 grads.append((xv.grad, m.lin.W.grad.copy()))
             for u, v in zip(*grads):
                 numpy.testing.assert_array_equal(u, v)
+
+
+class Residual(chainer.Chain):
+    def __init__(self):
+        super(Residual, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(2, 2)
+
+    def forward(self, x):
+        h = x + self.l(x)          # x used twice, h's gradient a sum too
+        return F.sum(h * h)
+
+
+def test_earlier_gradients_join_the_inputs_own_sum_only():
+    """x's gradient is (h's gradient) + (what the Linear gives back),
+    h's gradient itself a sum that W's and b's gradients read. A gradient
+    x held already joined h's sum instead (every gradient of the call off:
+    by 61 on this model, found by the fuzzer with a second backward)."""
+    a, b = static_twins(Residual)
+    rs = numpy.random.RandomState(5)
+    for i in range(4):
+        x = rs.standard_normal((2, 2)).astype('f')
+        grads = []
+        for m in (a, b):
+            m.cleargrads()
+            xv = chainer.Variable(x.copy())
+            m(xv).backward()
+            m(xv).backward()      # a second call; x holds its gradient
+            grads.append((xv.grad, m.l.W.grad.copy(), m.l.b.grad.copy()))
+        for u, v in zip(*grads):
+            numpy.testing.assert_array_equal(u, v)

@@ -234,6 +234,11 @@ CONSTANT = {
     'view of the input': lambda m, x: F.sum(m.l1(x[::-1])),
     'asarray of host data': lambda m, x: F.sum(
         m.l1(x) * m.xp.asarray(numpy.full(3, 0.5, x.dtype))),
+    # From a shape alone (MemNN's temporal encoding): a constant of the key.
+    'arange of a shape': lambda m, x: F.sum(
+        m.l1(x) * m.xp.arange(3, dtype=x.dtype)),
+    'eye': lambda m, x: F.sum(
+        F.matmul(m.l1(x), m.xp.eye(3, dtype=x.dtype))),
 }
 
 

@@ -79,7 +79,8 @@ EOF
   tests)
     log tests
     timeout 180 $PY -m pytest -q -p no:cacheprovider \
-        tests/test_cuda_graph.py tests/test_cupy.py 2>&1 \
+        tests/test_cuda_graph.py tests/test_cupy.py tests/test_outputs.py \
+        tests/test_real_code.py tests/test_chainer_examples.py 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
     ;;
   bench)

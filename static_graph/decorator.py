@@ -20,6 +20,7 @@ if compat.UNSUPPORTED is None:
     from schedules import ir
     from static_graph import analysis
     from static_graph import entry as entry_module
+    from static_graph import nodes
     from static_graph import generators
     from static_graph import link_values
     from static_graph import outputs
@@ -233,8 +234,8 @@ def _check_backends():
 
 # -- replay ---------------------------------------------------------------------
 def _replay(e, leaves):
-    node = entry_module.ReplayNode(e)
-    outs = entry_module.detach_outputs(node.apply(list(leaves) + e.params),
+    node = nodes.ReplayNode(e)
+    outs = nodes.detach_outputs(node.apply(list(leaves) + e.params),
                                        e.no_grad_outs)
     exposed = node.exposed
     node.exposed = None
@@ -644,13 +645,13 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
         (double backpropagation follows their graph)."""
         outs, gys, more, bids = [], [], [], []
         position = {}   # id(output Variable) -> its index in outs
-        grad_outputs = entry_module.empty_gradients(inner_outs, grad_outputs)
+        grad_outputs = nodes.empty_gradients(inner_outs, grad_outputs)
         for o, g in zip(inner_outs, grad_outputs):
             if g is None or not o.requires_grad:
                 bids.append(None)
                 continue
             if keep:
-                ga = recorder.copy_exact(entry_module.raw(g))
+                ga = recorder.copy_exact(nodes.raw(g))
                 bids.append(rec.new_buffer(ga, ir.GRAD_OUT, name='grad'))
                 g = chainer.Variable(ga)
             else:
@@ -782,9 +783,9 @@ def _record(chain, method, name, cache, key, args, kwargs, leaves, paths,
             result[pos] = g
         return result
 
-    node = entry_module.RecordNode(
+    node = nodes.RecordNode(
         finish, [v.raw_array for v in inner_outs], e)
-    outs = entry_module.detach_outputs(node.apply(list(leaves) + param_objs),
+    outs = nodes.detach_outputs(node.apply(list(leaves) + param_objs),
                                        e.no_grad_outs)
     vals = [v if k == 'V' else v.raw_array for v, k in zip(outs, out_kinds)]
     _keep_attrs(attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},

@@ -15,6 +15,7 @@ import threading
 import numpy
 
 import chainer
+from chainer import backend
 from chainer import _backprop_utils
 from chainer import function_node
 from chainer import reporter as reporter_module
@@ -112,6 +113,12 @@ def root_of(a):
     while getattr(a, 'base', None) is not None and is_array(a.base):
         a = a.base
     return a
+
+
+def copyto_for(arrays):
+    """``copyto`` of the arrays' module (NumPy's for none)."""
+    xp = backend.get_array_module(*arrays) if arrays else numpy
+    return xp.copyto
 
 
 def copy_exact(a):

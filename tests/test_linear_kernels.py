@@ -10,7 +10,7 @@ import chainer.functions as F
 import chainer.links as L
 from chainer import function_node
 
-from static_graph import entry
+from static_graph import nodes
 from static_graph import static_graph
 from tests.test_lowering import kernels
 from tests.twins import twin_optimizers
@@ -134,11 +134,11 @@ def test_replay_apply_leaves_what_function_node_apply_leaves(monkeypatch):
         m.cleargrads()
         m(x, t).backward()
     states = []
-    for apply in (entry.ReplayNode.apply, function_node.FunctionNode.apply):
-        monkeypatch.setattr(entry.ReplayNode, 'apply', apply)
+    for apply in (nodes.ReplayNode.apply, function_node.FunctionNode.apply):
+        monkeypatch.setattr(nodes.ReplayNode, 'apply', apply)
         m.cleargrads()
         out, node = _replay_once(m, x, t)
-        assert isinstance(node, entry.ReplayNode)
+        assert isinstance(node, nodes.ReplayNode)
         s = _node_state(node, out)
         # The same parameters' nodes, the output's own node.
         assert s.pop('inputs')[2:] == tuple(p.node for p in m.params())

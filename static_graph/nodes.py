@@ -1,0 +1,371 @@
+"""How a call of a static chain plugs into Chainer's autograd: one
+FunctionNode per call. ``ReplayNode``: a replayed call (its forward runs the
+entry's forward schedule, its backward the backward schedule).
+``RecordNode``: the recording call (its forward ran define-by-run; its first
+backward records the backward and builds the entry, a later one runs the
+built schedule). Their inputs are the call's arrays followed by the
+parameters the recording used, so Chainer's own gradient accumulation,
+optimizers and hooks see ordinary gradients.
+
+Static buffers (see analysis.py) are shared by every call of an entry. When a
+chain is called again before the previous call's backward ran, the previous
+call's static values are copied aside and put back when its backward runs.
+"""
+import weakref
+
+import numpy
+
+import chainer
+from chainer import backend
+from chainer import configuration
+from chainer import function_node
+
+from static_graph import diagnostics
+from static_graph import recorder
+from static_graph import signature
+
+
+def detach_outputs(outs, which):
+    """Outputs that needed no gradient at recording (computed from arrays
+    alone: ``F.identity(x)``) as Variables that do not require one, as
+    define-by-run gives them; a gradient for them is dropped there."""
+    if not which:
+        return outs
+    outs = list(outs)
+    for i in which:
+        outs[i] = chainer.Variable(outs[i].raw_array, requires_grad=False)
+    return outs
+
+
+def empty_gradients(outs, grad_outputs):
+    """``grad_outputs`` with an empty gradient for each output of no
+    elements that needs one and got None. Define-by-run runs the backward
+    of every node it reaches, gradient or not: ChainerMN's ``send``
+    returns such an empty "delegate variable", whose backward (receiving
+    the gradient from the other process) runs when it is backpropagated
+    without one. An empty gradient carries no number, so this changes no
+    result; it makes the recorded and replayed backward go through it."""
+    if all(g is not None for g in grad_outputs):
+        return grad_outputs
+    out = list(grad_outputs)
+    for i, (o, g) in enumerate(zip(outs, grad_outputs)):
+        a = o.raw_array if isinstance(o, chainer.Variable) else o
+        if g is None and a is not None and a.size == 0 and (
+                not isinstance(o, chainer.Variable) or o.requires_grad):
+            out[i] = backend.get_array_module(a).empty_like(a)
+    return tuple(out)
+
+
+def raw(g):
+    """A gradient's array: Chainer passes on what chainer.grad's
+    ``grad_outputs`` got, a Variable or an array."""
+    return g.raw_array if isinstance(g, chainer.Variable) else g
+
+
+def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
+    """``backward_accumulate`` for our nodes. Chainer takes the gradients
+    accumulated so far out of the input variables before calling it; if our
+    backward fails (an exception, KeyboardInterrupt) they are put back, so
+    parameters keep their gradients. A replay adds such a gradient where
+    define-by-run does (``ReplayNode.backward``'s ``earlier``)."""
+    try:
+        gxs, included = node.backward_from(
+            target_input_indexes, grad_outputs, grad_inputs)
+    except BaseException:
+        for i, g in zip(target_input_indexes, grad_inputs):
+            if g is None:
+                continue
+            var = node.inputs[i].get_variable_or_none()
+            if var is not None and var.grad_var is None:
+                var.grad_var = g
+        raise
+    return tuple(gx if g is None or i in included else
+                 g if gx is None else g + gx
+                 for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
+
+
+def _snapshot(entry):
+    """A call's values of the static buffers, as (storage, copy) pairs:
+    put back into those very buffers (a graph captured meanwhile adds
+    buffers of its own, which a call from before it does not read)."""
+    return [(s, s.copy()) for s in entry.static_storages]
+
+
+def _on_device(entry, fn, arrays):
+    """``fn(arrays)``; for CuPy arrays on their device, as
+    ``FunctionNode.apply`` runs a forward."""
+    if entry._copyto is numpy.copyto:
+        return fn(arrays)
+    with chainer.using_device(backend.get_device_from_array(*arrays)):
+        return fn(arrays)
+
+
+def _variable(array, requires_grad=True):
+    """``chainer.Variable(array, requires_grad=...)`` for an array replay
+    made (NumPy or CuPy, never ChainerX): without re-checking its type."""
+    return chainer.Variable._init_unchecked(
+        array, requires_grad=requires_grad, is_chainerx_array=False)
+
+
+class _Replayed(object):
+    """The backward of a call of a built entry, by its schedule: a replayed
+    call (``ReplayNode``), or the recording call once its entry is built
+    (``RecordNode``). Such a node has ``entry``; ``saved``, the activations
+    its backward reads; ``snapshot``, its values of the static buffers put
+    aside while a later call used them; ``done`` once no backward can come
+    any more."""
+
+    def backward_from(self, indexes, grad_outputs, earlier=()):
+        """The gradients for ``indexes``, and the indexes whose gradient
+        already includes the one given in ``earlier`` (the gradients the
+        inputs held before, per index, or None)."""
+        entry = self.entry
+        if self.saved is None and self.done:
+            entry.repeat_backward = True
+            raise RuntimeError(
+                'backward ran twice through one replayed call of %s, whose '
+                'first backward freed the activations it saved: the '
+                'recording call was backpropagated once. Calls of this key '
+                'keep them for another backward from the next call on; for '
+                'this one, run the pattern with '
+                'chainer.config.use_static_graph = False' % entry.method_name)
+        if chainer.config.enable_backprop:
+            raise NotImplementedError(
+                'double backpropagation through a replayed static graph is '
+                'not supported; run this chain with '
+                'chainer.config.use_static_graph = False')
+        gys = []
+        if entry.empty_outputs:
+            grad_outputs = empty_gradients(entry.empty_outputs,
+                                           grad_outputs)
+        for i, (g, has) in enumerate(zip(grad_outputs, entry.grad_out_mask)):
+            if has == (g is not None):
+                if has:
+                    gys.append(raw(g))
+                continue
+            raise RuntimeError(
+                'the static graph of %s was recorded with%s a gradient for '
+                'its output %d, and this backward gives %s; replay only '
+                'knows the recorded backward. Backpropagate the same outputs '
+                'as in the recording iteration, or run this pattern with '
+                'chainer.config.use_static_graph = False'
+                % (entry.method_name, '' if has else 'out', i,
+                   'none' if has else 'one'))
+        with entry.lock:
+            if entry.static_storages:
+                owner = entry.owner() if entry.owner is not None else None
+                if owner is not self:
+                    if self.snapshot is None:
+                        raise RuntimeError(
+                            'backward ran again through a replayed call whose '
+                            'buffers were reused by a later call')
+                    if owner is not None and not owner.done:
+                        owner.snapshot = _snapshot(entry)
+                    for s, v in self.snapshot:
+                        entry._copyto(s, v)
+                    self.snapshot = None
+                    entry.owner = weakref.ref(self)
+            # Another backward may come: no kernel writes into the saved
+            # activations (the ops' own kernels).
+            repeat = entry.repeat_backward
+            run = entry.plain_backward() if repeat else entry.run_backward
+            held = {}   # target position -> the gradient it holds already
+            for i, g in zip(indexes, earlier):
+                if g is not None:
+                    k = entry.target_position[i]
+                    if k in entry._sum_chains:
+                        held[k] = raw(g)
+            if held:
+                run = entry.accumulating_backward(frozenset(held), repeat)
+            if any(signature.layout(g) != lay
+                   for g, lay in zip(gys, entry.grad_out_layouts)):
+                # A gradient in another memory layout than the recorded
+                # one (the loss outside changed): which results are views
+                # of it may differ, so no kernel may write into an input.
+                run, held = entry.plain_backward(), {}
+                diagnostics.logger.info(
+                    '%s: a gradient came in another memory layout than at '
+                    'recording; this backward runs the ops\' own kernels',
+                    entry.method_name)
+            args = list(gys)
+            args.extend(self.saved)
+            if not repeat:
+                self.saved = None   # the schedule frees each at last use
+            args.extend(p.array for p in entry.params)
+            args.extend(held[k] for k in sorted(held))
+            grads = _on_device(entry, run, args)
+            if not repeat:
+                entry.pending.discard(self)
+        if not repeat:
+            self.done = True
+        by_input = {}
+        it = iter(grads)
+        for target, slot in zip(entry.grad_targets, entry.grad_slots):
+            by_input[target] = next(it) if slot is not None else None
+        included = set(entry.grad_targets[k] for k in held)
+        return tuple(
+            _variable(by_input[i]) if by_input.get(i) is not None
+            else None for i in indexes), included
+
+
+class ReplayNode(_Replayed, function_node.FunctionNode):
+    """One call of a static chain: forward and backward schedules."""
+
+    def __init__(self, entry):
+        self.entry = entry
+        self.saved = None
+        self.exposed = None
+        self.snapshot = None
+        self.done = False
+
+    def _check_data_type_forward(self, in_data):
+        pass   # checked by the cache key
+
+    @property
+    def label(self):
+        return 'StaticGraph(%s)' % self.entry.method_name
+
+    def apply(self, inputs):
+        """``FunctionNode.apply`` without the checks the cache key and the
+        entry's match already made (array types, devices, dtypes). It
+        leaves the node and its outputs as ``FunctionNode.apply`` would:
+        same attributes, ranks, edges and retained data (none). Function
+        hooks, memory layouts and Chainer's own static graph take the full
+        ``apply``. (Under debug mode nothing replays: the decorator runs
+        the call define-by-run.)"""
+        if chainer.get_function_hooks() or \
+                configuration.config.schedule_func is not None:
+            return super(ReplayNode, self).apply(inputs)
+        Variable = chainer.Variable
+        input_vars = [x if isinstance(x, Variable) else
+                      Variable(x, requires_grad=False) for x in inputs]
+        for x in input_vars:
+            if x._layout is not None or x._has_chainerx_array:
+                return super(ReplayNode, self).apply(inputs)
+        in_data = tuple([x._data[0] for x in input_vars])
+        self._input_layouts = (None,) * len(input_vars)
+        self._input_indexes_to_retain = None
+        self._output_indexes_to_retain = None
+        outputs = _on_device(self.entry, self.forward, in_data)
+        self._output_layouts = (None,) * len(outputs)
+        self._output_count = len(outputs)
+        requires_grad = any([x.requires_grad for x in input_vars])
+        ret = tuple([_variable(y, requires_grad) for y in outputs])
+        if configuration.config.enable_backprop:
+            self.rank = max([x.rank for x in input_vars]) \
+                if input_vars else 0
+            for y in ret:
+                y.creator_node = self
+            self.inputs = tuple([x.node for x in input_vars])
+            self.outputs = tuple([weakref.ref(y.node) for y in ret])
+            self.lazy_grad_sum = configuration.config.lazy_grad_sum
+        return ret
+
+
+    def forward(self, inputs):
+        entry = self.entry
+        with entry.lock:
+            if entry.static_storages and entry.owner is not None:
+                owner = entry.owner()
+                if owner is not None and not owner.done:
+                    owner.snapshot = _snapshot(entry)
+            # (Also while there are no static storages: a graph captured
+            # in this very call adds some.)
+            entry.owner = weakref.ref(self)
+            entry.quiet = not entry.pending
+            result = entry.run_forward(inputs)
+            n = len(entry.forward.outputs)
+            # Copy what later calls rewrite while no other thread can.
+            outs = tuple(recorder.copy_exact(o) if c else o
+                         for o, c in zip(result[:n], entry.out_copy))
+            if entry.backward is not None and \
+                    chainer.config.enable_backprop:
+                # (Under the lock: a call of another thread must see this
+                # one waiting, before it captures a graph.)
+                entry.pending.add(self)
+                self.saved = result[n:n + len(entry.saved)]
+            else:
+                self.done = True
+        self.exposed = result[n + len(entry.saved):]
+        return outs
+
+    backward_accumulate = accumulate
+
+    def backward(self, indexes, grad_outputs):
+        return self.backward_from(indexes, grad_outputs)[0]
+
+
+class RecordNode(_Replayed, function_node.FunctionNode):
+    """The recording call: forward already ran define-by-run; backward runs
+    the inner graph's backward while recording it, then builds the entry.
+    A second backward (the DCGAN updater's) runs the built backward
+    schedule on the recording's own saved arrays (``bind``), or, where no
+    entry was built, the inner graph's backward again."""
+
+    def __init__(self, finish, out_arrays, entry):
+        self.finish = finish
+        self.out_arrays = out_arrays
+        self.built = entry     # the entry this call's backward builds
+        self.handed = None
+        self.again = None     # finish, for a backward through the inner graph
+        self.entry = None
+        self.saved = None
+        self.snapshot = None
+        self.done = False
+
+    def _check_data_type_forward(self, in_data):
+        pass
+
+    @property
+    def label(self):
+        return 'StaticGraphRecording'
+
+    backward_accumulate = accumulate
+
+    def forward(self, inputs):
+        self.handed = tuple(recorder.copy_exact(a) for a in self.out_arrays)
+        return self.handed
+
+    def bind(self, entry):
+        """The entry built from this call: the static buffers hold this
+        call's values, its saved arrays are the recording's."""
+        self.entry = entry
+        self.saved, entry._recording_saved = entry._recording_saved, None
+        with entry.lock:
+            entry.owner = weakref.ref(self)
+
+    def backward_from(self, indexes, grad_outputs, earlier=()):
+        if self.finish is not None:
+            return self.backward(indexes, grad_outputs), ()
+        if self.entry is not None:
+            if not self.entry.repeat_backward:
+                self.entry.repeat_backward = True
+                diagnostics.logger.info(
+                    '%s: a second backward through one call; calls keep '
+                    'their saved activations for another backward',
+                    self.entry.method_name)
+            return _Replayed.backward_from(self, indexes, grad_outputs,
+                                           earlier)
+        held = dict((i, g) for i, g in zip(indexes, earlier)
+                    if g is not None)
+        grads = self.again(grad_outputs, held)
+        return tuple(grads[i] for i in indexes), set(held)
+
+    def backward(self, indexes, grad_outputs):
+        finish, self.finish = self.finish, None
+        if finish is None:
+            return self.backward_from(indexes, grad_outputs)[0]
+        for mine, out in zip(self.handed, self.out_arrays):
+            # The caller wrote into an output (``y.array *= 3``): nodes that
+            # retained it (sigmoid, tanh, relu) see the change under
+            # define-by-run and in replay, where it is the same array.
+            if recorder._changed(out, mine):
+                recorder.copyto_for((out,))(out, mine)
+        self.handed = None
+        grads = finish(grad_outputs)
+        e, self.built = self.built, None
+        if e._recording_saved is not None:
+            self.bind(e)
+        else:
+            self.again = finish
+        return tuple(grads[i] for i in indexes)

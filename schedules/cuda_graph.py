@@ -69,7 +69,9 @@ class GraphTier(object):
     does static buffers); the rest are copied out. ``state()``: the arrays
     the schedule updates in place, for the check; ``allowed()``: may a
     capture happen now (the front end says no while an earlier call still
-    needs the static results); ``on_capture(graph)``: told once.
+    needs the static results); ``on_capture(graph)``: told of each graph.
+    (A graph dropped as stale leaves its static results where they are: a
+    call from before may still read them.)
     """
 
     def __init__(self, tiered, backend, after=1, static_results=(),
@@ -115,6 +117,7 @@ class GraphTier(object):
             counts['stale'] += 1
             if self.stale >= 2:
                 self.reason = '%s (%d times)' % (g.stale, self.stale)
+
         if self.reason is not None or self.tiered.run is None or \
                 self._compiled_runs < self.after or \
                 (self.allowed is not None and not self.allowed()):
@@ -537,7 +540,7 @@ class CupyBackend(object):
             try:
                 outputs = run(inputs)
                 guard.check()
-            except Exception as e:
+            except BaseException as e:   # (the capture is ended first)
                 err = e
             try:
                 # Ended whatever happened; a capture that CUDA invalidated
@@ -545,7 +548,8 @@ class CupyBackend(object):
                 graph = stream.end_capture()
             except Exception as e:
                 err = err or e
-        if isinstance(err, NotCapturable):
+        if isinstance(err, NotCapturable) or \
+                not isinstance(err, (Exception, type(None))):
             raise err
         if err is not None:
             text = str(err).splitlines()

@@ -18,6 +18,8 @@ its variants) is wrapped in a ``GraphTier``:
 import threading
 import weakref
 
+import numpy
+
 from schedules import cuda_graph
 from schedules import ir
 from static_graph import diagnostics
@@ -53,6 +55,8 @@ def wants_graphs(entry, copyto):
     captured (CuPy), with the option on?"""
     if not entry.cuda_graph:
         return None
+    if not _backend and copyto is numpy.copyto:
+        return None    # (CuPy is not even imported for a NumPy entry)
     b = backend()
     if b is None or copyto is not b.serves:
         return None

@@ -184,12 +184,18 @@ class GraphedRun(object):
                               'between calls (%r, then %r)' % (s, a))
                 return None
             copyto(s, a)
-        back = [(args[i], self.inputs[i]) for i in self.written]
+        back = [args[i] for i in self.written]
         if args.__class__ is list:
             args.clear()
+        return self.launch(back)
+
+    def launch(self, back):
+        """Launch; copy what it wrote into copied arguments back to the
+        caller's arrays ``back`` (of ``written``); the results, those that
+        escape copied out of the graph's memory."""
         self.backend.launch(self.graph)
-        for a, s in back:
-            copyto(a, s)
+        for a, i in zip(back, self.written):
+            self.backend.copyto(a, self.inputs[i])
         copy = self.backend.copy
         return tuple(copy(o) if c else o
                      for o, c in zip(self.outputs, self.copy_out))
@@ -285,9 +291,12 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     written = tuple(i for i, a, b in zip(copied, after, before)
                     if not backend.same(a, b))
 
+    def restore(values):
+        for a, v in zip(touched, values):
+            backend.copyto(a, v)
+
     def refuse(e):
-        for a, w in zip(touched, after):
-            backend.copyto(a, w)
+        restore(after)
         for i in written:
             backend.copyto(args[i], inputs[i])
         e.result = want
@@ -297,22 +306,18 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
         _check_values(backend, 'result', want)
     except NotCapturable as e:
         raise refuse(e)
-    for a, b in zip(touched, before):
-        backend.copyto(a, b)
+    restore(before)
     try:
         graph, outputs, keep = backend.capture(run, inputs)
     except NotCapturable as e:
         raise refuse(e)
-    for a, b in zip(touched, before):
-        # (A capture runs nothing on the device; this is for backends that
-        # do run something while capturing.)
-        backend.copyto(a, b)
+    # (A capture runs nothing on the device; this is for backends that do
+    # run something while capturing.)
+    restore(before)
     copy_out = tuple(i not in static_results for i in range(len(outputs)))
     g = GraphedRun(graph, inputs, tuple(in_place), tuple(outputs),
                    copy_out, backend, keep, written)
-    backend.launch(graph)
-    for i in written:
-        backend.copyto(args[i], inputs[i])
+    result = g.launch([args[i] for i in written])
     bad = [i for i, (o, w) in enumerate(zip(outputs, want))
            if not _same(backend, o, w)]
     bad_state = [i for i, (a, w) in enumerate(zip(touched, after))
@@ -325,8 +330,7 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
                 ', '.join(map(str, bad)) or 'none',
                 '; arrays updated in place %s' % ', '.join(map(
                     str, bad_state)) if bad_state else '')))
-    return g, tuple(copy(o) if c and backend.is_array(o) else o
-                    for o, c in zip(outputs, copy_out))
+    return g, result
 
 
 class _Guard(object):

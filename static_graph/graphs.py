@@ -67,22 +67,13 @@ def written_in_place(entry, schedule):
     """The arrays a schedule's ops may update in place rather than return:
     the chain's persistent arrays (running statistics, which
     BatchNormalization's node holds and updates), persistent and static
-    buffers; once each, not parameters, constants or views of other
-    buffers."""
-    out, seen = [], set()
-    for a in entry.persistent_arrays:
-        if id(a) not in seen:
-            seen.add(id(a))
-            out.append(a)
-    for buf in schedule.buffers.values():
-        a = buf.storage
-        if a is None or buf.view_of is not None or \
-                buf.role in (ir.PARAM, ir.CONST):
-            continue
-        if (buf.role == ir.PERSIST or buf.static) and id(a) not in seen:
-            seen.add(id(a))
-            out.append(a)
-    return out
+    buffers; not parameters, constants or views of other buffers.
+    (cuda_graph.capture takes each array once.)"""
+    return list(entry.persistent_arrays) + [
+        buf.storage for buf in schedule.buffers.values()
+        if buf.storage is not None and buf.view_of is None and
+        buf.role not in (ir.PARAM, ir.CONST) and
+        (buf.role == ir.PERSIST or buf.static)]
 
 
 def forward_tier(entry, tiered, b):

@@ -121,14 +121,11 @@ class _Walk(object):
                     'where its attributes are not a __dict__'))
 
     def _no_slot_leaves(self, obj):
-        for cls in type(obj).__mro__:
-            for name in getattr(cls, '__slots__', ()):
-                if name in ('__dict__', '__weakref__'):
-                    continue
-                if self._holds_leaves(getattr(obj, name, None)):
-                    raise Unrebuildable(
-                        'it holds Variables or arrays in __slots__ (%s.%s)'
-                        % (type(obj).__name__, name))
+        for name, value in _slots(obj):
+            if self._holds_leaves(value):
+                raise Unrebuildable(
+                    'it holds Variables or arrays in __slots__ (%s.%s)'
+                    % (type(obj).__name__, name))
 
     def _holds_leaves(self, obj, depth=0, seen=None):
         """Are there Variables or arrays in obj (a bounded search)?"""
@@ -147,12 +144,17 @@ class _Walk(object):
             items = list(obj)
         else:
             items = list(getattr(obj, '__dict__', {}).values())
-            for cls in type(obj).__mro__:
-                for name in getattr(cls, '__slots__', ()):
-                    if name not in ('__dict__', '__weakref__'):
-                        items.append(getattr(obj, name, None))
+            items += [v for _, v in _slots(obj)]
         return any(self._holds_leaves(o, depth + 1, seen)
                    for o in items[:MAX_ATTRIBUTES])
+
+
+def _slots(obj):
+    """(name, value) of the ``__slots__`` attributes of obj's classes."""
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, '__slots__', ()):
+            if name not in ('__dict__', '__weakref__'):
+                yield name, getattr(obj, name, None)
 
 
 def _empty_like(obj, base):

@@ -195,7 +195,7 @@ class GraphedRun(object):
         escape copied out of the graph's memory."""
         self.backend.launch(self.graph)
         for a, i in zip(back, self.written):
-            self.backend.copyto(a, self.inputs[i])
+            _copy_back(self.backend, a, self.inputs[i])
         copy = self.backend.copy
         return tuple(copy(o) if c else o
                      for o, c in zip(self.outputs, self.copy_out))
@@ -204,6 +204,14 @@ class GraphedRun(object):
         """The results that stay the graph's memory (not copied out)."""
         return [o for o, c in zip(self.outputs, self.copy_out)
                 if not c and self.backend.is_array(o)]
+
+
+def _copy_back(backend, a, s):
+    """What the schedule left in the copy ``s`` of the caller's ``a``, into
+    ``a``; not into an array the caller does not let write (a NumPy
+    broadcast: the schedule could not have written it either)."""
+    if getattr(getattr(a, 'flags', None), 'writeable', True):
+        backend.copyto(a, s)
 
 
 _VALUES = (bool, int, float, complex, type(None))
@@ -284,12 +292,15 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     want = tuple(copy(r) if backend.is_array(r) else r
                  for r in run(inputs))
     after = [copy(a) for a in touched]
-    # Copied arguments the schedule wrote into (Chainer's hinge flips signs
-    # in the state its backward gets): the caller's arrays must change too,
-    # as they do where the schedule runs on them.
+    # Copied arguments the schedule may write into: the caller's arrays must
+    # change too, as they do where the schedule runs on them. Any but the
+    # call's own inputs (a backward step's Python, as Chainer's hinge does,
+    # writes into the gradient and the state it gets, where and whether by
+    # the data: flipping the sign of a zero is no change of value); an input
+    # only where this run wrote into it.
     copied = [i for i, how in enumerate(in_place) if how is None]
     written = tuple(i for i, a, b in zip(copied, after, before)
-                    if not backend.same(a, b))
+                    if roles[i] != ir.INPUT or not backend.same(a, b))
 
     def restore(values):
         for a, v in zip(touched, values):
@@ -298,7 +309,7 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     def refuse(e):
         restore(after)
         for i in written:
-            backend.copyto(args[i], inputs[i])
+            _copy_back(backend, args[i], inputs[i])
         e.result = want
         return e
 

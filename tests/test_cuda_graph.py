@@ -391,3 +391,41 @@ def test_what_a_schedule_writes_into_its_arguments_reaches_the_caller(target):
             grads.append(m.l.W.grad.copy())
         same(grads[0], grads[1], 'step %d' % i)
     assert tiers(b)['forward'].graph is not None
+
+
+class ScaledHinge(chainer.Chain):
+    def __init__(self):
+        super(ScaledHinge, self).__init__()
+        with self.init_scope():
+            self.s = chainer.Parameter(numpy.ones(3, 'f'))
+
+    def forward(self, x, t):
+        return F.hinge(x * self.s, t)
+
+
+def test_a_write_whose_value_was_no_change_at_capture(target):
+    """Hinge's backward flips the sign of its state where the labels are;
+    while the schedule is captured those entries are all zero (the margin
+    met), a flip that changes no value: the state is still copied back
+    after every launch, so later batches, where they are not zero, see
+    their flips as define-by-run does."""
+    a, b = static_twins(ScaledHinge)
+    for m in (a, b):
+        m.to_device(target.device)
+    rs = numpy.random.RandomState(6)
+    for i in range(8):
+        t = rs.randint(0, 3, 4).astype('i')
+        x = rs.uniform(-0.5, 0.5, (4, 3)).astype('f')
+        if i < 4:
+            x[numpy.arange(4), t] = 5.0    # margin met: zeros at the labels
+        x, t = target.send(x), target.send(t)
+        grads = []
+        for m in (a, b):
+            m.cleargrads()
+            loss = m(x, t)
+            loss.backward()
+            loss.backward()
+            grads.append(m.s.grad.copy())
+        same(grads[0], grads[1], 'step %d' % i)
+    assert tiers(b)['backward'].graph is not None or \
+        entry_of(b)._plain_backward.graph is not None

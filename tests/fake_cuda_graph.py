@@ -42,8 +42,8 @@ class FakeGraph(object):
 
 
 def _copyto(dst, src):
-    if isinstance(dst, numpy.generic):
-        return     # a scalar (a value) cannot have changed
+    if not isinstance(dst, numpy.ndarray):
+        return     # a scalar is a value: nothing to write into
     numpy.copyto(dst, src)
 
 
@@ -85,11 +85,11 @@ class FakeBackend(object):
             numpy.random.set_state(rng)
             raise cuda_graph.NotCapturable(
                 'it draws random numbers from NumPy (the fake capture)')
-        # A NumPy scalar result (SoftmaxCrossEntropy's normalizer, where
-        # CuPy has a 0-d device array) becomes a 0-d array: memory a
-        # launch can write.
-        outputs = tuple(numpy.array(o) if isinstance(o, numpy.generic)
-                        else o for o in outputs)
+        # A number among the results (SoftmaxCrossEntropy's normalizer: a
+        # NumPy scalar, or a float where every label is ignored; on CuPy a
+        # 0-d device array) becomes a 0-d array: memory a launch can write.
+        outputs = tuple(numpy.array(o) if isinstance(
+            o, (numpy.generic, float)) else o for o in outputs)
         if any(isinstance(o, numpy.ndarray) and not o.flags.writeable
                for o in outputs):
             # (A NumPy broadcast view: a launch could not write it in place

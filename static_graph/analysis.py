@@ -19,6 +19,7 @@ import chainer
 from chainer import function_node
 
 from schedules import ir
+from static_graph import arrayutil
 from static_graph import device_reads
 from static_graph import recorder
 
@@ -35,7 +36,7 @@ def _own_attrs(d):
     """(key, value) of a node's attributes other than those
     FunctionNode.apply manages, and other than plain ints, bools, strings
     and None: what ``mark_captured`` looks at, in the node's order."""
-    skip = recorder._APPLY_KEYS
+    skip = recorder.APPLY_KEYS
     return [(k, v) for k, v in d.items()
             if type(v) not in _ATOMIC and k not in skip]
 
@@ -69,7 +70,7 @@ def chain_arrays(chain, written=()):
         items += [(name, value, ir.CONST) for name, value in
                   held_arrays(link) if (id(d), name) not in written]
         for name, value, role in items:
-            if recorder.is_array(value) and id(value) not in found:
+            if arrayutil.is_array(value) and id(value) not in found:
                 found[id(value)] = (role, path.rstrip('/') + '/' + name,
                                     link, name)
     return found
@@ -124,7 +125,7 @@ def classify_unknown(rec, chain_map):
             elif role == ir.PERSIST:
                 persists.append((bid, path, a))
             continue
-        root = recorder.root_of(a)
+        root = arrayutil.root_of(a)
         if root is not a and chain_map.get(id(root), (None,))[0] in (
                 ir.CONST, ir.PARAM):
             # A view of the chain's memory (self.pe[:n]): current values.
@@ -143,7 +144,7 @@ def classify_unknown(rec, chain_map):
             rec.pending_backward_consts.append((a, kind, source, bid))
         elif rec.computed_on_device(a):
             rec.add_reason(device_reads.computed_reason(kind, source))
-        elif not _uniform(a) and id(recorder.root_of(a)) not in \
+        elif not _uniform(a) and id(arrayutil.root_of(a)) not in \
                 rec.shape_made and id(a) not in rec.shape_made:
             rec.add_reason(
                 'an array not produced by a Chainer function enters %s '
@@ -154,7 +155,7 @@ def classify_unknown(rec, chain_map):
 
 
 def _scan(obj, depth, arrays, nodes):
-    if recorder.is_array(obj):
+    if arrayutil.is_array(obj):
         arrays.append(obj)
         return
     if depth == 0 or obj is None or isinstance(obj, (str, bytes, int, float)):
@@ -183,7 +184,7 @@ def _scan(obj, depth, arrays, nodes):
 def _rebindable(rec, op, v):
     """Is attribute value v exactly a recorded buffer's array (not one of
     the op's own outputs) that replay can pass in afresh?"""
-    if not recorder.is_array(v):
+    if not arrayutil.is_array(v):
         return False
     bid = rec.by_id.get(id(v))
     return bid is not None and bid not in op.outputs and \
@@ -208,7 +209,7 @@ def _scalar_keys(op):
     """The attributes op's forward set to a scalar (``self._coeff``)."""
     d = recorder.attrs(op.node)
     return [k for k, _ in op.restore
-            if is_scalar_value(d.get(k, recorder.MISSING))]
+            if is_scalar_value(d.get(k, arrayutil.MISSING))]
 
 
 def forward_scalars(rec):
@@ -294,7 +295,7 @@ def mark_captured(rec, chain_map):
             # to None): every replay restores it before the forward, so it
             # is held like any attribute; an array of this call is handed
             # in afresh instead of restoring the recorded one.
-            if pre is recorder.MISSING or d.get(k, recorder.MISSING) is pre:
+            if pre is arrayutil.MISSING or d.get(k, arrayutil.MISSING) is pre:
                 continue
             if i >= n_forward and _rebindable(rec, op, pre):
                 op.rebind.append((k, rec.by_id[id(pre)]))
@@ -347,9 +348,9 @@ def mark_captured(rec, chain_map):
                 continue
             bid = rec.by_id.get(id(a))
             if bid is None:
-                bid = rec.by_id.get(id(recorder.root_of(a)))
+                bid = rec.by_id.get(id(arrayutil.root_of(a)))
             if bid is None:
-                if id(a) in chain_map or id(recorder.root_of(a)) in chain_map:
+                if id(a) in chain_map or id(arrayutil.root_of(a)) in chain_map:
                     continue
                 if i < n_forward:
                     forward_consts.add(id(a))
@@ -387,7 +388,7 @@ def mark_captured(rec, chain_map):
                 rec.buffers[bid].static = True
             op.rebind = []
     for b, buf in rec.buffers.items():
-        if buf.static and not recorder.is_array(buf.storage):
+        if buf.static and not arrayutil.is_array(buf.storage):
             # A number cannot be refreshed in place for a node that reads
             # it through another node.
             rec.add_reason(
@@ -523,7 +524,7 @@ def promote_view_roots(rec):
         a = buf.storage
         if not buf.static or a is None:
             continue
-        root = recorder.root_of(a)
+        root = arrayutil.root_of(a)
         if root is a:
             continue
         rbid = rec.by_id.get(id(root))

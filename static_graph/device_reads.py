@@ -64,7 +64,7 @@ def _read(orig, what):
     def method(self, *args, **kwargs):
         rec = traced.active_recording()
         if rec is not None and _user_call(rec):
-            traced._flag(what)
+            traced.flag(what)
         return orig(self, *args, **kwargs)
 
     method.__name__ = orig.__name__
@@ -96,7 +96,7 @@ def computed_reason(kind, where):
 
 def patches(missing):
     """``(cupy.ndarray, {name: patched}, {name: original or missing})``
-    for recorder.install, or None without CuPy."""
+    for patches.install, or None without CuPy."""
     cupy = traced.cupy_module()
     if cupy is None:
         return None

@@ -6,6 +6,7 @@ import functools
 import chainer
 
 from schedules import ir
+from static_graph import arrayutil
 from static_graph import lower_pass
 from static_graph import recorder
 
@@ -32,7 +33,7 @@ def _state_kernel(rop, static_attrs):
     d = recorder.attrs(rop.node)
     if not restore and not state_keys:
         return forward
-    missing = recorder.MISSING
+    missing = arrayutil.MISSING
 
     def kernel(inputs):
         for k, v in restore:

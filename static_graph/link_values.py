@@ -37,7 +37,7 @@ import numpy
 
 import chainer
 
-from static_graph import recorder
+from static_graph import arrayutil
 from static_graph import traced
 
 SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
@@ -165,7 +165,7 @@ def structural(v):
     """Is ``v`` a link, a Variable or an array: an attribute value that
     ``entry.link_structure`` checks (by identity) rather than the watch?"""
     return isinstance(v, (chainer.Link, chainer.Variable)) or \
-        recorder.is_array(v)
+        arrayutil.is_array(v)
 
 
 def _user_classes(classes):

@@ -25,6 +25,7 @@ import functools
 import weakref
 
 from schedules import ir
+from static_graph import arrayutil
 from static_graph import describe
 from static_graph import lowering
 from static_graph import recorder
@@ -45,7 +46,7 @@ def memory_groups(bufs):
     groups = {}
     for b, buf in bufs.items():
         if buf.storage is not None:
-            groups.setdefault(id(recorder.root_of(buf.storage)), []).append(b)
+            groups.setdefault(id(arrayutil.root_of(buf.storage)), []).append(b)
     return groups
 
 
@@ -76,7 +77,7 @@ def donations(schedule, keep, groups=None):
                 op.inputs.count(b) == 1 and buf.storage is not None and \
                 not untouchable(b, i)
             if ok:
-                for o in groups[id(recorder.root_of(buf.storage))]:
+                for o in groups[id(arrayutil.root_of(buf.storage))]:
                     # Memory another buffer shows: it must be dead too, and
                     # not read by this very op.
                     if o != b and (untouchable(o, i) or o in op.inputs):

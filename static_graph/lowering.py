@@ -272,7 +272,7 @@ DONATING = {
 # keep (in rop.state's order). ``kernel.effects`` names the node's arrays
 # it updates in place, as the node does (BatchNormalization's running
 # statistics): the first-replay check compares those too.
-def _generic_bn_cpu(node, xs):
+def generic_bn_cpu(node, xs):
     """Chainer's generic CPU BatchNormalization path, all in one dtype (so
     its final ``astype`` is a plain copy) and nothing iDeep could take?"""
     from chainer.backends import intel64
@@ -284,7 +284,7 @@ def _generic_bn_cpu(node, xs):
         not all(x.shape[i] == 1 for i in node.axis)   # Chainer warns
 
 
-def _bn_normalize(x, mean, inv_std, gamma, beta, out):
+def bn_normalize(x, mean, inv_std, gamma, beta, out):
     """Chainer's ``_apply_bn_fwd`` on the CPU, in one buffer (``out``: x's
     own memory where x dies here, else None for a new array): the same
     operations on the same operands, without the temporaries and the
@@ -302,7 +302,7 @@ def _bn_forward(rop, node, xs, donated):
     if len(xs) != 3 or type(getattr(node, '_impl', None)) is not \
             bn.GeneralBatchNormalizationImpl or \
             not set(keys) <= {'mean', 'var', 'inv_std'} or \
-            not _generic_bn_cpu(node, xs):
+            not generic_bn_cpu(node, xs):
         return None
     d = node.__dict__
     effects = tuple(k for k in ('running_mean', 'running_var')
@@ -322,7 +322,7 @@ def _bn_forward(rop, node, xs, donated):
         mean = x.mean(axis=axis, dtype=dtype)
         var = x.var(axis=axis, dtype=dtype)
         inv_std = numpy.reciprocal(numpy.sqrt(var + eps, dtype=dtype))
-        y = _bn_normalize(x, mean[expander], inv_std[expander],
+        y = bn_normalize(x, mean[expander], inv_std[expander],
                           gamma[expander], beta[expander],
                           x if inplace else None)
         if effects:
@@ -343,7 +343,7 @@ def _bn_forward(rop, node, xs, donated):
 def _fixed_bn_forward(rop, node, xs, donated):
     keys = tuple(k for k, _ in rop.state)
     if len(xs) != 5 or not set(keys) <= {'inv_var', 'inv_std'} or \
-            not _generic_bn_cpu(node, xs):
+            not generic_bn_cpu(node, xs):
         return None
     expander, eps = node.expander, node.eps
     inplace = bool(donated) and donated[0]
@@ -352,7 +352,7 @@ def _fixed_bn_forward(rop, node, xs, donated):
         x, gamma, beta, mean, var = a
         inv_var = numpy.reciprocal(var + eps)
         inv_std = numpy.sqrt(inv_var, dtype=inv_var.dtype)
-        y = _bn_normalize(x, mean[expander], inv_std[expander],
+        y = bn_normalize(x, mean[expander], inv_std[expander],
                           gamma[expander], beta[expander],
                           x if inplace else None)
         state = {'inv_var': inv_var, 'inv_std': inv_std}

@@ -20,8 +20,8 @@ from chainer import backend
 from chainer import configuration
 from chainer import function_node
 
+from static_graph import arrayutil
 from static_graph import diagnostics
-from static_graph import recorder
 from static_graph import signature
 
 
@@ -94,7 +94,7 @@ def _snapshot(entry):
 def _on_device(entry, fn, arrays):
     """``fn(arrays)``; for CuPy arrays on their device, as
     ``FunctionNode.apply`` runs a forward."""
-    if entry._copyto is numpy.copyto:
+    if entry.copyto is numpy.copyto:
         return fn(arrays)
     with chainer.using_device(backend.get_device_from_array(*arrays)):
         return fn(arrays)
@@ -162,7 +162,7 @@ class _Replayed(object):
                     if owner is not None and not owner.done:
                         owner.snapshot = _snapshot(entry)
                     for s, v in self.snapshot:
-                        entry._copyto(s, v)
+                        entry.copyto(s, v)
                     self.snapshot = None
                     entry.owner = weakref.ref(self)
             # Another backward may come: no kernel writes into the saved
@@ -173,7 +173,7 @@ class _Replayed(object):
             for i, g in zip(indexes, earlier):
                 if g is not None:
                     k = entry.target_position[i]
-                    if k in entry._sum_chains:
+                    if k in entry.sum_chains:
                         held[k] = raw(g)
             if held:
                 run = entry.accumulating_backward(frozenset(held), repeat)
@@ -276,7 +276,7 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
             result = entry.run_forward(inputs)
             n = len(entry.forward.outputs)
             # Copy what later calls rewrite while no other thread can.
-            outs = tuple(recorder.copy_exact(o) if c else o
+            outs = tuple(arrayutil.copy_exact(o) if c else o
                          for o, c in zip(result[:n], entry.out_copy))
             if entry.backward is not None and \
                     chainer.config.enable_backprop:
@@ -302,12 +302,13 @@ class RecordNode(_Replayed, function_node.FunctionNode):
     schedule on the recording's own saved arrays (``bind``), or, where no
     entry was built, the inner graph's backward again."""
 
-    def __init__(self, finish, out_arrays, entry):
-        self.finish = finish
+    def __init__(self, capture, out_arrays, entry):
+        self.capture = capture   # capture.Capture: records the backward
         self.out_arrays = out_arrays
         self.built = entry     # the entry this call's backward builds
         self.handed = None
-        self.again = None     # finish, for a backward through the inner graph
+        self.again = None     # the capture, for a backward through the inner
+        #                       graph again
         self.entry = None
         self.saved = None
         self.snapshot = None
@@ -323,19 +324,19 @@ class RecordNode(_Replayed, function_node.FunctionNode):
     backward_accumulate = accumulate
 
     def forward(self, inputs):
-        self.handed = tuple(recorder.copy_exact(a) for a in self.out_arrays)
+        self.handed = tuple(arrayutil.copy_exact(a) for a in self.out_arrays)
         return self.handed
 
     def bind(self, entry):
         """The entry built from this call: the static buffers hold this
         call's values, its saved arrays are the recording's."""
         self.entry = entry
-        self.saved, entry._recording_saved = entry._recording_saved, None
+        self.saved, entry.recording_saved = entry.recording_saved, None
         with entry.lock:
             entry.owner = weakref.ref(self)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
-        if self.finish is not None:
+        if self.capture is not None:
             return self.backward(indexes, grad_outputs), ()
         if self.entry is not None:
             if not self.entry.repeat_backward:
@@ -348,24 +349,24 @@ class RecordNode(_Replayed, function_node.FunctionNode):
                                            earlier)
         held = dict((i, g) for i, g in zip(indexes, earlier)
                     if g is not None)
-        grads = self.again(grad_outputs, held)
+        grads = self.again.backward(grad_outputs, held)
         return tuple(grads[i] for i in indexes), set(held)
 
     def backward(self, indexes, grad_outputs):
-        finish, self.finish = self.finish, None
-        if finish is None:
+        capture, self.capture = self.capture, None
+        if capture is None:
             return self.backward_from(indexes, grad_outputs)[0]
         for mine, out in zip(self.handed, self.out_arrays):
             # The caller wrote into an output (``y.array *= 3``): nodes that
             # retained it (sigmoid, tanh, relu) see the change under
             # define-by-run and in replay, where it is the same array.
-            if recorder._changed(out, mine):
-                recorder.copyto_for((out,))(out, mine)
+            if arrayutil.changed(out, mine):
+                arrayutil.copyto_for((out,))(out, mine)
         self.handed = None
-        grads = finish(grad_outputs)
+        grads = capture.backward(grad_outputs)
         e, self.built = self.built, None
-        if e._recording_saved is not None:
+        if e.recording_saved is not None:
             self.bind(e)
         else:
-            self.again = finish
+            self.again = capture
         return tuple(grads[i] for i in indexes)

@@ -8,7 +8,7 @@ arithmetic on the CPU:
   from its input, gamma, beta and the batch mean and inverse std the
   forward kept on its node. Its own backward reads the input, mean and
   inverse std, so they are saved anyway. Chainer's ``_apply_bn_fwd``, as
-  ``lowering._bn_normalize`` makes it.
+  ``lowering.bn_normalize`` makes it.
 * ``ReLU``: ``numpy.maximum(x, 0)`` of its input, where that input is held
   or itself has a rule (BatchNormalization then ReLU, as in every ResNet
   block).
@@ -24,9 +24,9 @@ import numpy
 
 from schedules import ir
 from schedules import recompute
+from static_graph import arrayutil
 from static_graph import lower_pass
 from static_graph import lowering
-from static_graph import recorder
 
 _MAX_DEPTH = 3
 
@@ -41,13 +41,13 @@ def _batch_normalization(rop, bufs):
             'mean' not in state or 'inv_std' not in state:
         return None
     ins = [bufs[b].storage for b in rop.inputs]
-    if not lowering._generic_bn_cpu(node, ins):
+    if not lowering.generic_bn_cpu(node, ins):
         return None
     e = node.expander
 
     def fn(a, owned):
         x, gamma, beta, mean, inv_std = a
-        return lowering._bn_normalize(x, mean[e], inv_std[e], gamma[e],
+        return lowering.bn_normalize(x, mean[e], inv_std[e], gamma[e],
                                       beta[e], x if owned[0] else None)
 
     return rop.inputs + (state['mean'], state['inv_std']), fn
@@ -160,7 +160,7 @@ def recipes(rec, saved, available, exclude, backward_ops):
         if storage is None:
             return False
         return all(bufs[o].role in (ir.TEMP, ir.STATE) and o not in exclude
-                   for o in groups[id(recorder.root_of(storage))])
+                   for o in groups[id(arrayutil.root_of(storage))])
 
     # What a recipe may read: such private arrays, and parameters
     # themselves (the forward keeps a copy of those it reads).

@@ -8,140 +8,26 @@ node such as Dropout draws a fresh mask instead of reusing the old one).
 The wrappers are installed only while some thread records; other threads
 pass straight through.
 """
-import random
-import sys
-import threading
-
 import numpy
 
 import chainer
-from chainer import backend
-from chainer import _backprop_utils
-from chainer import function_node
-from chainer import reporter as reporter_module
-from chainer import variable as variable_module
 
 from schedules import ir
+from static_graph import arrayutil
 from static_graph import device_reads
+from static_graph import patches
 from static_graph import traced
-
-_local = threading.local()
-traced._active = _local
-
-_orig_apply = function_node.FunctionNode.apply
-_orig_get_array = variable_module.Variable._get_array
-_orig_report = reporter_module.Reporter.report
-_orig_backprop_step = _backprop_utils.backprop_step
-# NumPy's array constructors do not dispatch on their argument: a traced
-# array would come back plain (numpy.asarray(h.array)), its values no
-# longer seen. While recording they keep it traced.
-_NUMPY_CONSTRUCTORS = ('asarray', 'array', 'ascontiguousarray',
-                       'asfortranarray')
-_orig_numpy = dict((name, getattr(numpy, name))
-                   for name in _NUMPY_CONSTRUCTORS)
-_VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
-
-
-def _global_rng_functions(module, instance, skip):
-    """The module-level functions of ``module`` that are methods of its
-    global generator ``instance`` (numpy.random.rand, random.random...)."""
-    return dict((name, fn) for name, fn in vars(module).items()
-                if getattr(fn, '__self__', None) is instance and
-                not name.startswith('_') and name not in skip)
-
-
-def _flag_draw(module_name, name):
-    orig = _orig_rng[module_name, name]
-
-    def draw(*args, **kwargs):
-        rec = getattr(_local, 'recording', None)
-        if rec is not None and not rec.depth and not sys._getframe(
-                1).f_code.co_filename.startswith(traced.INTERNAL_DIRS):
-            rec.add_reason(
-                'user code draws random numbers (%s.%s) at %s; replay '
-                'would freeze them (use Chainer functions such as '
-                'F.dropout or F.gaussian, or pass them in as arguments)'
-                % (module_name, name, traced.user_location(2)))
-        return orig(*args, **kwargs)
-
-    draw.__name__ = name
-    draw.__doc__ = orig.__doc__
-    return draw
-
-
-# The global generators of numpy.random and of Python's random module, whose
-# draws user code makes between Chainer functions (a mixup coefficient, a
-# random augmentation): not repeated by replay. While recording, such a
-# draw (or a reseeding) from user code is a reason to fall back.
-_RNG_MODULES = {'numpy.random': numpy.random, 'random': random}
-_orig_rng = {}
-for _m, _inst, _skip in (
-        ('numpy.random', numpy.random.mtrand._rand, ('get_state',)),
-        ('random', random._inst, ('getstate', 'getrandbits'))):
-    for _name, _fn in _global_rng_functions(
-            _RNG_MODULES[_m], _inst, _skip).items():
-        _orig_rng[_m, _name] = _fn
-del _m, _inst, _skip, _name, _fn
-_patched_rng = dict((key, _flag_draw(*key)) for key in _orig_rng)
-
-_install_lock = threading.Lock()
-_install_count = 0
-
-MISSING = object()
+from static_graph.arrayutil import MISSING, is_array, root_of
+from static_graph.patches import current  # NOQA  (recorder.current())
 
 # Attributes FunctionNode.apply manages itself; never state, never restored.
-_APPLY_KEYS = frozenset((
+APPLY_KEYS = frozenset((
     '_input_indexes_to_retain', '_output_indexes_to_retain',
     '_retained_output_data', 'inputs', 'outputs', 'rank', '_input_layouts',
     '_output_layouts', 'stack', 'chainerx_device',
     '_is_chainerx_fallback_mode', 'lazy_grad_sum', '_n_local_function_hooks',
     '_local_function_hooks', '_output_count',
 ))
-
-
-def current():
-    """The recording active in this thread, or None."""
-    return getattr(_local, 'recording', None)
-
-
-def is_array(v):
-    return isinstance(v, numpy.ndarray) or (
-        type(v).__name__ == 'ndarray' and hasattr(v, '__cuda_array_interface__'))
-
-
-def root_of(a):
-    while getattr(a, 'base', None) is not None and is_array(a.base):
-        a = a.base
-    return a
-
-
-def copyto_for(arrays):
-    """``copyto`` of the arrays' module (NumPy's for none)."""
-    xp = backend.get_array_module(*arrays) if arrays else numpy
-    return xp.copyto
-
-
-def copy_exact(a):
-    """A copy of ``a`` in fresh memory with ``a``'s very strides (a view's
-    gaps and a broadcast's zero strides included), so that NumPy's
-    reductions over it sum in the same order as over ``a``. Other arrays
-    (CuPy) get a copy in ``a``'s memory order."""
-    if type(a) is not numpy.ndarray or a.flags.c_contiguous or \
-            a.flags.f_contiguous or a.size == 0 or \
-            any(s % a.itemsize for s in a.strides):
-        return a.copy(order='K')
-    lo = sum(s * (n - 1) for s, n in zip(a.strides, a.shape) if s < 0)
-    hi = sum(s * (n - 1) for s, n in zip(a.strides, a.shape) if s > 0)
-    flat = numpy.empty((hi - lo) // a.itemsize + 1, a.dtype)
-    out = numpy.lib.stride_tricks.as_strided(
-        flat[-lo // a.itemsize:], a.shape, a.strides)
-    numpy.copyto(out, a)
-    return out
-
-
-def op_kind(node):
-    fn = getattr(node, '_function', None)   # old-style chainer.Function
-    return type(fn if fn is not None else node).__name__
 
 
 _FUNCTION = '_function.'
@@ -229,197 +115,6 @@ def _describe_type(impl):
     return (cls.__name__, user_defined,
             bool(getattr(cls, 'static_graph_side_effects', False)),
             bool(getattr(cls, 'static_graph_pure', False)))
-
-
-def _changed(before, after):
-    if before.shape != after.shape:
-        return True
-    if before.dtype.kind in 'fc':
-        return not numpy.array_equal(before, after, equal_nan=True)
-    return not numpy.array_equal(before, after)
-
-
-def _patched_apply(self, inputs):
-    rec = getattr(_local, 'recording', None)
-    if rec is None or rec.depth:
-        return _orig_apply(self, inputs)
-    return rec.on_apply(self, inputs)
-
-
-def _patched_get_array(self):
-    a = _orig_get_array(self)
-    rec = getattr(_local, 'recording', None)
-    if rec is None or rec.depth or type(a) is not numpy.ndarray:
-        return a
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
-        f = f.f_back
-    if f is None or f.f_code.co_filename.startswith(traced.INTERNAL_DIRS):
-        return a
-    return rec.trace(a)
-
-
-def _keeps_traced(name):
-    orig = _orig_numpy[name]
-    TracedArray = traced.TracedArray
-
-    def constructor(a, *args, **kwargs):
-        out = orig(a, *args, **kwargs)
-        if type(a) is not TracedArray or type(out) is not numpy.ndarray:
-            return out
-        rec = getattr(_local, 'recording', None)
-        if rec is None:
-            return out
-        if numpy.shares_memory(out, traced.plain(a)):
-            # A view: traced, and known to be one (a Chainer function
-            # taking it sees the recorded buffer behind it).
-            return rec.trace(out)
-        return out.view(TracedArray)   # a copy: computed from the values
-
-    constructor.__name__ = name
-    constructor.__doc__ = orig.__doc__
-    return constructor
-
-
-_patched_numpy = dict((name, _keeps_traced(name))
-                      for name in _NUMPY_CONSTRUCTORS)
-
-
-def _shape_maker(name):
-    """numpy.arange and the like: a result made by user code from Python
-    values alone is noted as a constant of the key (device_reads has
-    CuPy's)."""
-    orig = _orig_numpy[name]
-
-    def maker(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        rec = getattr(_local, 'recording', None)
-        if rec is not None and not rec.depth and \
-                device_reads.numbers_only(args, kwargs):
-            rec.shape_made[id(out)] = out   # (alive: its id stays its own)
-        return out
-
-    maker.__name__ = name
-    maker.__doc__ = orig.__doc__
-    return maker
-
-
-for _name in device_reads.SHAPE_MAKERS:
-    _orig_numpy[_name] = getattr(numpy, _name)
-    _patched_numpy[_name] = _shape_maker(_name)
-
-
-def _detached_copy(v):
-    if isinstance(v, chainer.Variable):
-        a = v.raw_array
-        return chainer.Variable(
-            a if a is None else copy_exact(traced.untraced(a)),
-            requires_grad=False)
-    if is_array(v):
-        return copy_exact(traced.untraced(v))
-    return v
-
-
-def _patched_report(self, values, observer=None):
-    rec = getattr(_local, 'recording', None)
-    if rec is not None and not rec.depth and rec.phase == 'forward':
-        rec.on_report(values, observer)
-        if not chainer.config.keep_graph_on_report:
-            # Which arrays replay will rewrite in place is known only once
-            # the backward is recorded: report copies.
-            values = {k: _detached_copy(v) for k, v in values.items()}
-    return _orig_report(self, values, observer)
-
-
-def _patched_backprop_step(func, target_input_indexes, grad_outputs,
-                           grad_inputs, is_debug):
-    rec = getattr(_local, 'recording', None)
-    if rec is None or rec.depth or rec.phase != 'backward':
-        return _orig_backprop_step(func, target_input_indexes, grad_outputs,
-                                   grad_inputs, is_debug)
-    # Ops this step applies are labelled with the forward op's source.
-    label = rec.labels.get(id(func), MISSING)
-    rec.backward_label = label if label is not MISSING else \
-        'backward of %s' % op_kind(func)
-    # See what the node's backward() returns (backprop_step only files it
-    # into grad_inputs): wrap it on the instance for this one step.
-    start = len(rec.backward_ops)
-    returned = []
-    d = func.__dict__
-    had = d.get('backward', MISSING)
-    bound = func.backward
-
-    def backward(indexes, gys):
-        gxs = bound(indexes, gys)
-        # Ops after this (the sums of gradients backprop_step makes) are
-        # not the node's.
-        returned.append((gxs, len(rec.backward_ops)))
-        return gxs
-
-    d['backward'] = backward
-    try:
-        _orig_backprop_step(func, target_input_indexes, grad_outputs,
-                            grad_inputs, is_debug)
-    finally:
-        if had is MISSING:
-            d.pop('backward', None)
-        else:
-            d['backward'] = had
-    rec.on_backward_step(func, target_input_indexes, grad_outputs, returned,
-                         start)
-
-
-# What install() puts in place, as (namespace dict, {name: patched}, {name:
-# original}): one dict update per namespace each way (the 67 global
-# generator functions alone took ~30 us as setattr calls, cache cold).
-_PATCHES = (
-    (function_node.FunctionNode, {'apply': _patched_apply},
-     {'apply': _orig_apply}),
-    (variable_module.Variable, {'_get_array': _patched_get_array},
-     {'_get_array': _orig_get_array}),
-    (reporter_module.Reporter, {'report': _patched_report},
-     {'report': _orig_report}),
-    (_backprop_utils.__dict__, {'backprop_step': _patched_backprop_step},
-     {'backprop_step': _orig_backprop_step}),
-    (numpy.__dict__, _patched_numpy, _orig_numpy),
-) + tuple(
-    (module.__dict__,
-     dict((n, fn) for (m, n), fn in _patched_rng.items() if m == name),
-     dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))
-    for name, module in _RNG_MODULES.items())
-for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only
-                    device_reads.constant_patches()):
-    if _cupy_patch is not None:
-        _PATCHES += (_cupy_patch,)
-
-
-def _put(which):
-    for where, patched, orig in _PATCHES:
-        pairs = patched if which else orig
-        if isinstance(where, dict):
-            where.update(pairs)
-        else:           # a class: its __dict__ is read-only
-            for name, fn in pairs.items():
-                if fn is MISSING:   # inherited: the patch goes again
-                    delattr(where, name)
-                else:
-                    setattr(where, name, fn)
-
-
-def install():
-    global _install_count
-    with _install_lock:
-        if _install_count == 0:
-            _put(True)
-        _install_count += 1
-
-
-def uninstall():
-    global _install_count
-    with _install_lock:
-        _install_count -= 1
-        if _install_count == 0:
-            _put(False)
 
 
 _RANGES = tuple(tuple(range(n)) for n in range(8))
@@ -594,7 +289,7 @@ class Recording(object):
         through ``Variable.array``) in place? Then replay, which does not
         run that code, would not repeat the write."""
         for array, before in self.handed_out.values():
-            if _changed(before, array):
+            if arrayutil.changed(before, array):
                 self.add_reason(
                     'user code changed the values of an array it was handed '
                     '(an input, one read through Variable.array or an array '
@@ -603,7 +298,7 @@ class Recording(object):
                 break
         self.handed_out = {}
 
-    def _untrace(self, a, kind):
+    def untrace(self, a, kind):
         if not isinstance(a, traced.TracedArray):
             return a
         base = self.traced_views.get(id(a))
@@ -626,7 +321,7 @@ class Recording(object):
                                   id(root) in self.chain_held)
 
     def _check_device_computed(self, kind, a):
-        """The CuPy counterpart of ``_untrace`` for a node's attribute."""
+        """The CuPy counterpart of ``untrace`` for a node's attribute."""
         if self.computed_on_device(a) and id(a) not in self.by_id and \
                 not self._view_of_buffer(a):
             self.add_reason(device_reads.computed_reason(
@@ -647,7 +342,7 @@ class Recording(object):
                         '%s: the shape of its result depends on the '
                         'values' % (kind, traced.user_location(4)))
                 else:
-                    self._untrace(x, kind)
+                    self.untrace(x, kind)
             elif self.user_made:
                 self._check_device_computed(kind, x)
 
@@ -688,7 +383,7 @@ class Recording(object):
             fixed = []
             for x, a in zip(inputs, in_arrays):
                 if isinstance(a, TracedArray):
-                    a = self._untrace(a, kind)
+                    a = self.untrace(a, kind)
                     if isinstance(x, _Variable):
                         x.array = a
                     else:
@@ -709,19 +404,19 @@ class Recording(object):
             if t is TracedArray:
                 # Handed to the constructor, not as an input (F.where's
                 # condition): a view of a buffer is fine, derived is not.
-                d[k] = pre[k] = self._untrace(v, kind)
+                d[k] = pre[k] = self.untrace(v, kind)
             elif t is tuple or t is list:
                 self._check_nested(kind, v)
             elif self.user_made:
                 self._check_device_computed(kind, v)
         self.depth += 1
         try:
-            outs = _orig_apply(node, inputs)
+            outs = patches.orig_apply(node, inputs)
         finally:
             self.depth -= 1
         if check:
             for a, before in check:
-                if _changed(before, a):
+                if arrayutil.changed(before, a):
                     self.add_reason(
                         '%s (defined outside Chainer) modifies its inputs '
                         'in place at %s' % (kind, traced.user_location(2)))
@@ -758,7 +453,7 @@ class Recording(object):
         out_arrays = [y._data[0] for y in outs]
         out_ids = [new_buffer(a, _TEMP) for a in out_arrays]
         # The attributes the forward set or replaced, in the node's order.
-        changed = post.keys() - _APPLY_KEYS
+        changed = post.keys() - APPLY_KEYS
         if changed:
             changed = [k for k in post if k in changed and
                        pre.get(k, MISSING) is not post[k]]
@@ -784,7 +479,7 @@ class Recording(object):
             tuple(range(n_out))
         if pre and len(pre) > len(post) - len(changed):
             for k in pre:
-                if k not in post and k not in _APPLY_KEYS:
+                if k not in post and k not in APPLY_KEYS:
                     restore.append((k, pre[k]))
         op = RecordedOp(node, kind, tuple(in_ids), tuple(out_ids), select,
                         state, restore, self._source(), None)
@@ -815,7 +510,7 @@ class Recording(object):
                         % k)
                 v = v.raw_array
             if isinstance(v, traced.TracedArray):
-                v = self._untrace(v, 'chainer.report')
+                v = self.untrace(v, 'chainer.report')
             if is_array(v):
                 items.append((k, 'buffer', self.buffer_of(v, 'report')))
             else:
@@ -826,8 +521,7 @@ class Recording(object):
     def __enter__(self):
         if current() is not None:
             raise RuntimeError('a recording is already active in this thread')
-        install()
-        _local.recording = self
+        patches.begin(self)
         self.alloc_hook = device_reads.allocation_hook(self)
         if self.alloc_hook is not None:
             self.alloc_hook.__enter__()
@@ -837,8 +531,7 @@ class Recording(object):
         if self.alloc_hook is not None:
             self.alloc_hook.__exit__(None, None, None)
             self.alloc_hook = None
-        _local.recording = None
-        uninstall()
+        patches.end()
         return False
 
     def computed_on_device(self, a):

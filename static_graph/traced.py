@@ -39,8 +39,14 @@ LIBRARY_DIRS = tuple(_dir_of(m) for m in (chainer, numpy, cupy_module())
                      if m is not None)
 INTERNAL_DIRS = LIBRARY_DIRS + (OWN_DIR,)
 
-# The active recording of this thread is published here by the recorder.
-_active = None   # set to a threading.local by recorder
+# The active recording of this thread is published here by patches.begin.
+_active = None   # the threading.local of patches.py (set_active)
+
+
+def set_active(local):
+    """Where the thread's recording is found: ``local.recording``."""
+    global _active
+    _active = local
 
 
 def active_recording():
@@ -63,7 +69,7 @@ def user_location(depth=2):
     return '%s:%d' % (f.f_code.co_filename, f.f_lineno)
 
 
-def _flag(what):
+def flag(what):
     rec = active_recording()
     if rec is not None:
         rec.add_reason('user code reads array values (%s) at %s; replay '
@@ -102,20 +108,20 @@ class TracedArray(numpy.ndarray):
 
     def __getitem__(self, key):
         if _has_traced_mask(key):
-            _flag('indexing with a boolean mask (the result\'s shape '
+            flag('indexing with a boolean mask (the result\'s shape '
                   'depends on the values)')
         out = numpy.ndarray.__getitem__(self, key)
         if not isinstance(out, numpy.ndarray):
-            _flag('reading an element, x[i, j]')
+            flag('reading an element, x[i, j]')
         return out
 
     # Methods whose result's shape depends on the values.
     def nonzero(self):
-        _flag('.nonzero()')
+        flag('.nonzero()')
         return numpy.ndarray.nonzero(self)
 
     def compress(self, *args, **kwargs):
-        _flag('.compress()')
+        flag('.compress()')
         return numpy.ndarray.compress(self, *args, **kwargs)
 
     for _name, _symbol in (
@@ -135,45 +141,45 @@ class TracedArray(numpy.ndarray):
             # value read. Handed back as the NumPy scalar define-by-run
             # gets, so this call computes what it would (Chainer takes
             # ``v / n`` by a scalar another way than by an array).
-            _flag('a reduction to one value, x.sum()')
+            flag('a reduction to one value, x.sum()')
             return obj[()]
         return obj.view(TracedArray)
 
     def __bool__(self):
-        _flag('bool()')
+        flag('bool()')
         return bool(self.view(numpy.ndarray))
 
     def __float__(self):
-        _flag('float()')
+        flag('float()')
         return float(self.view(numpy.ndarray))
 
     def __int__(self):
-        _flag('int()')
+        flag('int()')
         return int(self.view(numpy.ndarray))
 
     def __index__(self):
-        _flag('index')
+        flag('index')
         return self.view(numpy.ndarray).__index__()
 
     def __complex__(self):
-        _flag('complex()')
+        flag('complex()')
         return complex(self.view(numpy.ndarray))
 
     def item(self, *args):
-        _flag('.item()')
+        flag('.item()')
         return self.view(numpy.ndarray).item(*args)
 
     def tolist(self):
-        _flag('.tolist()')
+        flag('.tolist()')
         return self.view(numpy.ndarray).tolist()
 
     def __iter__(self):
         if self.ndim == 1:
-            _flag('iteration')
+            flag('iteration')
         return super(TracedArray, self).__iter__()
 
     def tobytes(self, *args, **kwargs):
-        _flag('.tobytes()')
+        flag('.tobytes()')
         return numpy.ndarray.tobytes(self, *args, **kwargs)
 
     def view(self, *args, **kwargs):
@@ -182,7 +188,7 @@ class TracedArray(numpy.ndarray):
                 1).f_code.co_filename.startswith(INTERNAL_DIRS):
             # A plain view handed to user code: what it does with the
             # values can no longer be seen.
-            _flag('.view(numpy.ndarray)')
+            flag('.view(numpy.ndarray)')
         return out
 
     def __array_function__(self, func, types, args, kwargs):
@@ -190,12 +196,12 @@ class TracedArray(numpy.ndarray):
         # made by numpy.copy stays traced); a plain number or bool computed
         # from them (numpy.array_equal, numpy.allclose) is a value read.
         if _shape_from_values(func.__name__, args, kwargs):
-            _flag('numpy.%s() (its result\'s shape depends on the values)'
+            flag('numpy.%s() (its result\'s shape depends on the values)'
                   % func.__name__)
         result = numpy.ndarray.__array_function__(self, func, types, args,
                                                   kwargs)
         if isinstance(result, (bool, int, float, complex, numpy.generic)):
-            _flag('numpy.%s()' % func.__name__)
+            flag('numpy.%s()' % func.__name__)
             return result
         return retrace(result)
 

@@ -428,4 +428,4 @@ def test_a_write_whose_value_was_no_change_at_capture(target):
             grads.append(m.s.grad.copy())
         same(grads[0], grads[1], 'step %d' % i)
     assert tiers(b)['backward'].graph is not None or \
-        entry_of(b)._plain_backward.graph is not None
+        entry_of(b).plain_backward_run.graph is not None

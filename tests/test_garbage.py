@@ -18,7 +18,8 @@ import chainer.functions as F
 import chainer.links as L
 
 import static_graph
-from static_graph.decorator import _gc_paused, caches_of
+from static_graph.capture import gc_paused
+from static_graph.decorator import caches_of
 
 
 class Net(chainer.Chain):
@@ -57,7 +58,7 @@ def collector_off():
     """Only the gc.collect() calls of the test collect: their counts say
     what reference counting left behind."""
     gc.collect()
-    with _gc_paused():
+    with gc_paused():
         yield
 
 
@@ -114,7 +115,7 @@ def test_recording_leaves_its_objects_to_the_oldest_generation():
         models.append((model, opt))
     gc.collect()
     frozen = gc.get_freeze_count()
-    with _gc_paused():     # the collector off around the whole step
+    with gc_paused():     # the collector off around the whole step
         _step(*models[0], rs=rs)
         made = _young()    # what the recording made and left alive
     gc.collect()

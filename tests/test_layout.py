@@ -8,7 +8,7 @@ import chainer.functions as F
 import chainer.links as L
 
 import static_graph
-from static_graph.recorder import copy_exact
+from static_graph.arrayutil import copy_exact
 from tests.twins import compare_chains, static_twins
 
 rs = numpy.random.RandomState(13)

@@ -171,11 +171,11 @@ def test_backward_nodes_get_their_arrays_as_inputs_not_static_buffers():
     assert relu_out[0] not in entry.saved
     for b in sorted(read) + list(again.inputs):
         assert b in entry.saved
-    from static_graph import recorder
+    from static_graph import arrayutil
     for op in entry.backward.ops:
         node = getattr(op.fn, '__self__', None)
         if node is not None:
-            assert not any(recorder.is_array(v) and v.size > 1
+            assert not any(arrayutil.is_array(v) and v.size > 1
                            for v in vars(node).values()), op.kind
     # Its forward runs the NumPy kernel, which returns the statistics as
     # results: the forward node keeps none of a call's arrays either.
@@ -184,7 +184,7 @@ def test_backward_nodes_get_their_arrays_as_inputs_not_static_buffers():
                       for op in bn)
     for op in bn:
         node = op._attrs.args[0]
-        assert not any(recorder.is_array(v) and v.size > 1 and
+        assert not any(arrayutil.is_array(v) and v.size > 1 and
                        k not in ('running_mean', 'running_var')
                        for k, v in vars(node).items()), vars(node).keys()
 

@@ -1,0 +1,65 @@
+"""Array helpers the recording and replay share: identity of memory
+(``root_of``), exact copies that keep a view's strides (``copy_exact``),
+value comparison, and detached copies of what a call hands out."""
+import numpy
+
+import chainer
+from chainer import backend
+
+from static_graph import traced
+
+MISSING = object()
+
+
+def is_array(v):
+    return isinstance(v, numpy.ndarray) or (
+        type(v).__name__ == 'ndarray' and hasattr(v, '__cuda_array_interface__'))
+
+
+def root_of(a):
+    while getattr(a, 'base', None) is not None and is_array(a.base):
+        a = a.base
+    return a
+
+
+def copyto_for(arrays):
+    """``copyto`` of the arrays' module (NumPy's for none)."""
+    xp = backend.get_array_module(*arrays) if arrays else numpy
+    return xp.copyto
+
+
+def copy_exact(a):
+    """A copy of ``a`` in fresh memory with ``a``'s very strides (a view's
+    gaps and a broadcast's zero strides included), so that NumPy's
+    reductions over it sum in the same order as over ``a``. Other arrays
+    (CuPy) get a copy in ``a``'s memory order."""
+    if type(a) is not numpy.ndarray or a.flags.c_contiguous or \
+            a.flags.f_contiguous or a.size == 0 or \
+            any(s % a.itemsize for s in a.strides):
+        return a.copy(order='K')
+    lo = sum(s * (n - 1) for s, n in zip(a.strides, a.shape) if s < 0)
+    hi = sum(s * (n - 1) for s, n in zip(a.strides, a.shape) if s > 0)
+    flat = numpy.empty((hi - lo) // a.itemsize + 1, a.dtype)
+    out = numpy.lib.stride_tricks.as_strided(
+        flat[-lo // a.itemsize:], a.shape, a.strides)
+    numpy.copyto(out, a)
+    return out
+
+
+def changed(before, after):
+    if before.shape != after.shape:
+        return True
+    if before.dtype.kind in 'fc':
+        return not numpy.array_equal(before, after, equal_nan=True)
+    return not numpy.array_equal(before, after)
+
+
+def detached_copy(v):
+    if isinstance(v, chainer.Variable):
+        a = v.raw_array
+        return chainer.Variable(
+            a if a is None else copy_exact(traced.untraced(a)),
+            requires_grad=False)
+    if is_array(v):
+        return copy_exact(traced.untraced(v))
+    return v

@@ -1,0 +1,477 @@
+"""One recording call, from the first application to the built entry.
+
+``Capture`` is the whole recording step of one call: ``forward`` runs the
+method define-by-run under the recorder on copies of its arguments and
+hands out the results through a ``RecordNode``; that node's backward calls
+``backward``, which records the first backward, then builds the entry
+(``Entry.build``) or falls back. Nothing else calls into a capture: it
+reads the recorder, the analysis and the entry, and they never call back.
+
+    decorator.wrapper -> Capture.forward -> recorder (the method runs)
+                                         -> link_state (what it did to
+                                            the chain)
+    RecordNode.backward -> Capture.backward -> recorder (the backward runs)
+                                            -> Capture.build -> Entry.build
+"""
+import contextlib
+import functools
+import gc
+import weakref
+
+import numpy
+
+import chainer
+
+from schedules import ir
+from static_graph import arrayutil
+from static_graph import analysis
+from static_graph import build
+from static_graph import cache as cache_module
+from static_graph import diagnostics
+from static_graph import entry as entry_module
+from static_graph import generators
+from static_graph import link_state
+from static_graph import link_values
+from static_graph import nodes
+from static_graph import outputs
+from static_graph import recorder
+from static_graph import signature
+
+
+class Unreplayable(Exception):
+    """Found while building: the recording cannot be replayed faithfully."""
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector. Recording allocates thousands of
+    small objects (nodes, variables, buffers, ops); each 700 allocations
+    would start a collection, and the older generations' passes scan every
+    object of the process again. Measured on 200 tiny ops: building the
+    schedules took 10 ms with the collector running, 4.7 ms without.
+    Reference counting still frees what it can; the collector resumes when
+    the recording step returns (unless it was off before).
+
+    What the step leaves alive (its schedules, kernels, recorded nodes) is
+    then handed to the oldest generation without being scanned
+    (``gc.freeze()`` then ``gc.unfreeze()``): else the first young
+    collection after the step scans every object it made, 0.8 ms on the
+    tiny graph, and the next generation's pass does so again. Nothing is
+    kept from the collector: a full collection still scans them. Not done
+    where the program has frozen objects itself (``gc.freeze()`` before a
+    fork), which ``unfreeze`` would let go."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
+            gc.enable()
+
+
+def _with_gc_paused(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with gc_paused():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+class Capture(object):
+    """The recording of one call of ``method`` on ``chain`` for ``key``
+    (``prev``: the key's earlier entry, if any; ``why``: why it records
+    again, for the retrace warning)."""
+
+    def __init__(self, chain, method, name, cache, key, why=None,
+                 prev=None):
+        self.chain = chain
+        self.method = method
+        self.name = name
+        self.cache = cache
+        self.key = key
+        self.why = why
+        self.prev = prev
+        self.rec = recorder.Recording(chain)
+        self.entry = entry_module.Entry(key, name)
+
+    # -- the forward ----------------------------------------------------------
+    @_with_gc_paused
+    def forward(self, args, kwargs, leaves, paths):
+        """Run the method on copies of its arguments while recording;
+        returns what the call returns (outputs of a RecordNode when a
+        backward is to be recorded)."""
+        rec, chain, e = self.rec, self.chain, self.entry
+        inner, leaf_bids = self._inner_arguments(leaves, paths)
+        new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
+        detached = link_state.detach_link_variables(chain, rec)
+        snapshot = link_state.snapshot_links(chain)
+        classes = set(type(link) for link in chain.links())
+        watch = link_values.Watch(
+            snapshot, link_values.reachable_functions(self.method, classes),
+            classes)
+        held = link_state.trace_held_arrays(chain, rec)
+        rngs = generators.snapshot(chain, watch.named_globals)
+        with rec:
+            try:
+                out = self.method(chain, *new_args, **new_kwargs)
+            except BaseException:
+                link_state.put_back(detached)   # the caller's Variables
+                link_state.untrace_held(chain, held)
+                raise
+            link_state.untrace_held(chain, held)
+            for what in generators.drawn(rngs):
+                rec.add_reason(
+                    'user code draws random numbers from the generator %s '
+                    '(its state changed during the call; a parameter '
+                    'initialized from it on first use counts too); replay '
+                    'would freeze them (use Chainer functions such as '
+                    'F.dropout or F.gaussian, or pass them in as arguments)'
+                    % what)
+            rec.check_writes()
+            recheck = watch.changed_by_call() or None
+            if recheck and self.prev is not None and self.prev.recheck:
+                # A memo fills once; this changes at every call.
+                for what in recheck:
+                    rec.add_reason(
+                        'the method changes %s at every call (a list '
+                        'appended to, a dict entry, a global or a '
+                        "helper object's attribute set); replay would not "
+                        'repeat that' % what)
+            link_state.write_back_inputs(rec, leaves, inner, leaf_bids)
+            out_spec, inner_outs, out_bids, out_kinds = self._outputs(out)
+            attr_writes = link_state.attr_changes(
+                rec, snapshot, set(id(d[3]) for d in detached))
+            recurrent = link_state.reattach(rec, detached)
+            n_outs = len(out_bids)
+            if chainer.config.enable_backprop:
+                # A kept Variable in the graph (``self.hidden = h``) is a
+                # hidden output, so a loss computed from it outside
+                # backpropagates.
+                for d, k, b, kind in attr_writes:
+                    v = d[k]
+                    if kind == 'V' and v.requires_grad and \
+                            v.creator is not None and b not in out_bids:
+                        out_bids.append(b)
+                        out_kinds.append('V')
+                        inner_outs.append(v)
+        rec.phase = 'done'
+        self.cache.recordings += 1
+        cache_module.maybe_warn_retrace(self.cache, self.key, self.why)
+        if recurrent:
+            # This call takes the state as inputs (its gradient flows into
+            # the earlier call once); later calls run define-by-run.
+            leaves = list(leaves) + [v for v, _, _ in recurrent]
+            inner = inner + [leaf for _, leaf, _ in recurrent]
+            reason = ('it reads recurrent state, Variables of an earlier '
+                      "call's graph kept on its links (%s, as L.LSTM keeps "
+                      'h and c); replay does not take such state as an '
+                      'input, so this method runs define-by-run from now on'
+                      % ', '.join(p for _, _, p in recurrent))
+            rec.add_reason(reason)
+            self.cache.define_by_run = reason
+        written = set((id(d), k) for d, k, _, _ in attr_writes)
+        self.written = written
+        self.chain_map = analysis.chain_arrays(chain, written)
+        params, persists = analysis.classify_unknown(rec, self.chain_map)
+        shared = analysis.shared_parameter_arrays(chain, rec, params)
+        if shared:
+            rec.add_reason('parameters %s and %s hold the same array; '
+                           'replay would give its gradients to one of them '
+                           'only (share the Parameter or link instead)'
+                           % tuple(sorted(shared[0][:2])))
+            # This call's backward still gives each its gradient.
+            params += [(bid, path, p) for _, path, bid, p in shared]
+
+        e.recheck = recheck
+        e.n_outs = n_outs   # the method's outputs; hidden ones follow
+        e.no_grad_outs = tuple(i for i, v in enumerate(inner_outs)
+                               if not v.requires_grad)
+        self.leaves, self.inner, self.leaf_bids = leaves, inner, leaf_bids
+        self.inner_outs, self.out_bids, self.out_kinds = \
+            inner_outs, out_bids, out_kinds
+        self.out_spec, self.n_outs = out_spec, n_outs
+        self.attr_writes, self.watch = attr_writes, watch
+        self.params, self.persists = params, persists
+        self.param_objs = [p for _, _, p in params]
+        self.reports = [(weakref.ref(obs) if obs is not None else None, items)
+                        for obs, items in rec.reports]
+        need_backward = chainer.config.enable_backprop and any(
+            v.requires_grad and v.creator is not None for v in inner_outs)
+        if not need_backward:
+            return self._finish_without_backward(out)
+        if rec.reasons:
+            self.fall_back(rec.reasons[0])
+        else:
+            self.cache.put(self.key, e)  # pending until its backward is seen
+        self.targets = [
+            i for i, leaf in enumerate(leaves)
+            if isinstance(leaf, chainer.Variable) and leaf.requires_grad]
+        self.targets += [len(leaves) + j for j in range(len(params))]
+        self.target_vars = [inner[i] if i < len(leaves) else
+                            self.param_objs[i - len(leaves)]
+                            for i in self.targets]
+        node = nodes.RecordNode(self, [v.raw_array for v in inner_outs], e)
+        outs = nodes.detach_outputs(
+            node.apply(list(leaves) + self.param_objs), e.no_grad_outs)
+        vals = [v if k == 'V' else v.raw_array
+                for v, k in zip(outs, out_kinds)]
+        link_state.keep_attrs(
+            attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},
+            rec.buffers)
+        return outputs.rebuild(out_spec, vals[:n_outs])
+
+    def _inner_arguments(self, leaves, paths):
+        """The recording runs on copies of the array arguments (traced
+        where they are NumPy arrays), input buffers of the recording."""
+        rec = self.rec
+        inner, leaf_bids = [], []
+        for leaf, path in zip(leaves, paths):
+            if isinstance(leaf, chainer.Variable):
+                a = arrayutil.copy_exact(leaf.raw_array)
+                leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+                inner.append(chainer.Variable(
+                    a, requires_grad=leaf.requires_grad))
+            else:
+                a = arrayutil.copy_exact(leaf)
+                leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+                inner.append(rec.trace(a) if type(a) is numpy.ndarray
+                             else a)
+        return inner, leaf_bids
+
+    def _outputs(self, out):
+        """What the method returned: its spec, the inner output Variables,
+        their buffers and kinds ('V' a Variable, 'A' an array)."""
+        rec = self.rec
+        try:
+            out_spec, out_leaves = outputs.flatten(out)
+        except outputs.Unrebuildable as err:
+            rec.add_reason('it returns a %s that replay cannot rebuild: %s'
+                           % (type(out).__name__, err))
+            # This call hands out what the method returned, as it is.
+            out_spec, out_leaves = ('K', out), []
+        out_bids, out_kinds, inner_outs = [], [], []
+        for o in out_leaves:
+            if isinstance(o, chainer.Variable):
+                out_kinds.append('V')
+                inner_outs.append(o)
+                a = o.raw_array
+            else:
+                out_kinds.append('A')
+                a = rec.untrace(o, 'the return value')
+                inner_outs.append(chainer.Variable(a, requires_grad=False))
+            out_bids.append(rec.buffer_of(a, 'the return value'))
+        return out_spec, inner_outs, out_bids, out_kinds
+
+    def _finish_without_backward(self, out):
+        """No backward to record (no_backprop_mode, or nothing needs a
+        gradient): build the forward-only entry now."""
+        rec, e = self.rec, self.entry
+        if rec.reasons:
+            self.fall_back(rec.reasons[0])
+            return out
+        if not self._try_build():
+            return out
+        self.cache.put(self.key, e)
+        vals = []
+        for v, k, copy in zip(self.inner_outs, self.out_kinds, e.out_copy):
+            if copy:
+                v = chainer.Variable(arrayutil.copy_exact(v.raw_array),
+                                     requires_grad=v.requires_grad)
+            vals.append(v if k == 'V' else v.raw_array)
+        link_state.keep_attrs(
+            self.attr_writes, dict(zip(map(id, self.inner_outs), vals)),
+            rec.buffers)
+        return outputs.rebuild(self.out_spec, vals[:self.n_outs])
+
+    # -- finishing ------------------------------------------------------------
+    def fall_back(self, reason):
+        """The key runs define-by-run from now on, and says why once."""
+        e = self.entry
+        e.move(entry_module.FALLBACK, reason)
+        self.cache.put(self.key, e)
+        diagnostics.warn_once(
+            (type(self.chain), self.name, reason),
+            '%s.%s falls back to define-by-run for this call signature: %s'
+            % (type(self.chain).__name__, self.name, reason))
+
+    def _try_build(self, **backward):
+        """Build and verify the entry; False (and the key falls back) where
+        the recording cannot replay or the build fails."""
+        rec = self.rec
+        try:
+            analysis.mark_captured(rec, self.chain_map)
+            if rec.reasons:
+                raise Unreplayable(rec.reasons[0])
+            build.build(
+                self.entry, rec, self.chain, len(self.leaves), self.leaf_bids,
+                self.out_bids, self.out_kinds, self.out_spec, self.params,
+                self.persists, attr_writes=self.attr_writes,
+                reports=self.reports, link_values=self.watch,
+                recompute=self.cache.recompute,
+                plan_memory=self.cache.plan_memory,
+                cuda_graph=self.cache.cuda_graph, **backward)
+            self.entry.verify()
+        except Unreplayable as err:
+            self.fall_back(str(err))
+            return False
+        except Exception as err:   # never replay what did not verify
+            self.fall_back('could not build a schedule (%s: %s)'
+                           % (type(err).__name__, err))
+            return False
+        return True
+
+    # -- the backward ---------------------------------------------------------
+    def _outputs_and_gradients(self, grad_outputs, keep):
+        """The distinct outputs that get a gradient, their gradients, and
+        [(index, gradient)] for an output returned again. ``keep``: the
+        gradients as copies in GRAD_OUT buffers, whose ids come fourth
+        (None for an output without one); else as Chainer handed them
+        (double backpropagation follows their graph)."""
+        rec = self.rec
+        outs, gys, more, bids = [], [], [], []
+        position = {}   # id(output Variable) -> its index in outs
+        grad_outputs = nodes.empty_gradients(self.inner_outs, grad_outputs)
+        for o, g in zip(self.inner_outs, grad_outputs):
+            if g is None or not o.requires_grad:
+                bids.append(None)
+                continue
+            if keep:
+                ga = arrayutil.copy_exact(nodes.raw(g))
+                bids.append(rec.new_buffer(ga, ir.GRAD_OUT, name='grad'))
+                g = chainer.Variable(ga)
+            else:
+                g = chainer.as_variable(g)
+            if id(o) in position:
+                more.append((position[id(o)], g))
+                continue
+            position[id(o)] = len(outs)
+            gys.append(g)
+            outs.append(o)
+        return outs, gys, more, bids
+
+    def _backprop(self, outs, gys, more, earlier=None, **options):
+        # ``return h, h``: chainer.grad keeps one gradient per output
+        # Variable, so the gradients of the copies are added first (an op
+        # of the recorded backward).
+        for i, g in more:
+            gys[i] = gys[i] + g
+        # chainer.grad runs only the nodes on a path to the targets;
+        # Variable.backward (define-by-run) runs every node whose input
+        # needs a gradient. A node on no such path matters by its side
+        # effects (ChainerMN's recv sends the gradient back in its
+        # backward, from a Variable it made inside the method): the
+        # method's own leaf Variables are targets too, their gradients
+        # dropped.
+        rec, target_vars = self.rec, self.target_vars
+        extra = link_state.inner_leaves(rec, target_vars)
+        if earlier is not None:
+            # Gradients the targets hold already, added where define-by-run
+            # adds them (before the contributions, in their order).
+            options['grad_inputs'] = list(earlier) + [None] * len(extra)
+        grads = chainer.grad(outs, target_vars + extra, grad_outputs=gys,
+                             **options)
+        n = len(target_vars)
+        if rec.phase == 'backward':
+            # What those backward() steps returned for them: buffers, so
+            # that the steps resolve (their gradients go nowhere).
+            for g in grads[n:]:
+                if g is not None and g.raw_array is not None:
+                    rec.buffer_of(g.raw_array, 'a gradient')
+        return grads[:n]
+
+    @_with_gc_paused
+    def backward(self, grad_outputs, earlier=None):
+        """The recording call's backward (RecordNode.backward); called
+        again for a second backward through it where no entry was built,
+        with ``earlier``: {input position: the gradient it holds}, which
+        the results include."""
+        if chainer.config.enable_backprop:
+            return self._double_backprop(grad_outputs)
+        rec, e, targets = self.rec, self.entry, self.targets
+        recording = e.state == entry_module.RECORDING
+        outs_for_grad, gys, more, grad_out_bids = \
+            self._outputs_and_gradients(grad_outputs, keep=True)
+        if recording:
+            rec.phase = 'backward'
+            rec.labels = {id(op.node): op.source for op in rec.forward_ops}
+            with rec:
+                grads = self._backprop(outs_for_grad, gys, more)
+        else:
+            grads = self._backprop(
+                outs_for_grad, gys, more, earlier=None if earlier is None
+                else [earlier.get(pos) for pos in targets])
+        arrays = [g.raw_array if g is not None else None for g in grads]
+        result = [None] * (len(self.leaves) + len(self.param_objs))
+        for pos, a in zip(targets, arrays):
+            result[pos] = a
+        if recording:
+            result = self._finish(arrays, grad_out_bids, result)
+        return [chainer.Variable(a) if a is not None else None
+                for a in result]
+
+    def _finish(self, arrays, grad_out_bids, result):
+        """After the recorded backward: build the entry (or fall back, or
+        discard the recording); the gradients handed out."""
+        rec, e, targets = self.rec, self.entry, self.targets
+        rec.phase = 'done'
+        grad_in = [rec.buffer_of(a, 'a gradient') if a is not None
+                   else None for a in arrays]
+        more_params, _ = analysis.classify_unknown(rec, self.chain_map)
+        if more_params:
+            rec.add_reason('a parameter is used only in backward')
+        if set(analysis.chain_arrays(self.chain, self.written)) != \
+                set(self.chain_map):
+            # A parameter or persistent array was replaced (W.array = ...)
+            # between the call and this backward, which read the new one:
+            # not a recording of one consistent call. The next call records
+            # again.
+            self.cache.discard(self.key, e)
+            e.move(entry_module.DISCARDED)
+            diagnostics.logger.info(
+                '%s.%s: a parameter array was replaced between the '
+                'recorded call and its backward; not kept, the next call '
+                'records again', type(self.chain).__name__, self.name)
+        elif rec.reasons:
+            self.fall_back(rec.reasons[0])
+        elif self._try_build(grad_in=grad_in, grad_targets=targets,
+                             grad_out_bids=grad_out_bids):
+            self.cache.put(self.key, e)
+        if e.state != entry_module.COMPLETE:
+            return result
+        bufs = rec.buffers
+        result = [None] * len(result)
+        for pos, a, b in zip(targets, arrays, grad_in):
+            if a is not None and (bufs[b].static or bufs[b].role in
+                                  entry_module.ESCAPE_ROLES):
+                a = arrayutil.copy_exact(a)
+            result[pos] = a
+        return result
+
+    def _double_backprop(self, grad_outputs):
+        """A backward asked for double backpropagation (an input-gradient
+        penalty): the gradients keep their graph, through the recorded
+        call's own nodes, to the parameters; not the inputs, which the
+        recording took as copies. Replay cannot give either, so the key
+        runs define-by-run from now on."""
+        e = self.entry
+        reason = ('its backward was asked for double backpropagation '
+                  '(enable_double_backprop=True), which replay cannot give')
+        if e.state in (entry_module.RECORDING, entry_module.COMPLETE):
+            self.fall_back(reason)
+        if any(t < len(self.leaves) for t in self.targets):
+            raise NotImplementedError(
+                'double backpropagation through the recording call of a '
+                'static graph to its input Variables is not supported: %s '
+                'falls back to define-by-run from its next call; run this '
+                'call with chainer.config.use_static_graph = False'
+                % self.name)
+        outs, gys, more, _ = self._outputs_and_gradients(grad_outputs,
+                                                         keep=False)
+        grads = self._backprop(outs, gys, more, enable_double_backprop=True)
+        result = [None] * (len(self.leaves) + len(self.param_objs))
+        for pos, g in zip(self.targets, grads):
+            result[pos] = g
+        return result

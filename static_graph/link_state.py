@@ -1,0 +1,198 @@
+"""What a recording call does to the chain around it, and puts back.
+
+Before the method runs: the links' recurrent Variables are swapped for
+detached leaves (``detach_link_variables``), their array attributes handed
+over traced (``trace_held_arrays``) and their ``__dict__`` snapshotted.
+After: the attributes the method assigned become the entry's attribute
+writes (``attr_changes``), the leaves and arrays are put back, and what
+the method wrote into its argument arrays reaches the caller's.
+"""
+import numpy
+
+import chainer
+
+from schedules import ir
+from static_graph import arrayutil
+from static_graph import analysis
+from static_graph import entry as entry_module
+from static_graph import link_values
+from static_graph import traced
+
+
+def snapshot_links(chain):
+    """[(link __dict__, a copy of it, the link's path)]."""
+    return [(link.__dict__, dict(link.__dict__), path)
+            for path, link in chain.namedlinks()]
+
+
+def _read_by(rec, old):
+    """Did an op of the recording read ``old`` (an array or a Variable's
+    array), whole or through a view?"""
+    a = old.raw_array if isinstance(old, chainer.Variable) else old
+    if not arrayutil.is_array(a):
+        return False
+    return id(a) in rec.by_id or any(
+        arrayutil.root_of(buf.storage) is a for buf in rec.buffers.values()
+        if arrayutil.is_array(buf.storage))
+
+
+def attr_changes(rec, snapshot, detached=()):
+    """The link attributes the method assigned, as (dict, name, buffer id,
+    'V' or 'A'); one it read before assigning it is state carried from
+    call to call (``self.h = h.array``), which the recording's reason
+    list gets (``detached``: ids of recurrent Variables, handled by
+    reattach)."""
+    changed = [(d, k, v, before.get(k, arrayutil.MISSING))
+               for d, before, _ in snapshot for k, v in list(d.items())
+               if before.get(k, arrayutil.MISSING) is not v]
+    # Before the writes below add buffers (``self.a, self.b = self.b,
+    # self.a`` reads neither).
+    for d, k, v, old in changed:
+        if old is not arrayutil.MISSING and id(old) not in detached and \
+                _read_by(rec, old):
+            rec.add_reason(
+                'it reads attribute %r and then assigns it a new value: '
+                'state carried from one call to the next, which replay '
+                'would freeze at the recorded value' % k)
+    writes = []
+    for d, k, v, old in changed:
+        if isinstance(v, chainer.Variable):
+            if v.raw_array is None:
+                continue
+            writes.append((d, k, rec.buffer_of(v.raw_array,
+                                               'attribute ' + k), 'V'))
+        elif arrayutil.is_array(v):
+            a = rec.untrace(v, 'attribute ' + k)
+            writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
+        elif link_values.same_value(v, old):
+            continue     # (a Variable or array before: not ==)
+        else:
+            rec.add_reason('the method sets attribute %r (%s), which '
+                           'replay would not repeat'
+                           % (k, type(v).__name__))
+    return writes
+
+
+def detach_link_variables(chain, rec):
+    """Variables that the chain's links hold and that belong to a graph
+    (recurrent state: L.LSTM's ``h`` and ``c``, left by the previous call)
+    are swapped for detached leaves of the recording, so that its backward
+    does not run into an earlier call's graph. Returns [(dict, name, the
+    link's Variable, the leaf, path)]; ``reattach`` puts them back."""
+    out = []
+    for path, link in chain.namedlinks():
+        d = link.__dict__
+        for k, v in list(d.items()):
+            if type(v) is chainer.Variable and v.creator_node is not None \
+                    and v.raw_array is not None:
+                leaf = chainer.Variable(arrayutil.copy_exact(v.raw_array),
+                                        requires_grad=v.requires_grad)
+                rec.arrays.append(leaf.raw_array)   # ids stay unique
+                d[k] = leaf
+                out.append((d, k, v, leaf, '%s/%s' % (path.rstrip('/'), k)))
+    return out
+
+
+def reattach(rec, detached):
+    """After the method ran: the link Variables it did not replace are put
+    back; those it read (an op took the leaf's array) are returned as
+    [(link Variable, leaf, path)]: the recording call takes them as inputs,
+    so gradients reach the earlier call once, as in define-by-run."""
+    put_back(detached)
+    read = []
+    for d, k, v, leaf, path in detached:
+        bid = rec.by_id.get(id(leaf.raw_array))
+        if bid is not None:
+            buf = rec.buffers[bid]
+            buf.role, buf.name = ir.INPUT, path
+            rec.unknown = [u for u in rec.unknown if u[0] != bid]
+            read.append((v, leaf, path))
+    return read
+
+
+def write_back_inputs(rec, leaves, inner, leaf_bids):
+    """The recording ran on copies of the array arguments: a method that
+    wrote into one (its fallback reason is recorded) leaves the caller's
+    array changed, and one that gave an argument Variable another array
+    (``x.array = ...``) does so to the caller's, as define-by-run would."""
+    for leaf, mine, bid in zip(leaves, inner, leaf_bids):
+        if isinstance(leaf, chainer.Variable):
+            if mine.raw_array is not rec.buffers[bid].storage:
+                rec.add_reason('the method assigns a new array to its '
+                               'argument Variable (x.array = ...), which '
+                               'replay would not repeat')
+                leaf.array = traced.untraced(mine.raw_array)
+                continue
+            leaf, mine = leaf.raw_array, mine.raw_array
+        if type(leaf) is not numpy.ndarray or mine is None:
+            continue
+        mine = traced.untraced(mine)
+        if leaf.shape == mine.shape and leaf.dtype == mine.dtype and \
+                leaf.flags.writeable and arrayutil.changed(leaf, mine):
+            numpy.copyto(leaf, mine)
+
+
+def trace_held_arrays(chain, rec):
+    """Hand the method the links' NumPy array attributes (not persistents)
+    as traced views, as its inputs are: writing into one or reading its
+    values is caught, and one feeding a Chainer function is a constant of
+    the chain (analysis.chain_arrays). Returns [(dict, name, array, view)]
+    for _untrace_held."""
+    held = []
+    for link in chain.links():
+        d = link.__dict__
+        for k, v in analysis.held_arrays(link):
+            rec.chain_held.add(id(v))
+            d[k] = rec.trace(v)
+            held.append((d, k, v, d[k]))
+    return held
+
+
+def untrace_held(chain, held):
+    """Put the arrays back, also where the method stored a view it was
+    handed under another name."""
+    if not held:
+        return
+    views = dict((id(view), a) for _, _, a, view in held)
+    for link in chain.links():
+        d = link.__dict__
+        for k, v in list(d.items()):
+            if id(v) in views and isinstance(v, numpy.ndarray):
+                d[k] = views[id(v)]
+
+
+def put_back(detached):
+    for d, k, v, leaf, _ in detached:
+        if d.get(k) is leaf:
+            d[k] = v
+
+
+def keep_attrs(attr_writes, by_inner, bufs):
+    """What the recording call leaves in the attributes it set: the call's
+    output when one was kept; the chain's own array (a parameter's,
+    ``self.prev = self.b.array``) or a constant itself, as define-by-run
+    leaves it; else a detached copy (replay may rewrite the recorded array
+    in place), of the kept type."""
+    for d, k, b, kind in attr_writes:
+        cur = d.get(k)
+        if id(cur) in by_inner:
+            d[k] = by_inner[id(cur)]
+        elif kind == 'A' and bufs[b].role in entry_module.STABLE_ROLES:
+            d[k] = bufs[b].storage
+        else:
+            d[k] = arrayutil.detached_copy(cur)
+
+
+def inner_leaves(rec, targets):
+    """Variables made inside the recorded call that need a gradient and
+    no function made (``chainer.Variable(xp.zeros(...))``, the dummy input
+    of ChainerMN's recv), other than ``targets``."""
+    seen = set(id(v.node) for v in targets)
+    out = []
+    for rop in rec.forward_ops:
+        for vn in rop.node.inputs or ():
+            if vn.creator_node is None and vn.requires_grad and \
+                    id(vn) not in seen:
+                seen.add(id(vn))
+                out.append(vn.get_variable())   # (made again if dropped)
+    return out

@@ -1,0 +1,283 @@
+"""What a recording wraps while some thread records, and puts back.
+
+``install()`` (when the first recording starts) replaces
+``FunctionNode.apply``, ``Variable._get_array``, ``Reporter.report``,
+Chainer's ``backprop_step``, NumPy's array constructors and shape makers,
+and the global random generators' functions with wrappers that hand each
+event to the thread's recording (``current()``); ``uninstall()`` (when the
+last one ends) restores them. Threads that do not record pass straight
+through.
+"""
+import random
+import sys
+import threading
+
+import numpy
+
+import chainer
+from chainer import _backprop_utils
+from chainer import function_node
+from chainer import reporter as reporter_module
+from chainer import variable as variable_module
+
+from static_graph import device_reads
+from static_graph import traced
+from static_graph.arrayutil import MISSING, detached_copy
+
+_local = threading.local()
+traced.set_active(_local)
+
+_orig_apply = function_node.FunctionNode.apply
+_orig_get_array = variable_module.Variable._get_array
+_orig_report = reporter_module.Reporter.report
+_orig_backprop_step = _backprop_utils.backprop_step
+# NumPy's array constructors do not dispatch on their argument: a traced
+# array would come back plain (numpy.asarray(h.array)), its values no
+# longer seen. While recording they keep it traced.
+_NUMPY_CONSTRUCTORS = ('asarray', 'array', 'ascontiguousarray',
+                       'asfortranarray')
+_orig_numpy = dict((name, getattr(numpy, name))
+                   for name in _NUMPY_CONSTRUCTORS)
+_VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
+
+
+def _global_rng_functions(module, instance, skip):
+    """The module-level functions of ``module`` that are methods of its
+    global generator ``instance`` (numpy.random.rand, random.random...)."""
+    return dict((name, fn) for name, fn in vars(module).items()
+                if getattr(fn, '__self__', None) is instance and
+                not name.startswith('_') and name not in skip)
+
+
+def _flag_draw(module_name, name):
+    orig = _orig_rng[module_name, name]
+
+    def draw(*args, **kwargs):
+        rec = getattr(_local, 'recording', None)
+        if rec is not None and not rec.depth and not sys._getframe(
+                1).f_code.co_filename.startswith(traced.INTERNAL_DIRS):
+            rec.add_reason(
+                'user code draws random numbers (%s.%s) at %s; replay '
+                'would freeze them (use Chainer functions such as '
+                'F.dropout or F.gaussian, or pass them in as arguments)'
+                % (module_name, name, traced.user_location(2)))
+        return orig(*args, **kwargs)
+
+    draw.__name__ = name
+    draw.__doc__ = orig.__doc__
+    return draw
+
+
+# The global generators of numpy.random and of Python's random module, whose
+# draws user code makes between Chainer functions (a mixup coefficient, a
+# random augmentation): not repeated by replay. While recording, such a
+# draw (or a reseeding) from user code is a reason to fall back.
+_RNG_MODULES = {'numpy.random': numpy.random, 'random': random}
+_orig_rng = {}
+for _m, _inst, _skip in (
+        ('numpy.random', numpy.random.mtrand._rand, ('get_state',)),
+        ('random', random._inst, ('getstate', 'getrandbits'))):
+    for _name, _fn in _global_rng_functions(
+            _RNG_MODULES[_m], _inst, _skip).items():
+        _orig_rng[_m, _name] = _fn
+del _m, _inst, _skip, _name, _fn
+_patched_rng = dict((key, _flag_draw(*key)) for key in _orig_rng)
+
+_install_lock = threading.Lock()
+_install_count = 0
+
+
+def op_kind(node):
+    fn = getattr(node, '_function', None)   # old-style chainer.Function
+    return type(fn if fn is not None else node).__name__
+
+
+def current():
+    """The recording active in this thread, or None."""
+    return getattr(_local, 'recording', None)
+
+
+def _patched_apply(self, inputs):
+    rec = getattr(_local, 'recording', None)
+    if rec is None or rec.depth:
+        return _orig_apply(self, inputs)
+    return rec.on_apply(self, inputs)
+
+
+def _patched_get_array(self):
+    a = _orig_get_array(self)
+    rec = getattr(_local, 'recording', None)
+    if rec is None or rec.depth or type(a) is not numpy.ndarray:
+        return a
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
+        f = f.f_back
+    if f is None or f.f_code.co_filename.startswith(traced.INTERNAL_DIRS):
+        return a
+    return rec.trace(a)
+
+
+def _keeps_traced(name):
+    orig = _orig_numpy[name]
+    TracedArray = traced.TracedArray
+
+    def constructor(a, *args, **kwargs):
+        out = orig(a, *args, **kwargs)
+        if type(a) is not TracedArray or type(out) is not numpy.ndarray:
+            return out
+        rec = getattr(_local, 'recording', None)
+        if rec is None:
+            return out
+        if numpy.shares_memory(out, traced.plain(a)):
+            # A view: traced, and known to be one (a Chainer function
+            # taking it sees the recorded buffer behind it).
+            return rec.trace(out)
+        return out.view(TracedArray)   # a copy: computed from the values
+
+    constructor.__name__ = name
+    constructor.__doc__ = orig.__doc__
+    return constructor
+
+
+_patched_numpy = dict((name, _keeps_traced(name))
+                      for name in _NUMPY_CONSTRUCTORS)
+
+
+def _shape_maker(name):
+    """numpy.arange and the like: a result made by user code from Python
+    values alone is noted as a constant of the key (device_reads has
+    CuPy's)."""
+    orig = _orig_numpy[name]
+
+    def maker(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        rec = getattr(_local, 'recording', None)
+        if rec is not None and not rec.depth and \
+                device_reads.numbers_only(args, kwargs):
+            rec.shape_made[id(out)] = out   # (alive: its id stays its own)
+        return out
+
+    maker.__name__ = name
+    maker.__doc__ = orig.__doc__
+    return maker
+
+
+for _name in device_reads.SHAPE_MAKERS:
+    _orig_numpy[_name] = getattr(numpy, _name)
+    _patched_numpy[_name] = _shape_maker(_name)
+
+
+def _patched_report(self, values, observer=None):
+    rec = getattr(_local, 'recording', None)
+    if rec is not None and not rec.depth and rec.phase == 'forward':
+        rec.on_report(values, observer)
+        if not chainer.config.keep_graph_on_report:
+            # Which arrays replay will rewrite in place is known only once
+            # the backward is recorded: report copies.
+            values = {k: detached_copy(v) for k, v in values.items()}
+    return _orig_report(self, values, observer)
+
+
+def _patched_backprop_step(func, target_input_indexes, grad_outputs,
+                           grad_inputs, is_debug):
+    rec = getattr(_local, 'recording', None)
+    if rec is None or rec.depth or rec.phase != 'backward':
+        return _orig_backprop_step(func, target_input_indexes, grad_outputs,
+                                   grad_inputs, is_debug)
+    # Ops this step applies are labelled with the forward op's source.
+    label = rec.labels.get(id(func), MISSING)
+    rec.backward_label = label if label is not MISSING else \
+        'backward of %s' % op_kind(func)
+    # See what the node's backward() returns (backprop_step only files it
+    # into grad_inputs): wrap it on the instance for this one step.
+    start = len(rec.backward_ops)
+    returned = []
+    d = func.__dict__
+    had = d.get('backward', MISSING)
+    bound = func.backward
+
+    def backward(indexes, gys):
+        gxs = bound(indexes, gys)
+        # Ops after this (the sums of gradients backprop_step makes) are
+        # not the node's.
+        returned.append((gxs, len(rec.backward_ops)))
+        return gxs
+
+    d['backward'] = backward
+    try:
+        _orig_backprop_step(func, target_input_indexes, grad_outputs,
+                            grad_inputs, is_debug)
+    finally:
+        if had is MISSING:
+            d.pop('backward', None)
+        else:
+            d['backward'] = had
+    rec.on_backward_step(func, target_input_indexes, grad_outputs, returned,
+                         start)
+
+
+# What install() puts in place, as (namespace dict, {name: patched}, {name:
+# original}): one dict update per namespace each way (the 67 global
+# generator functions alone took ~30 us as setattr calls, cache cold).
+_PATCHES = (
+    (function_node.FunctionNode, {'apply': _patched_apply},
+     {'apply': _orig_apply}),
+    (variable_module.Variable, {'_get_array': _patched_get_array},
+     {'_get_array': _orig_get_array}),
+    (reporter_module.Reporter, {'report': _patched_report},
+     {'report': _orig_report}),
+    (_backprop_utils.__dict__, {'backprop_step': _patched_backprop_step},
+     {'backprop_step': _orig_backprop_step}),
+    (numpy.__dict__, _patched_numpy, _orig_numpy),
+) + tuple(
+    (module.__dict__,
+     dict((n, fn) for (m, n), fn in _patched_rng.items() if m == name),
+     dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))
+    for name, module in _RNG_MODULES.items())
+for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only
+                    device_reads.constant_patches()):
+    if _cupy_patch is not None:
+        _PATCHES += (_cupy_patch,)
+
+
+def _put(which):
+    for where, patched, orig in _PATCHES:
+        pairs = patched if which else orig
+        if isinstance(where, dict):
+            where.update(pairs)
+        else:           # a class: its __dict__ is read-only
+            for name, fn in pairs.items():
+                if fn is MISSING:   # inherited: the patch goes again
+                    delattr(where, name)
+                else:
+                    setattr(where, name, fn)
+
+
+def install():
+    global _install_count
+    with _install_lock:
+        if _install_count == 0:
+            _put(True)
+        _install_count += 1
+
+
+def uninstall():
+    global _install_count
+    with _install_lock:
+        _install_count -= 1
+        if _install_count == 0:
+            _put(False)
+
+
+orig_apply = _orig_apply
+
+
+def begin(rec):
+    """``rec`` records this thread's events from now on."""
+    install()
+    _local.recording = rec
+
+
+def end():
+    _local.recording = None
+    uninstall()

@@ -1,0 +1,49 @@
+"""Replay one call from a complete cache entry: the ReplayNode runs the
+forward schedule (its backward the backward schedule); then the recorded
+reports and attribute writes are repeated and the outputs rebuilt."""
+import chainer
+
+from static_graph import nodes
+from static_graph import outputs
+
+
+def replay(e, leaves):
+    node = nodes.ReplayNode(e)
+    outs = nodes.detach_outputs(node.apply(list(leaves) + e.params),
+                                       e.no_grad_outs)
+    exposed = node.exposed
+    node.exposed = None
+    vals = []
+    for v, kind in zip(outs, e.out_kinds):
+        vals.append(v if kind == 'V' else v.raw_array)
+    _side_effects(e, exposed, outs)
+    return outputs.rebuild(e.out_spec, vals[:e.n_outs])
+
+
+def _side_effects(e, exposed, outs):
+    """Repeat the recorded reports and attribute writes."""
+    if not e.reports and not e.attr_writes:
+        return
+    values = dict(zip(e.expose, exposed or ()))
+    by_out = {}
+    for b, v in zip(e.forward.outputs, outs):
+        by_out.setdefault(b, v)
+
+    def var(b):
+        if b in by_out:
+            return by_out[b]
+        return chainer.Variable(values[b], requires_grad=False)
+
+    for observer_ref, items in e.reports:
+        observer = observer_ref() if observer_ref is not None else None
+        if observer_ref is not None and observer is None:
+            continue
+        report = {}
+        for k, how, v in items:
+            report[k] = var(v) if how == 'buffer' else v
+        chainer.reporter.report(report, observer)
+    for d, k, b, kind in e.attr_writes:
+        if kind == 'V':
+            d[k] = var(b)
+        else:
+            d[k] = by_out[b].raw_array if b in by_out else values[b]

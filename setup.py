@@ -6,7 +6,7 @@ setup(
     description="Record a Chainer training step once, replay it as a static schedule.",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
-    packages=["static_graph", "schedules"],
+    packages=["static_graph", "schedules", "schedules.onnx_export"],
     python_requires=">=3.8",
     # Chainer 7.8.1 imports on Python 3.12+ and NumPy 2 through
     # static_graph/chainer_import.py; on older Pythons it stays on NumPy 1,

@@ -445,7 +445,7 @@ def test_save_onnx_is_atomic(tmp_path, monkeypatch):
 
     def broken_replace(src, dst):
         raise OSError('disk full')
-    monkeypatch.setattr(onnx_export.os, 'replace', broken_replace)
+    monkeypatch.setattr(onnx_export.api.os, 'replace', broken_replace)
     path2 = tmp_path / 'm2.onnx'
     with pytest.raises(OSError, match='disk full'):
         onnx_export.save_onnx(model, str(path2))
@@ -502,17 +502,22 @@ def test_missing_onnx_gives_install_hint(monkeypatch):
 
 
 def test_exporter_does_not_import_chainer():
-    path = os.path.join(ROOT, 'schedules', 'onnx_export.py')
-    tree = ast.parse(open(path).read())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module or '']
-        else:
-            continue
-        for n in names:
-            assert n.split('.')[0] not in ('chainer', 'static_graph'), n
+    package = os.path.join(ROOT, 'schedules', 'onnx_export')
+    paths = sorted(os.path.join(package, f) for f in os.listdir(package)
+                   if f.endswith('.py'))
+    assert os.path.join(package, '__init__.py') in paths
+    for path in paths:
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or '']
+            else:
+                continue
+            for n in names:
+                assert n.split('.')[0] not in ('chainer', 'static_graph'), \
+                    (path, n)
 
 
 def test_supported_kinds_cover_the_contract():

@@ -1787,9 +1787,10 @@ def test_kept_attribute_initialized_to_none():
     assert cache(models[1]).replays == 3
 
 
-@pytest.mark.xfail(strict=True, reason='design limit (README, Not supported '
-                   'in replay): Chainer sets a kept Variable\'s grad from '
-                   'what flows in from outside the replayed call only')
+@pytest.mark.xfail(strict=True, reason='design limit (docs/fallbacks.md, Not '
+                   'supported in replay): Chainer sets a kept Variable\'s '
+                   'grad from what flows in from outside the replayed call '
+                   'only')
 def test_gradient_of_a_kept_variable_with_retain_grad():
     """Grad-CAM style: ``self.feature = h`` kept, then
     ``backward(retain_grad=True)`` and ``model.feature.grad``.

@@ -13,6 +13,18 @@ _caches_lock = threading.Lock()
 DEFAULT_CACHE_SIZE = 16
 DEFAULT_WARN_RETRACE = 8
 
+# Recording costs about two define-by-run iterations and a replay saves a
+# fraction of one: a method whose keys do not repeat is slower recorded.
+# Every RECORDING_WINDOW recordings, a method that replayed fewer than
+# REPLAYS_PER_RECORDING times per recording in that window runs
+# define-by-run from then on.
+RECORDING_WINDOW = 16
+REPLAYS_PER_RECORDING = 3
+
+# A key whose recordings are let go without a backward this many times in a
+# row runs define-by-run (Cache.recording_died).
+FORWARD_ONLY_AFTER = 2
+
 
 class Cache(object):
     """The entries of one method of one chain, least recently used first."""
@@ -31,10 +43,26 @@ class Cache(object):
         self.replays = 0
         self.fallback_calls = 0
         self.last_recorded_key = None
-        # Set when a recording saw the method read recurrent state (a
-        # Variable of an earlier call's graph kept on a link): every later
-        # call runs define-by-run (_detach_link_variables).
+        # Set when every later call runs define-by-run, with the reason:
+        # the method read recurrent state (a Variable of an earlier call's
+        # graph kept on a link), or its keys do not repeat (give_up_on).
         self.define_by_run = None
+        # The window of recordings: replays when it began, and the count
+        # of recordings that closes it.
+        self._window_replays = 0
+        self._window_end = RECORDING_WINDOW
+        # Fallbacks by key family (the key without its arrays' sizes):
+        # {family: (key, reason)} of the first, and {family: reason} once
+        # two keys of a family fell back for the same reason, which then
+        # holds for the whole family (a new size does not record again).
+        self._family_first = {}
+        self.family_fallbacks = {}
+        # Keys whose recordings got no backward ({key: how many in a row});
+        # at FORWARD_ONLY_AFTER, {key: reason}: their calls with backprop
+        # enabled (evaluation outside no_backprop_mode) run define-by-run
+        # instead of recording each time.
+        self._no_backward = {}
+        self.forward_only = {}
 
     def get(self, key):
         with self.lock:
@@ -52,10 +80,88 @@ class Cache(object):
                 diagnostics.logger.info('%s: evicted a cached schedule',
                                         self.owner_name)
 
+    def give_up_on(self):
+        """Called before each recording: the reason every call runs
+        define-by-run from now on, if the method's keys do not repeat
+        (fewer than REPLAYS_PER_RECORDING replays per recording over the
+        last RECORDING_WINDOW recordings), else None."""
+        if self.recordings < self._window_end:
+            return None
+        replays = self.replays - self._window_replays
+        self._window_replays = self.replays
+        self._window_end = self.recordings + RECORDING_WINDOW
+        if replays >= REPLAYS_PER_RECORDING * RECORDING_WINDOW:
+            return None
+        self.define_by_run = (
+            'its keys do not repeat: the last %d recordings were followed '
+            'by %d replays (a recording costs about two define-by-run '
+            'iterations; each new argument shape, dtype, value or config '
+            'flag records again)' % (RECORDING_WINDOW, replays))
+        return self.define_by_run
+
+    def fell_back(self, key, reason):
+        """Note a key's fallback; the second key of a family to fall back
+        for the same reason makes it the family's."""
+        fam = family(key)
+        first = self._family_first.get(fam)
+        if first is None:
+            self._family_first[fam] = (key, reason)
+        elif first[0] != key and first[1] == reason:
+            self.family_fallbacks[fam] = reason
+
+    def recording_died(self, key, e, seen):
+        """A recording call's node was let go: without a backward
+        (``seen[0]`` false), the key's pending entry is dropped, and the
+        second time in a row the key's calls run define-by-run."""
+        if seen[0]:
+            self._no_backward.pop(key, None)
+            return
+        with self.lock:
+            if e.state != 'recording':
+                return
+            e.move('discarded')
+            self.discard(key, e)
+            n = self._no_backward.get(key, 0) + 1
+            self._no_backward[key] = n
+            if n >= FORWARD_ONLY_AFTER:
+                self.forward_only[key] = (
+                    'its calls with backprop enabled get no backward (%d '
+                    'recordings in a row were let go without one); they '
+                    'run define-by-run, as recording each would cost more. '
+                    'Evaluate under chainer.no_backprop_mode() to replay '
+                    'them' % n)
+
+    def family_fallback(self, key):
+        """The reason a key's family falls back, or None."""
+        if not self.family_fallbacks:
+            return None
+        return self.family_fallbacks.get(family(key))
+
     def discard(self, key, e):
         with self.lock:
             if self.entries.get(key) is e:
                 del self.entries[key]
+
+
+def family(key):
+    """A key without the sizes of its arrays (a shape becomes ``?`` per
+    axis, a layout its kind): the keys of calls that differ only in batch
+    size or sequence length share it."""
+    spec, config = key
+    return (_erase(spec), config)
+
+
+def _erase(spec):
+    if type(spec) is tuple:
+        if spec and spec[0] in ('V', 'A') and len(spec) >= 5 and \
+                type(spec[1]) is tuple:
+            # ('V', shape, dtype, device, requires_grad, layout) or
+            # ('A', shape, dtype, device, layout)
+            lay = spec[-1]
+            return (spec[0], ('?',) * len(spec[1])) + spec[2:-1] + (
+                lay if lay in ('C', 'F') else 'strided',)
+        return tuple(_erase(s) for s in spec)
+    return spec
 
 
 def cache_for(chain, name, options):

@@ -214,6 +214,11 @@ class Capture(object):
                             self.param_objs[i - len(leaves)]
                             for i in self.targets]
         node = nodes.RecordNode(self, [v.raw_array for v in inner_outs], e)
+        # Whether a backward comes through this call, for the cache once
+        # the node is let go (evaluation outside no_backprop_mode).
+        self.seen = [False]
+        weakref.finalize(node, self.cache.recording_died, self.key, e,
+                         self.seen)
         outs = nodes.detach_outputs(
             node.apply(list(leaves) + self.param_objs), e.no_grad_outs)
         vals = [v if k == 'V' else v.raw_array
@@ -292,6 +297,7 @@ class Capture(object):
         e = self.entry
         e.move(entry_module.FALLBACK, reason)
         self.cache.put(self.key, e)
+        self.cache.fell_back(self.key, reason)
         diagnostics.warn_once(
             (type(self.chain), self.name, reason),
             '%s.%s falls back to define-by-run for this call signature: %s'
@@ -388,6 +394,7 @@ class Capture(object):
         again for a second backward through it where no entry was built,
         with ``earlier``: {input position: the gradient it holds}, which
         the results include."""
+        self.seen[0] = True
         if chainer.config.enable_backprop:
             return self._double_backprop(grad_outputs)
         rec, e, targets = self.rec, self.entry, self.targets

@@ -115,7 +115,25 @@ def static_graph(method=None, **options):
             return method(self, *args, **kwargs)
         e = cache.get(key)
         why = None
-        if e is not None:
+        if e is None:
+            if cache.family_fallback(key) is not None:
+                cache.fallback_calls += 1
+                return method(self, *args, **kwargs)
+            if cache.forward_only and key in cache.forward_only:
+                diagnostics.warn_once(
+                    (type(self), name, 'forward only', key),
+                    '%s.%s runs define-by-run for this call signature: %s'
+                    % (type(self).__name__, name, cache.forward_only[key]))
+                cache.fallback_calls += 1
+                return method(self, *args, **kwargs)
+            if cache.give_up_on() is not None:
+                diagnostics.warn_once(
+                    (type(self), name, 'give up'),
+                    '%s.%s runs define-by-run from now on: %s'
+                    % (type(self).__name__, name, cache.define_by_run))
+                cache.fallback_calls += 1
+                return method(self, *args, **kwargs)
+        else:
             if e.state == entry_module.FALLBACK:
                 cache.fallback_calls += 1
                 return method(self, *args, **kwargs)

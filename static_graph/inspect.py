@@ -33,6 +33,8 @@ def _layout_text(layout):
         return ''
     if layout == 'F':
         return ' order=F'
+    if layout == 'strided':
+        return ' strided'
     return ' strides=(%s)' % ','.join(map(str, layout))
 
 
@@ -105,6 +107,13 @@ def explain(chain):
         if cache.define_by_run is not None:
             lines.append('  every call runs define-by-run: %s'
                          % cache.define_by_run)
+        for fam, reason in cache.family_fallbacks.items():
+            lines.append('  every size of %s runs define-by-run (two sizes '
+                         'fell back for the same reason): %s'
+                         % (key_text(fam), reason))
+        for key, reason in cache.forward_only.items():
+            lines.append('  %s runs define-by-run: %s'
+                         % (key_text(key), reason))
         for key, e in cache.entries.items():
             line = '  %s: %s' % (key_text(key), e.state)
             if e.state == 'complete':

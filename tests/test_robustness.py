@@ -136,9 +136,41 @@ def test_warn_retrace_repeats_at_doubling_counts():
         warnings.simplefilter('always')
         for n in range(1, 21):
             step(b, data(n, 3))    # a new batch size: records each time
-    counts = [int(str(w.message).split('recorded ')[1].split(' ')[0])
-              for w in caught if issubclass(w.category, StaticGraphWarning)]
+    ours = [str(w.message) for w in caught
+            if issubclass(w.category, StaticGraphWarning)]
+    counts = [int(m.split('recorded ')[1].split(' ')[0])
+              for m in ours if 'has recorded' in m]
     assert counts == [2, 4, 8, 16], counts
+    # Then it stops recording (keys that never repeat: see below).
+    assert sum('runs define-by-run from now on' in m for m in ours) == 1
+
+
+def test_keys_that_do_not_repeat_stop_recording():
+    """After 16 recordings with fewer than 3 replays each, every call runs
+    define-by-run (at its speed, with its numbers), warned once and shown
+    by explain(); a method whose keys repeat keeps replaying."""
+    a, b = make_twins(mlp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for n in range(1, 31):
+            x = data(n, 3)
+            step(a, x)
+            step(b, x)
+            compare_chains(a, b, rtol=0, atol=0)
+    c = cache(b)
+    assert (c.recordings, c.replays, c.fallback_calls) == \
+        (16, 0, 14)
+    gave_up = [w for w in caught if 'from now on' in str(w.message)]
+    assert len(gave_up) == 1 and 'keys do not repeat' in \
+        str(gave_up[0].message)
+    assert 'keys do not repeat' in static_graph.explain(b)
+
+    # 16 shapes, each used 4 times: 48 replays in the first window.
+    a, b = make_twins(mlp)
+    for n in list(range(1, 17)) * 4 + list(range(17, 33)):
+        step(b, data(n, 3))
+    c = cache(b)
+    assert c.define_by_run is None and c.replays == 48
 
 
 def test_warn_retrace_names_a_changed_config_flag():
@@ -718,3 +750,88 @@ def test_config_key_follows_every_change():
         t.join()
         assert 'sg_test_flag' not in dict(other[0])
         assert dict(signature.config_key())['sg_test_flag'] == 'main'
+
+
+def test_a_fallback_for_every_size_is_remembered_for_the_family():
+    """A method that falls back for a reason no size changes (it reads a
+    value in Python) falls back at two batch sizes; further sizes run
+    define-by-run without recording; keys of another family (another
+    number of axes, another config) still record."""
+    def body(self, x):
+        h = self.l1(x)
+        scale = 2.0 if float(h.array.sum()) > 0 else 3.0
+        return F.sum(self.l2(h)) * scale
+
+    a, b = make_twins(body)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        for n in range(1, 11):
+            x = data(n, 3)
+            step(a, x)
+            step(b, x)
+            compare_chains(a, b, rtol=0, atol=0)
+        c = cache(b)
+        assert (c.recordings, c.fallback_calls) == (2, 8)
+        with chainer.using_config('train', False):
+            step(b, data(4, 3))
+        assert c.recordings == 3
+
+
+def test_a_fallback_at_one_size_only_is_not_the_familys():
+    """Fallbacks for different reasons at two sizes (or at one size) do
+    not make the family fall back."""
+    def body(self, x):
+        h = self.l1(x)
+        if x.shape[0] == 2:
+            h = h * float(h.array.sum() > 0)     # reads a value
+        return F.sum(self.l2(h))
+
+    a, b = make_twins(body)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        for n in (2, 3, 4, 3, 4):
+            x = data(n, 3)
+            step(a, x)
+            step(b, x)
+            compare_chains(a, b, rtol=0, atol=0)
+    c = cache(b)
+    assert (c.recordings, c.replays) == (3, 2) and not c.family_fallbacks
+
+
+def test_calls_that_never_get_a_backward_stop_recording():
+    """Evaluation with backprop enabled (no no_backprop_mode): each call's
+    outputs are let go without a backward. Two recordings in a row like
+    that, then the key runs define-by-run, warned once and shown by
+    explain(); other keys (training) keep replaying."""
+    a, b = make_twins(mlp)
+    x, xe = data(4, 3), data(5, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(6):
+            step(a, x)
+            step(b, x)
+            compare_chains(a, b, rtol=0, atol=0)
+            with chainer.using_config('train', False):
+                ya, yb = a(xe), b(xe)     # let go: no backward
+            assert ya.array == yb.array
+            del ya, yb
+    c = cache(b)
+    assert (c.recordings, c.replays, c.fallback_calls) == (3, 5, 4)
+    ours = [str(w.message) for w in caught
+            if issubclass(w.category, StaticGraphWarning)]
+    assert len(ours) == 1 and 'get no backward' in ours[0], ours
+    assert 'get no backward' in static_graph.explain(b)
+
+
+def test_a_call_let_go_once_records_again_and_replays():
+    """A first call whose output is dropped (a shape check before
+    training) does not stop the key from replaying."""
+    a, b = make_twins(mlp)
+    x = data(4, 3)
+    b(x)
+    for _ in range(3):
+        step(a, x)
+        step(b, x)
+        compare_chains(a, b, rtol=0, atol=0)
+    c = cache(b)
+    assert (c.recordings, c.replays, c.fallback_calls) == (2, 2, 0)

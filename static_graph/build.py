@@ -259,6 +259,9 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
                             for b, u in zip(grad_in, used)])
     e.accumulating = {}
     e.plain_backward_ops = [op.copy() for op in bops]
+    # Which of them sum gradient contributions (masked.py).
+    e.plain_sums = tuple(id(op) in rec.sum_ops for op in bops)
+    e.grad_out_bids = tuple(grad_out_bids)
     e.plain_backward_run = None
     lower_pass.lower(e.backward, handed_out | set(grad_bids),
                      donate=e.plan_memory, groups=groups)

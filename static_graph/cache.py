@@ -6,6 +6,13 @@ import threading
 import weakref
 
 from static_graph import diagnostics
+from static_graph import compat
+
+if compat.UNSUPPORTED is None:
+    import chainer
+    from static_graph.signature import device_tag as _device_tag
+    from static_graph.signature import layout as _layout
+    _Variable = chainer.Variable
 
 _caches = weakref.WeakKeyDictionary()   # chain -> {method name: Cache}
 _caches_lock = threading.Lock()
@@ -15,9 +22,9 @@ DEFAULT_WARN_RETRACE = 8
 
 # Recording costs about two define-by-run iterations and a replay saves a
 # fraction of one: a method whose keys do not repeat is slower recorded.
-# Every RECORDING_WINDOW recordings, a method that replayed fewer than
-# REPLAYS_PER_RECORDING times per recording in that window runs
-# define-by-run from then on.
+# Every RECORDING_WINDOW recordings of new keys, a method that replayed
+# fewer than REPLAYS_PER_RECORDING times per such recording in that window
+# runs define-by-run from then on.
 RECORDING_WINDOW = 16
 REPLAYS_PER_RECORDING = 3
 
@@ -40,6 +47,7 @@ class Cache(object):
         self.entries = collections.OrderedDict()
         self.lock = threading.RLock()
         self.recordings = 0
+        self.new_keys = 0       # recordings of keys not in the cache
         self.replays = 0
         self.fallback_calls = 0
         self.last_recorded_key = None
@@ -63,6 +71,13 @@ class Cache(object):
         # instead of recording each time.
         self._no_backward = {}
         self.forward_only = {}
+        # Recurrent state: [(link __dict__, name)] where a call read a
+        # Variable an earlier call left on the links; their values are part
+        # of every later key. ``written``: where calls left Variables,
+        # which a recording takes as state if it reads them (after
+        # unchain_backward() they have no graph).
+        self.state_slots = []
+        self.written = []
 
     def get(self, key):
         with self.lock:
@@ -85,16 +100,16 @@ class Cache(object):
         define-by-run from now on, if the method's keys do not repeat
         (fewer than REPLAYS_PER_RECORDING replays per recording over the
         last RECORDING_WINDOW recordings), else None."""
-        if self.recordings < self._window_end:
+        if self.new_keys <= self._window_end:
             return None
         replays = self.replays - self._window_replays
         self._window_replays = self.replays
-        self._window_end = self.recordings + RECORDING_WINDOW
+        self._window_end = self.new_keys + RECORDING_WINDOW
         if replays >= REPLAYS_PER_RECORDING * RECORDING_WINDOW:
             return None
         self.define_by_run = (
-            'its keys do not repeat: the last %d recordings were followed '
-            'by %d replays (a recording costs about two define-by-run '
+            'its keys do not repeat: the last %d new keys recorded were '
+            'followed by %d replays (a recording costs about two define-by-run '
             'iterations; each new argument shape, dtype, value or config '
             'flag records again)' % (RECORDING_WINDOW, replays))
         return self.define_by_run
@@ -108,6 +123,33 @@ class Cache(object):
             self._family_first[fam] = (key, reason)
         elif first[0] != key and first[1] == reason:
             self.family_fallbacks[fam] = reason
+
+    def note_slots(self, state, written):
+        """A recording read ``state`` and wrote ``written``."""
+        with self.lock:
+            for slots, new in ((self.state_slots, state),
+                               (self.written, written)):
+                known = set((id(d), k) for d, k in slots)
+                for d, k in new:
+                    if (id(d), k) not in known:
+                        known.add((id(d), k))
+                        slots.append((d, k))
+
+    def state_key(self):
+        """What the state slots hold now, for the key: a Variable's shape,
+        dtype, device, requires_grad and layout; None; another type."""
+        out = []
+        for d, k in self.state_slots:
+            v = d.get(k)
+            if v is None:
+                out.append(None)
+            elif type(v) is _Variable and v.raw_array is not None:
+                a = v.raw_array
+                out.append(('V', a.shape, a.dtype.str, _device_tag(a),
+                            v.requires_grad, _layout(a)))
+            else:
+                out.append(('O', type(v).__name__))
+        return tuple(out)
 
     def recording_died(self, key, e, seen):
         """A recording call's node was let go: without a backward

@@ -21,6 +21,7 @@ import weakref
 import numpy
 
 import chainer
+from chainer import backend as backend_module
 
 from schedules import ir
 from static_graph import arrayutil
@@ -106,7 +107,8 @@ class Capture(object):
         rec, chain, e = self.rec, self.chain, self.entry
         inner, leaf_bids = self._inner_arguments(leaves, paths)
         new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
-        detached = link_state.detach_link_variables(chain, rec)
+        detached = link_state.detach_link_variables(
+            chain, rec, self.cache.written + self.cache.state_slots)
         snapshot = link_state.snapshot_links(chain)
         classes = set(type(link) for link in chain.links())
         watch = link_values.Watch(
@@ -146,6 +148,7 @@ class Capture(object):
                 rec, snapshot, set(id(d[3]) for d in detached))
             recurrent = link_state.reattach(rec, detached)
             n_outs = len(out_bids)
+            self.hidden_slots = []   # (link __dict__, name) per hidden output
             if chainer.config.enable_backprop:
                 # A kept Variable in the graph (``self.hidden = h``) is a
                 # hidden output, so a loss computed from it outside
@@ -157,21 +160,23 @@ class Capture(object):
                         out_bids.append(b)
                         out_kinds.append('V')
                         inner_outs.append(v)
+                        self.hidden_slots.append((d, k))
         rec.phase = 'done'
         self.cache.recordings += 1
         cache_module.maybe_warn_retrace(self.cache, self.key, self.why)
-        if recurrent:
-            # This call takes the state as inputs (its gradient flows into
-            # the earlier call once); later calls run define-by-run.
-            leaves = list(leaves) + [v for v, _, _ in recurrent]
-            inner = inner + [leaf for _, leaf, _ in recurrent]
-            reason = ('it reads recurrent state, Variables of an earlier '
-                      "call's graph kept on its links (%s, as L.LSTM keeps "
-                      'h and c); replay does not take such state as an '
-                      'input, so this method runs define-by-run from now on'
-                      % ', '.join(p for _, _, p in recurrent))
-            rec.add_reason(reason)
-            self.cache.define_by_run = reason
+        # Recurrent state (Variables the links hold from an earlier call,
+        # L.LSTM's h and c) that the method read: inputs of this call and
+        # of every replay of its key, after the arguments; its gradient
+        # flows into the earlier call, as in define-by-run. What such state
+        # holds (None after reset_state(), its shape) is part of the key
+        # from now on.
+        leaves = list(leaves) + [r[2] for r in recurrent]
+        inner = inner + [r[3] for r in recurrent]
+        leaf_bids = leaf_bids + [r[5] for r in recurrent]
+        e.recurrent = tuple((r[0], r[1]) for r in recurrent)
+        self.cache.note_slots(
+            e.recurrent,
+            [(d, k) for d, k, _, kind in attr_writes if kind == 'V'])
         written = set((id(d), k) for d, k, _, _ in attr_writes)
         self.written = written
         self.chain_map = analysis.chain_arrays(chain, written)
@@ -399,6 +404,9 @@ class Capture(object):
             return self._double_backprop(grad_outputs)
         rec, e, targets = self.rec, self.entry, self.targets
         recording = e.state == entry_module.RECORDING
+        given = grad_outputs
+        if recording:
+            grad_outputs = self._state_gradients(grad_outputs)
         outs_for_grad, gys, more, grad_out_bids = \
             self._outputs_and_gradients(grad_outputs, keep=True)
         if recording:
@@ -415,9 +423,58 @@ class Capture(object):
         for pos, a in zip(targets, arrays):
             result[pos] = a
         if recording:
+            if grad_outputs is not given:
+                # This call's own gradients: its state got none; the
+                # inner graph's backward again, as define-by-run runs it
+                # (not recorded), before the build lets the graph go.
+                rec.phase = 'done'
+                true = self._backprop(*self._outputs_and_gradients(
+                    given, keep=False)[:3])
+                true = [None if g is None else
+                        arrayutil.copy_exact(g.raw_array) for g in true]
             result = self._finish(arrays, grad_out_bids, result)
+            if grad_outputs is not given:
+                result = [None] * len(result)
+                for pos, a in zip(targets, true):
+                    result[pos] = a
+                absent = frozenset(i for i, (g, h) in enumerate(
+                    zip(given, grad_outputs)) if g is None and h is not None)
+                if e.state == entry_module.COMPLETE and \
+                        e.accumulating_backward(frozenset(), True,
+                                                absent) is None:
+                    self.cache.discard(self.key, e)
+                    e.move(entry_module.FALLBACK)
+                    self.fall_back(
+                        'its state outputs (Variables it leaves on its links '
+                        'for the next call) get a gradient in some calls and '
+                        'none in others (the last call of a sequence), and '
+                        'replay can run its backward without one only where '
+                        'the missing gradient is added to others or reaches '
+                        'LSTMGrad')
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
+
+    def _state_gradients(self, grad_outputs):
+        """``grad_outputs`` with zeros for the state outputs (Variables the
+        method left on its links where a later call read its state) that
+        got no gradient, if any: the last
+        call of a truncated sequence has no next call to give one. The
+        backward is recorded with them, so that it serves every call of
+        the key; calls whose state gets none run it without (masked.py).
+        Not where a node of the recording communicates (ChainerMN): its
+        backward would run twice."""
+        state = set((id(d), k) for d, k in self.cache.state_slots)
+        fill = [i for i, (d, k) in enumerate(self.hidden_slots, self.n_outs)
+                if grad_outputs[i] is None and (id(d), k) in state and
+                self.inner_outs[i].requires_grad]
+        if not fill or any(type(op.node).__module__.startswith('chainermn')
+                           for op in self.rec.forward_ops):
+            return grad_outputs
+        out = list(grad_outputs)
+        for i in fill:
+            a = self.inner_outs[i].raw_array
+            out[i] = backend_module.get_array_module(a).zeros_like(a)
+        return tuple(out)
 
     def _finish(self, arrays, grad_out_bids, result):
         """After the recorded backward: build the entry (or fall back, or
@@ -445,7 +502,8 @@ class Capture(object):
             self.fall_back(rec.reasons[0])
         elif self._try_build(grad_in=grad_in, grad_targets=targets,
                              grad_out_bids=grad_out_bids):
-            self.cache.put(self.key, e)
+            if not self._kept_is_wider(e):
+                self.cache.put(self.key, e)
         if e.state != entry_module.COMPLETE:
             return result
         bufs = rec.buffers
@@ -456,6 +514,23 @@ class Capture(object):
                 a = arrayutil.copy_exact(a)
             result[pos] = a
         return result
+
+    def _kept_is_wider(self, e):
+        """Is the key's entry in the cache one that replays where ``e``
+        would, and more: built from a call whose outputs got every
+        gradient ``e``'s got and more? Calls of a truncated sequence
+        record in one backward (the last one's state gets no gradient): a
+        backward with fewer gradients can run from the wider entry
+        (masked.py), not the other way round."""
+        kept = self.cache.get(self.key)
+        if kept is None or kept is e or kept.state != entry_module.COMPLETE \
+                or kept.backward is None or \
+                len(kept.grad_out_mask) != len(e.grad_out_mask):
+            return False
+        wider = all(k or not n for k, n in zip(kept.grad_out_mask,
+                                                e.grad_out_mask))
+        return wider and kept.grad_out_mask != e.grad_out_mask and \
+            kept.matches(self.chain)
 
     def _double_backprop(self, grad_outputs):
         """A backward asked for double backpropagation (an input-gradient

@@ -108,11 +108,15 @@ def static_graph(method=None, **options):
                 '%s.%s runs define-by-run: %s' % (type(self).__name__, name,
                                                   e))
             return method(self, *args, **kwargs)
-        key = (spec, signature.config_key())
         cache = cache_module.cache_for(self, name, opts)
         if cache.define_by_run is not None:
             cache.fallback_calls += 1
             return method(self, *args, **kwargs)
+        if cache.state_slots:
+            # Recurrent state the links hold: its presence and shape decide
+            # which ops run (L.LSTM after reset_state() has no h).
+            spec = spec + (cache.state_key(),)
+        key = (spec, signature.config_key())
         e = cache.get(key)
         why = None
         if e is None:
@@ -126,6 +130,7 @@ def static_graph(method=None, **options):
                     % (type(self).__name__, name, cache.forward_only[key]))
                 cache.fallback_calls += 1
                 return method(self, *args, **kwargs)
+            cache.new_keys += 1
             if cache.give_up_on() is not None:
                 diagnostics.warn_once(
                     (type(self), name, 'give up'),
@@ -140,6 +145,8 @@ def static_graph(method=None, **options):
             if e.state == entry_module.COMPLETE:
                 if e.recheck is None and e.matches(self):
                     cache.replays += 1
+                    if e.recurrent:
+                        leaves = leaves + [d[k] for d, k in e.recurrent]
                     return replay.replay(e, leaves)
                 if e.recheck is not None:
                     why = ('its recording changed %s; recorded again to see '
@@ -151,9 +158,13 @@ def static_graph(method=None, **options):
                            'parameters or persistent arrays were replaced, '
                            'or the links changed')
             else:
-                why = ('the earlier recording of this key got no backward; '
-                       'call forward-only evaluation under '
-                       'chainer.no_backprop_mode() to replay it')
+                # Its recording waits for the backward (a loss summed over
+                # calls, PTB's truncated BPTT). This call records too, not
+                # define-by-run: one backward through recording nodes and
+                # define-by-run nodes could add a parameter's gradients
+                # in another order than define-by-run alone.
+                why = ('the earlier recording of this key has not had its '
+                       'backward yet')
         return capture.Capture(self, method, name, cache, key, why,
                                e).forward(args, kwargs, leaves, paths)
 

@@ -13,6 +13,7 @@ from static_graph import arrayutil
 from static_graph import diagnostics
 from static_graph import graphs
 from static_graph import link_values
+from static_graph import masked
 from static_graph import signature
 
 # Roles of buffers whose arrays are not the schedule's own: handed out,
@@ -74,6 +75,9 @@ class Entry(object):
         # changes them at every call (then it falls back).
         self.recheck = None
         self.no_grad_outs = ()
+        # (link __dict__, name) of the recurrent state the call takes as
+        # inputs after its arguments (capture.py).
+        self.recurrent = ()
         self.reason = None
         self.forward = None
         self.backward = None
@@ -104,15 +108,20 @@ class Entry(object):
         if reason is not None:
             self.reason = reason
 
-    def accumulating_backward(self, ks, plain=False):
+    def accumulating_backward(self, ks, plain=False, absent=frozenset()):
         """The backward schedule for a call whose targets ``ks`` (positions
         in ``grad_targets``) already hold a gradient, which becomes an
         input: define-by-run adds it to the first contribution and then
         each next one (``((g + c1) + c2) + c3``); compiled on first use.
-        plain: from the ops as recorded (``plain_backward``'s)."""
-        run = self.accumulating.get((ks, plain))
-        if run is not None:
-            return run
+        plain: from the ops as recorded (``plain_backward``'s). absent:
+        outputs (indexes) that got a gradient at recording and none now
+        (masked.py; then always from the ops as recorded); None where
+        replay cannot give that backward."""
+        if absent:
+            plain = True
+        key = (ks, plain, absent)
+        if key in self.accumulating:
+            return self.accumulating[key]
         bufs = self.backward.buffers
         ops = [op.copy() for op in (self.plain_backward_ops if plain
                                     else self.backward.ops)]
@@ -127,12 +136,26 @@ class Entry(object):
             before[i] = ir.Op('Add', (g, first), (s,), None, ops[i].source,
                               _add_kernel)
             ops[i].inputs = (s,) + ops[i].inputs[1:]
+        sums = [x for i, is_sum in enumerate(self.plain_sums)
+                for x in ((True, is_sum) if i in before else (is_sum,))]
         ops = [o for i, op in enumerate(ops)
                for o in ((before[i], op) if i in before else (op,))]
-        sched = ir.Schedule('backward (accumulating)', bufs, ops,
-                            tuple(self.backward.inputs) + tuple(extra),
-                            self.backward.outputs)
-        run = self.accumulating[ks, plain] = self.backward_runner(sched)
+        inputs = tuple(self.backward.inputs) + tuple(extra)
+        outputs = self.backward.outputs
+        name = 'backward (accumulating)' if ks else 'backward'
+        if absent:
+            missing = [self.grad_out_bids[i] for i in absent]
+            masked_ops = masked.mask_ops(ops, sums, missing, outputs)
+            if masked_ops is None:
+                self.accumulating[key] = None
+                return None
+            ops, outputs = masked_ops
+            inputs = tuple(b for b in inputs if b not in missing)
+            name += ' without gradients for outputs %s' % ', '.join(
+                map(str, sorted(absent)))
+        sched = ir.Schedule(name, bufs, ops, inputs, outputs)
+        sched.verify()
+        run = self.accumulating[key] = self.backward_runner(sched)
         return run
 
     def plain_backward(self):

@@ -63,9 +63,12 @@ def _spec_text(spec):
 
 def spec_text(spec):
     """The argument part of a key as text: ``(f32[8,784], t=i32[8])``."""
-    pos, kw = spec
+    pos, kw = spec[:2]
     parts = [_spec_text(s) for s in pos]
     parts += ['%s=%s' % (k, _spec_text(s)) for k, s in kw]
+    if len(spec) > 2:      # the recurrent state the links hold
+        parts.append('state=(%s)' % ', '.join(
+            'None' if s is None else _spec_text(s) for s in spec[2]))
     return '(%s)' % ', '.join(parts)
 
 

@@ -73,18 +73,22 @@ def attr_changes(rec, snapshot, detached=()):
     return writes
 
 
-def detach_link_variables(chain, rec):
+def detach_link_variables(chain, rec, slots=()):
     """Variables that the chain's links hold and that belong to a graph
-    (recurrent state: L.LSTM's ``h`` and ``c``, left by the previous call)
-    are swapped for detached leaves of the recording, so that its backward
-    does not run into an earlier call's graph. Returns [(dict, name, the
-    link's Variable, the leaf, path)]; ``reattach`` puts them back."""
+    (recurrent state: L.LSTM's ``h`` and ``c``, left by the previous call),
+    or that sit where earlier calls left state (``slots``: (link
+    ``__dict__``, name) pairs; after ``unchain_backward()`` the state has
+    no graph), are swapped for detached leaves of the recording, so that
+    its backward does not run into an earlier call's graph. Returns
+    [(dict, name, the link's Variable, the leaf, path)]; ``reattach`` puts
+    them back."""
     out = []
+    slot_ids = set((id(d), k) for d, k in slots)
     for path, link in chain.namedlinks():
         d = link.__dict__
         for k, v in list(d.items()):
-            if type(v) is chainer.Variable and v.creator_node is not None \
-                    and v.raw_array is not None:
+            if type(v) is chainer.Variable and v.raw_array is not None and (
+                    v.creator_node is not None or (id(d), k) in slot_ids):
                 leaf = chainer.Variable(arrayutil.copy_exact(v.raw_array),
                                         requires_grad=v.requires_grad)
                 rec.arrays.append(leaf.raw_array)   # ids stay unique
@@ -96,8 +100,9 @@ def detach_link_variables(chain, rec):
 def reattach(rec, detached):
     """After the method ran: the link Variables it did not replace are put
     back; those it read (an op took the leaf's array) are returned as
-    [(link Variable, leaf, path)]: the recording call takes them as inputs,
-    so gradients reach the earlier call once, as in define-by-run."""
+    [(dict, name, link Variable, leaf, path, buffer id)]: the call takes
+    them as inputs (the recording and every replay of its key), so
+    gradients reach the earlier call once, as in define-by-run."""
     put_back(detached)
     read = []
     for d, k, v, leaf, path in detached:
@@ -106,7 +111,7 @@ def reattach(rec, detached):
             buf = rec.buffers[bid]
             buf.role, buf.name = ir.INPUT, path
             rec.unknown = [u for u in rec.unknown if u[0] != bid]
-            read.append((v, leaf, path))
+            read.append((d, k, v, leaf, path, bid))
     return read
 
 

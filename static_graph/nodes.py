@@ -135,6 +135,7 @@ class _Replayed(object):
                 'not supported; run this chain with '
                 'chainer.config.use_static_graph = False')
         gys = []
+        absent = []   # outputs recorded with a gradient, without one now
         if entry.empty_outputs:
             grad_outputs = empty_gradients(entry.empty_outputs,
                                            grad_outputs)
@@ -142,6 +143,9 @@ class _Replayed(object):
             if has == (g is not None):
                 if has:
                     gys.append(raw(g))
+                continue
+            if has:
+                absent.append(i)
                 continue
             raise RuntimeError(
                 'the static graph of %s was recorded with%s a gradient for '
@@ -175,10 +179,23 @@ class _Replayed(object):
                     k = entry.target_position[i]
                     if k in entry.sum_chains:
                         held[k] = raw(g)
-            if held:
+            if absent:
+                run = entry.accumulating_backward(
+                    frozenset(held), True, frozenset(absent))
+                if run is None:
+                    raise RuntimeError(
+                        'the static graph of %s was recorded with a gradient '
+                        'for its output %d, and this backward gives none; '
+                        'replay only knows the recorded backward. '
+                        'Backpropagate the same outputs as in the recording '
+                        'iteration, or run this pattern with '
+                        'chainer.config.use_static_graph = False'
+                        % (entry.method_name, absent[0]))
+            elif held:
                 run = entry.accumulating_backward(frozenset(held), repeat)
-            if any(signature.layout(g) != lay
-                   for g, lay in zip(gys, entry.grad_out_layouts)):
+            if not absent and any(
+                    signature.layout(g) != lay
+                    for g, lay in zip(gys, entry.grad_out_layouts)):
                 # A gradient in another memory layout than the recorded
                 # one (the loss outside changed): which results are views
                 # of it may differ, so no kernel may write into an input.

@@ -3,6 +3,7 @@
 Skipped where mpi4py or MPICH's launcher is missing."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -168,3 +169,31 @@ def test_captured_update_with_multi_node_optimizer(runs, tmp_path, name):
         check_bit_for_bit(static[rank][name], runs['dbr'][rank][base],
                           name, rank)
         assert static[rank][name]['counts'] == expected_counts(base, rank)
+
+
+def test_mnist_example_with_two_processes(tmp_path):
+    """examples/mnist/train_mnist.py --communicator naive under two
+    processes: it trains and both ranks print the same final accuracy
+    (the multi-node evaluator averages it over the ranks), each on its
+    half of the data; the per-epoch report comes from rank 0 only."""
+    example = os.path.join(os.path.dirname(HERE), 'examples', 'mnist',
+                           'train_mnist.py')
+    proc = subprocess.run(
+        [LAUNCHER, '-n', '2', sys.executable, example, '--communicator',
+         'naive', '--iterations', '4', '--epoch', '1', '--batchsize', '20',
+         '--out', str(tmp_path / 'result')],
+        env=dict(os.environ, UCX_TLS='self,sm', UCX_NET_DEVICES='lo',
+                 OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1'),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,
+        universal_newlines=True, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    found = re.findall(r'\[static graph, rank (\d) of 2\] final validation '
+                       r'accuracy: ([0-9.]+) \(loss ([0-9.]+)\) after 4 '
+                       r'iterations', proc.stdout)
+    assert sorted(rank for rank, _, _ in found) == ['0', '1'], proc.stdout
+    assert found[0][1:] == found[1][1:], found
+    header = re.findall(r'^model: .*\((\d+) train / \d+ test\)',
+                        proc.stdout, re.M)
+    assert len(header) == 1, proc.stdout     # rank 0's, with its shard:
+    assert 0 < int(header[0]) <= 30000, header   # half of the data set
+    assert proc.stdout.count('validation/main/accuracy') == 1, proc.stdout

@@ -4,6 +4,7 @@
     python examples/mnist/train_mnist.py                 # static graph
     python examples/mnist/train_mnist.py --no-static     # define-by-run
     python examples/mnist/train_mnist.py --compare       # both, with timings
+    mpiexec -n 2 python examples/mnist/train_mnist.py --communicator naive
 
 Without network access and without ``--data``/a cached MNIST, the embedded
 scikit-learn digits (upsampled to 28x28) are used instead; see ``data.py``.
@@ -38,6 +39,7 @@ from static_graph import static_graph  # NOQA
 import _compat  # NOQA
 from _timing import TimedUpdater, mean_step_time  # NOQA
 import data  # NOQA
+import multinode  # NOQA  (ChainerMN, only with --communicator)
 
 
 class MLP(chainer.Chain):
@@ -95,6 +97,7 @@ def train(args, train_data, test_data, static, out):
     device.send_link(model)
     optimizer = chainer.optimizers.Adam()
     optimizer.setup(model)
+    optimizer = multinode.optimizer(optimizer)
 
     train_iter = chainer.iterators.SerialIterator(train_data, args.batchsize)
     test_iter = chainer.iterators.SerialIterator(
@@ -107,14 +110,17 @@ def train(args, train_data, test_data, static, out):
     else:
         stop_trigger = (args.epoch, 'epoch')
         report_trigger = (1, 'epoch')
-    trainer = training.Trainer(updater, stop_trigger, out=out)
-    evaluator = extensions.Evaluator(test_iter, model, device=device.arg)
+    trainer = training.Trainer(updater, stop_trigger,
+                               out=multinode.out_dir(out))
+    evaluator = multinode.evaluator(
+        extensions.Evaluator(test_iter, model, device=device.arg))
     trainer.extend(evaluator, trigger=report_trigger)
     trainer.extend(extensions.LogReport(trigger=report_trigger))
-    trainer.extend(extensions.PrintReport(
-        ['epoch', 'main/loss', 'validation/main/loss',
-         'main/accuracy', 'validation/main/accuracy', 'elapsed_time']))
-    trainer.extend(extensions.ProgressBar(update_interval=10))
+    if multinode.is_root():
+        trainer.extend(extensions.PrintReport(
+            ['epoch', 'main/loss', 'validation/main/loss',
+             'main/accuracy', 'validation/main/accuracy', 'elapsed_time']))
+        trainer.extend(extensions.ProgressBar(update_interval=10))
 
     with chainer.using_config('use_static_graph', static):
         trainer.run()
@@ -126,7 +132,7 @@ def train(args, train_data, test_data, static, out):
             val = evaluator.evaluate()
     return {
         'static': static,
-        'label': _compat.mode_label(static),
+        'label': multinode.label(_compat.mode_label(static)),
         'iterations': updater.iteration,
         'main/loss': updater.losses[-1] if updater.losses else float('nan'),
         'validation/main/loss': float(val['validation/main/loss']),
@@ -193,6 +199,7 @@ def parse_args(argv=None):
                              'or Chainer\'s cached train.npz/test.npz')
     parser.add_argument('--out', '-o', default='result')
     parser.add_argument('--seed', type=int, default=0)
+    multinode.add_argument(parser)
     args = parser.parse_args(argv)
     try:
         _compat.get_device(args.device)
@@ -205,8 +212,13 @@ def main(argv=None):
     args = parse_args(argv)
     ndim = MODELS[args.model].ndim
     train_data, test_data, name = data.get_dataset(ndim, args.data)
-    print('model: %s, data: %s (%d train / %d test), device: %s'
-          % (args.model, name, len(train_data), len(test_data), args.device))
+    if multinode.setup(args) is not None:
+        train_data, test_data = multinode.scatter(train_data, test_data,
+                                                  args.seed)
+    if multinode.is_root():
+        print('model: %s, data: %s (%d train / %d test), device: %s'
+              % (args.model, name, len(train_data), len(test_data),
+                 args.device))
 
     if not args.compare:
         result = train(args, train_data, test_data, args.static, args.out)

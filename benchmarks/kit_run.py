@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
 import time
 
@@ -119,6 +120,16 @@ def markdown_table(results):
                         equal_text(r).replace('|', '/'),
                         r['recordings'], r['replays'], r['fallback_calls'],
                         why.replace('|', '/'), times, judge))
+    return '\n'.join(lines) + '\n'
+
+
+def markdown_cases(results):
+    lines = ['| case | example | decorated | model, sizes | steps (warm-up) '
+             '| wall time, both twins |', '|---|---|---|---|---|---|']
+    for r in results:
+        lines.append('| %s | `examples/%s` | `%s` | %s | %d (%d) | %.1f s |'
+                     % (r['name'], r['example'], r['decorated'], r['note'],
+                        r['steps'], r['warmup'], r['wall_s']))
     return '\n'.join(lines) + '\n'
 
 
@@ -247,6 +258,12 @@ def markdown(results, meta):
            'This 2-core machine is shared and noisy: read the ratios, not '
            'the times, and expect some drift between runs.', '',
            summary(results), '', markdown_table(results), '',
+           '## The cases', '', 'Module by module in `benchmarks/kit/` '
+           '(the docstring of each says what it keeps of the example and '
+           'what it changes). `pos-bilstm-crf-var` puts a bidirectional '
+           'LSTM between the example\'s embedding and its CRF; `vae-loss` '
+           'decorates the whole loss where `vae` decorates the example\'s '
+           'three networks.', '', markdown_cases(results), '',
            '## Fallbacks, mismatches and '
            'warnings, in full', '', markdown_details(results)]
     return '\n'.join(out)
@@ -304,10 +321,14 @@ def main(argv=None):
     if not args.no_write:
         with open(args.out, 'w') as f:
             f.write(markdown(results, meta))
+        text = json.dumps(dict(meta=meta, targets=dict(
+            (k, v[0]) for k, v in TARGETS.items()), cases=results), indent=1)
+        # Lists of numbers (per-step times, losses, differences) on one line.
+        text = re.sub(r'\[\s*([-+0-9.eE,\s]+?)\s*\]',
+                      lambda m: '[' + ', '.join(
+                          m.group(1).replace(',', ' ').split()) + ']', text)
         with open(args.json, 'w') as f:
-            json.dump(dict(meta=meta, targets=dict(
-                (k, v[0]) for k, v in TARGETS.items()), cases=results),
-                f, indent=1)
+            f.write(text + '\n')
     return results
 
 

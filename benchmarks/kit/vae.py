@@ -129,7 +129,7 @@ def make_case(whole_loss=False, n_in=784, n_latent=20, n_h=500, batch=100,
         name, decorated = 'vae-loss', 'AvgELBOLoss.forward'
     else:
         name = 'vae'
-        decorated = 'Encoder, Decoder, Prior .forward'
+        decorated = 'Encoder.forward, Decoder.forward, Prior.forward'
     return common.Case(
         name, 'vae', decorated,
         'MLP VAE %d-%d-%d, Bernoulli decoder, k=%d, batch %d'

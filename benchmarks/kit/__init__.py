@@ -33,7 +33,7 @@ CASES = [
      dict(model_type='cbow', out_type='ns', steps=40), True, 10),
     ('vae', 'vae', dict(whole_loss=False, steps=60), True, 10),
     ('vae-loss', 'vae', dict(whole_loss=True, steps=60), True, 10),
-    ('dcgan', 'dcgan', dict(steps=20), True, 5),
+    ('dcgan', 'dcgan', dict(steps=30), True, 5),
     ('dqn', 'dqn', dict(target_type='dqn', steps=200), True, 40),
     ('double-dqn', 'dqn', dict(target_type='double_dqn', steps=200), True,
      40),

@@ -1,0 +1,35 @@
+"""Smoke test of the kit of real models (benchmarks/kit/): two of its
+cases trained three steps next to their undecorated twins must stay equal
+bit for bit, and replay. The kit itself is run by benchmarks/kit_run.py
+(docs/kit.md); no timing is checked here."""
+import pytest
+
+from benchmarks import kit
+from benchmarks.kit import runner
+
+
+@pytest.mark.parametrize('name', ['vae', 'memnn'])
+def test_kit_case_trains_bit_for_bit_and_replays(name):
+    case = kit.make(name)
+    r = runner.run_case(case, steps=3, warmup=1)
+    assert r['error'] is None, r['error']
+    assert r['steps'] == 3
+    assert r['equal'], r['first_mismatch']
+    assert r['replays'] > 0 and r['fallback_calls'] == 0, r['reasons']
+    assert not r['reasons'] and not r['warnings']
+
+
+def test_kit_reports_a_fallback_and_its_reason():
+    """The kit's counters see a fallback: the VAE's whole loss decorated
+    draws its latent sample from NumPy's global generator (inside
+    ``q_z.sample``), which the library does not replay."""
+    r = runner.run_case(kit.make('vae-loss'), steps=2, warmup=1)
+    assert r['equal'], r['first_mismatch']
+    assert r['fallback_calls'] == 1 and r['replays'] == 0
+    assert r['reasons'] and r['warnings']
+
+
+def test_every_case_is_registered_under_its_name():
+    assert len(set(kit.NAMES)) == len(kit.NAMES)
+    for name in kit.NAMES:
+        assert kit.make(name).name == name

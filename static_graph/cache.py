@@ -24,9 +24,10 @@ DEFAULT_WARN_RETRACE = 8
 # fraction of one: a method whose keys do not repeat is slower recorded.
 # Every RECORDING_WINDOW recordings of new keys, a method that replayed
 # fewer than REPLAYS_PER_RECORDING times per such recording in that window
-# runs define-by-run from then on.
+# records a new key only at its SIGHTINGS-th call (Cache.must_repeat).
 RECORDING_WINDOW = 16
 REPLAYS_PER_RECORDING = 3
+SIGHTINGS = 3
 
 # A key whose recordings are let go without a backward this many times in a
 # row runs define-by-run (Cache.recording_died).
@@ -51,10 +52,12 @@ class Cache(object):
         self.replays = 0
         self.fallback_calls = 0
         self.last_recorded_key = None
-        # Set when every later call runs define-by-run, with the reason:
-        # the method read recurrent state (a Variable of an earlier call's
-        # graph kept on a link), or its keys do not repeat (give_up_on).
+        # Set when every later call runs define-by-run, with the reason.
         self.define_by_run = None
+        # Set once new keys must repeat before they record (must_repeat),
+        # with the reason; calls of each such key not recorded yet.
+        self.probation = None
+        self._sightings = collections.OrderedDict()
         # The window of recordings: replays when it began, and the count
         # of recordings that closes it.
         self._window_replays = 0
@@ -95,24 +98,39 @@ class Cache(object):
                 diagnostics.logger.info('%s: evicted a cached schedule',
                                         self.owner_name)
 
-    def give_up_on(self):
-        """Called before each recording: the reason every call runs
-        define-by-run from now on, if the method's keys do not repeat
-        (fewer than REPLAYS_PER_RECORDING replays per recording over the
-        last RECORDING_WINDOW recordings), else None."""
-        if self.new_keys <= self._window_end:
-            return None
-        replays = self.replays - self._window_replays
-        self._window_replays = self.replays
-        self._window_end = self.new_keys + RECORDING_WINDOW
-        if replays >= REPLAYS_PER_RECORDING * RECORDING_WINDOW:
-            return None
-        self.define_by_run = (
-            'its keys do not repeat: the last %d new keys recorded were '
-            'followed by %d replays (a recording costs about two define-by-run '
-            'iterations; each new argument shape, dtype, value or config '
-            'flag records again)' % (RECORDING_WINDOW, replays))
-        return self.define_by_run
+    def must_repeat(self, key):
+        """Called at each call of a key not in the cache: None where it may
+        record, else why it runs define-by-run. Once the method's new keys
+        do not repeat (fewer than REPLAYS_PER_RECORDING replays per
+        recording of a new key over RECORDING_WINDOW such recordings), a
+        new key records only at its SIGHTINGS-th call: keys that repeat
+        (bucketed lengths, the last batch) still replay, keys that never
+        do (every batch of another length) run define-by-run."""
+        if self.probation is None:
+            if self.new_keys < self._window_end:
+                self.new_keys += 1
+                return None
+            replays = self.replays - self._window_replays
+            self._window_replays = self.replays
+            self._window_end = self.new_keys + RECORDING_WINDOW
+            if replays >= REPLAYS_PER_RECORDING * RECORDING_WINDOW:
+                self.new_keys += 1
+                return None
+            self.probation = (
+                'its keys do not repeat: the last %d new keys it recorded '
+                'were followed by %d replays (a recording costs about two '
+                'define-by-run iterations). From now on a new key records '
+                'at its %dth call; until then it runs define-by-run'
+                % (RECORDING_WINDOW, replays, SIGHTINGS))
+        with self.lock:
+            n = self._sightings.pop(key, 0) + 1
+            if n >= SIGHTINGS:
+                self.new_keys += 1
+                return None
+            self._sightings[key] = n
+            while len(self._sightings) > 4096:
+                self._sightings.popitem(last=False)
+        return self.probation
 
     def fell_back(self, key, reason):
         """Note a key's fallback; the second key of a family to fall back

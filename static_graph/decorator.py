@@ -130,12 +130,11 @@ def static_graph(method=None, **options):
                     % (type(self).__name__, name, cache.forward_only[key]))
                 cache.fallback_calls += 1
                 return method(self, *args, **kwargs)
-            cache.new_keys += 1
-            if cache.give_up_on() is not None:
+            if cache.must_repeat(key) is not None:
                 diagnostics.warn_once(
-                    (type(self), name, 'give up'),
-                    '%s.%s runs define-by-run from now on: %s'
-                    % (type(self).__name__, name, cache.define_by_run))
+                    (type(self), name, 'must repeat'),
+                    '%s.%s: %s' % (type(self).__name__, name,
+                                   cache.probation))
                 cache.fallback_calls += 1
                 return method(self, *args, **kwargs)
         else:

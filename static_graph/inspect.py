@@ -110,6 +110,9 @@ def explain(chain):
         if cache.define_by_run is not None:
             lines.append('  every call runs define-by-run: %s'
                          % cache.define_by_run)
+        if cache.probation is not None:
+            lines.append('  new keys run define-by-run until they repeat: %s'
+                         % cache.probation)
         for fam, reason in cache.family_fallbacks.items():
             lines.append('  every size of %s runs define-by-run (two sizes '
                          'fell back for the same reason): %s'

@@ -142,13 +142,14 @@ def test_warn_retrace_repeats_at_doubling_counts():
               for m in ours if 'has recorded' in m]
     assert counts == [2, 4, 8, 16], counts
     # Then it stops recording (keys that never repeat: see below).
-    assert sum('runs define-by-run from now on' in m for m in ours) == 1
+    assert sum('keys do not repeat' in m for m in ours) == 1
 
 
 def test_keys_that_do_not_repeat_stop_recording():
-    """After 16 recordings with fewer than 3 replays each, every call runs
-    define-by-run (at its speed, with its numbers), warned once and shown
-    by explain(); a method whose keys repeat keeps replaying."""
+    """After 16 recordings of new keys with fewer than 3 replays each, a
+    new key runs define-by-run (at its speed, with its numbers) until its
+    third call, which records: warned once and shown by explain(). A
+    method whose keys repeat keeps recording new keys at once."""
     a, b = make_twins(mlp)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
@@ -160,10 +161,16 @@ def test_keys_that_do_not_repeat_stop_recording():
     c = cache(b)
     assert (c.recordings, c.replays, c.fallback_calls) == \
         (16, 0, 14)
-    gave_up = [w for w in caught if 'from now on' in str(w.message)]
-    assert len(gave_up) == 1 and 'keys do not repeat' in \
-        str(gave_up[0].message)
+    gave_up = [w for w in caught if 'keys do not repeat' in str(w.message)]
+    assert len(gave_up) == 1
     assert 'keys do not repeat' in static_graph.explain(b)
+    # A key that does repeat records at its third call, then replays.
+    x = data(40, 3)
+    for i in range(5):
+        step(a, x)
+        step(b, x)
+        compare_chains(a, b, rtol=0, atol=0)
+    assert (c.recordings, c.replays, c.fallback_calls) == (17, 2, 16)
 
     # 16 shapes, each used 4 times: 48 replays in the first window.
     a, b = make_twins(mlp)

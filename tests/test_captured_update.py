@@ -1,0 +1,510 @@
+"""The captured optimizer update (static_graph.capture_update) trains bit for
+bit like Chainer's own update, with every rule and hook, around everything
+Chainer does between steps; what it cannot run falls back, once, loudly."""
+import copy
+import os
+import pickle
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+from chainer import optimizer_hooks as H
+from chainer import optimizers as O
+from chainer import serializers
+from chainer import training
+from chainer.training import extensions
+
+import static_graph
+from static_graph import StaticGraphWarning
+from tests.update_twins import Net, Twins, assert_same, captured, loss_of
+
+RULES = {
+    'SGD': (lambda: O.SGD(lr=0.05), 'lr'),
+    'MomentumSGD': (lambda: O.MomentumSGD(lr=0.05), 'lr'),
+    'NesterovAG': (lambda: O.NesterovAG(lr=0.05), 'lr'),
+    'CorrectedMomentumSGD': (lambda: O.CorrectedMomentumSGD(lr=0.05), 'lr'),
+    'Adam': (lambda: O.Adam(), 'alpha'),
+    'AdamW': (lambda: O.AdamW(weight_decay_rate=0.05), 'alpha'),
+    'Adam-eta': (lambda: O.Adam(eta=0.3), 'eta'),
+    'AdamW-eta': (lambda: O.Adam(weight_decay_rate=0.01, eta=0.3), 'eta'),
+    'AMSGrad': (lambda: O.AMSGrad(alpha=0.01), 'alpha'),
+    'AdaBound': (lambda: O.AdaBound(alpha=0.01), 'alpha'),
+    'AMSBound': (lambda: O.Adam(alpha=0.01, amsgrad=True, adabound=True,
+                                weight_decay_rate=0.1),
+                 'alpha'),
+    'RMSprop': (lambda: O.RMSprop(), 'lr'),
+    'RMSprop-inside': (lambda: O.RMSprop(eps_inside_sqrt=True), 'lr'),
+    'RMSpropGraves': (lambda: O.RMSpropGraves(lr=1e-3), 'lr'),
+    'AdaGrad': (lambda: O.AdaGrad(lr=0.05), 'lr'),
+    'AdaDelta': (lambda: O.AdaDelta(), 'rho'),
+    'SMORMS3': (lambda: O.SMORMS3(lr=0.01), 'lr'),
+}
+
+
+@pytest.mark.parametrize('name', sorted(RULES))
+def test_rule_bit_for_bit(name):
+    """Each rule, several steps, its learning rate (or another
+    hyperparameter) changed between steps as an extension would."""
+    make, attr = RULES[name]
+    t = Twins(make)
+    t.step(3)
+    t.for_both(lambda m, o: setattr(o, attr, getattr(o, attr) * 0.7))
+    t.step(3)
+    assert captured(t.ob).steps == 6 and captured(t.ob).fallback_steps == 0
+
+
+@pytest.mark.parametrize('name', ['SGD', 'Adam', 'AdaDelta'])
+def test_float64(name):
+    t = Twins(RULES[name][0], dtype=numpy.float64)
+    t.step(3)
+    assert captured(t.ob).fallback_steps == 0
+
+
+HOOKS = {
+    'WeightDecay': lambda: H.WeightDecay(0.01),
+    'Lasso': lambda: H.Lasso(0.01),
+    'GradientClipping': lambda: H.GradientClipping(0.5),
+    'GradientClipping-inactive': lambda: H.GradientClipping(1e9),
+    'GradientHardClipping': lambda: H.GradientHardClipping(-0.05, 0.05),
+    'GradientLARS': lambda: H.GradientLARS(threshold=1e-3,
+                                           weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize('name', sorted(HOOKS))
+@pytest.mark.parametrize('rule', ['MomentumSGD', 'Adam'])
+def test_optimizer_hook(name, rule):
+    t = Twins(RULES[rule][0], hooks=[HOOKS[name]])
+    t.step(4)
+    assert captured(t.ob).fallback_steps == 0
+
+
+def test_hooks_together_and_post_timing():
+    """Hooks in sequence (an element-wise one, the global norm, per-
+    parameter norms), one of them after the update: three phases with
+    reductions between them."""
+    t = Twins(RULES['Adam'][0], hooks=[
+        HOOKS['WeightDecay'], HOOKS['GradientClipping'],
+        HOOKS['GradientLARS']])
+    t.for_both(lambda m, o: o.add_hook(H.Lasso(0.001), timing='post'))
+    t.for_both(lambda m, o: o.add_hook(H.GradientClipping(0.1),
+                                       name='clip2', timing='post'))
+    t.step(4)
+    v = captured(t.ob).last[1]
+    assert v.nphases >= 3
+    assert captured(t.ob).fallback_steps == 0
+
+
+@pytest.mark.parametrize('name', ['WeightDecay', 'Lasso',
+                                  'GradientHardClipping', 'GradientLARS'])
+def test_update_rule_hook(name):
+    """A hook on one parameter's update rule, before and after its update."""
+    t = Twins(RULES['MomentumSGD'][0])
+    t.for_both(lambda m, o: m.l1.W.update_rule.add_hook(HOOKS[name]()))
+    t.for_both(lambda m, o: m.l2.W.update_rule.add_hook(
+        HOOKS[name](), timing='post'))
+    t.step(4)
+    assert captured(t.ob).fallback_steps == 0
+
+
+@pytest.mark.parametrize('threads', [1, 2, 4])
+def test_threads_give_the_same_bits(threads):
+    """Every parameter split (min_split=1; at multiples of 16 elements,
+    so a 5-element bias leaves three threads nothing): the same bits as
+    Chainer for 1, 2 and 4 threads, with hooks and reductions."""
+    t = Twins(RULES['AMSBound'][0], capture=dict(threads=threads,
+                                                 min_split=1),
+              hooks=[HOOKS['GradientClipping'], HOOKS['WeightDecay']])
+    t.step(4)
+    v = captured(t.ob).last[1]
+    assert v.phases.split == [threads > 1] * 4
+
+
+def test_blocks():
+    """block=16: each thread walks its chunk in blocks (same bits)."""
+    t = Twins(RULES['SMORMS3'][0], capture=dict(block=16))
+    t.step(3)
+
+
+def test_not_contiguous_gradient():
+    """A gradient that is not C-contiguous runs its parameter unsplit, on
+    the whole arrays."""
+    t = Twins(RULES['Adam'][0])
+    for i in range(3):
+        t.backward()
+        for m in (t.a, t.b):
+            m.l1.W.grad = numpy.asfortranarray(m.l1.W.grad)
+        t.update()
+
+
+def test_schedule_is_printable():
+    t = Twins(RULES['Adam'][0], hooks=[HOOKS['GradientClipping']])
+    assert static_graph.update_schedule(t.ob) is None
+    t.step(2)
+    s = static_graph.update_schedule(t.ob)
+    s.verify()
+    text = str(s)
+    assert 'sqrt(' in text and 'GradientClipping(' in text
+    # the weights run split, the biases do not
+    w = [ln for ln in text.splitlines() if '/l1/W Adam' in ln]
+    b = [ln for ln in text.splitlines() if '/l1/b Adam' in ln]
+    assert w and all('threads=2' in ln for ln in w)
+    assert b and not any('threads=' in ln for ln in b)
+    assert 'view of' in text        # in place
+    report = static_graph.explain_update(t.ob)
+    assert '2 steps captured' in report and 'split across 2' in report
+    assert static_graph.explain(t.ob) == report
+
+
+def test_disable_update_and_per_parameter_hyperparameter():
+    t = Twins(RULES['Adam'][0])
+    t.step(2)
+    t.for_both(lambda m, o: m.l1.disable_update())
+    t.step(2)
+    t.for_both(lambda m, o: m.l1.enable_update())
+    t.for_both(lambda m, o: setattr(m.l2.W.update_rule.hyperparam,
+                                    'alpha', 0.01))
+    t.step(2)
+    assert t.a.l1.W.update_rule.t == 4 and t.a.l2.W.update_rule.t == 6
+
+
+def test_gradient_accumulation():
+    """Two backward passes add into the gradients before one update."""
+    t = Twins(RULES['MomentumSGD'][0])
+    for i in range(3):
+        t.backward()
+        t.backward(clear=False)
+        t.update()
+
+
+def test_parameter_without_gradient():
+    """A parameter the loss does not reach gets zeros (Chainer's
+    reallocate_cleared_grads) and Adam still moves it."""
+    class Unused(Net):
+        def __init__(self, dtype=None):
+            super(Unused, self).__init__(dtype)
+            with self.init_scope():
+                self.l3 = L.Linear(4, 4)
+    t = Twins(RULES['Adam'][0], net=Unused)
+    t.step(3)
+    assert numpy.array_equal(t.b.l3.W.grad, numpy.zeros((4, 4), 'f'))
+
+
+@pytest.mark.parametrize('dynamic', [False, True])
+def test_loss_scaling(dynamic):
+    """Gradients are unscaled in the update; with dynamic scaling an
+    overflow (an inf put into a gradient) skips the update and halves the
+    scale, as Chainer does."""
+    t = Twins(RULES['Adam'][0], hooks=[HOOKS['WeightDecay']])
+    if dynamic:
+        t.for_both(lambda m, o: o.loss_scaling(interval=2))
+    else:
+        t.for_both(lambda m, o: o.loss_scaling(scale=64.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', RuntimeWarning)
+        warnings.simplefilter('ignore', UserWarning)  # Chainer's overflow
+        for i in range(6):
+            x = t.batch()
+            for m, o in ((t.a, t.oa), (t.b, t.ob)):
+                m.cleargrads()
+                loss_of(m, x).backward(loss_scale=o._loss_scale)
+                if i == 3:
+                    m.l2.W.grad[0, 0] = numpy.inf
+            t.update()
+    assert captured(t.ob).fallback_steps == 0
+    if dynamic:     # step 3 was skipped (and the scale halved)
+        assert t.a.l1.W.update_rule.t == 5 and t.ob.t == 6
+
+
+def test_fp32_update_of_float16():
+    t = Twins(RULES['Adam'][0], dtype=numpy.float16,
+              hooks=[HOOKS['WeightDecay']])
+    t.for_both(lambda m, o: o.use_fp32_update())
+    t.for_both(lambda m, o: m.l1.W.update_rule.add_hook(H.Lasso(0.01)))
+    arrays = [p.array for p in t.b.params()]
+    t.step(3)
+    assert captured(t.ob).fallback_steps == 0
+    # as Chainer: a new float16 array each step
+    assert all(p.array is not a for p, a in zip(t.b.params(), arrays))
+
+
+def test_save_and_load_npz(tmp_path):
+    """The captured optimizer saves the same file; loading a snapshot
+    mid-run into fresh twins resumes bit for bit."""
+    t = Twins(RULES['AMSGrad'][0], hooks=[HOOKS['GradientClipping']])
+    t.step(3)
+    files = []
+    for o, name in ((t.oa, 'a'), (t.ob, 'b')):
+        serializers.save_npz(str(tmp_path / ('opt_' + name)), o)
+        serializers.save_npz(str(tmp_path / ('model_' + name)), o.target)
+        files.append(numpy.load(str(tmp_path / ('opt_' + name))))
+    assert sorted(files[0].files) == sorted(files[1].files)
+    for k in files[0].files:
+        assert numpy.array_equal(files[0][k], files[1][k]), k
+    rs_state = t.rs.get_state()
+    t.step(2)
+    u = Twins(RULES['AMSGrad'][0], seed=5,
+              hooks=[HOOKS['GradientClipping']])
+    for m, o, name in ((u.a, u.oa, 'a'), (u.b, u.ob, 'b')):
+        serializers.load_npz(str(tmp_path / ('model_' + name)), m)
+        serializers.load_npz(str(tmp_path / ('opt_' + name)), o)
+    u.rs.set_state(rs_state)
+    u.step(2)
+    assert_same(t.a, u.b, t.oa, u.ob)
+
+
+def test_load_into_a_running_optimizer(tmp_path):
+    """load_npz writes into the state arrays the captured update reads."""
+    t = Twins(RULES['Adam'][0])
+    t.step(2)
+    serializers.save_npz(str(tmp_path / 'opt'), t.oa)
+    serializers.save_npz(str(tmp_path / 'model'), t.a)
+    t.step(3)
+    for m, o in ((t.a, t.oa), (t.b, t.ob)):
+        serializers.load_npz(str(tmp_path / 'model'), m)
+        serializers.load_npz(str(tmp_path / 'opt'), o)
+    assert t.ob.t == 2
+    t.step(2)
+
+
+SHIFTS = {
+    'ExponentialShift': lambda: extensions.ExponentialShift('lr', 0.5),
+    'LinearShift': lambda: extensions.LinearShift('lr', (0.1, 0.01), (2, 6)),
+    'StepShift': lambda: extensions.StepShift('lr', 0.5, 3),
+    'WarmupShift': lambda: extensions.WarmupShift('lr', 0.01, 4, 0.1),
+    'PolynomialShift': lambda: extensions.PolynomialShift('lr', 0.5, 10),
+    'MultistepShift': lambda: extensions.MultistepShift('lr', 0.3, [2, 5],
+                                                        0.1),
+    'InverseShift': lambda: extensions.InverseShift('lr', 0.2, 0.75),
+}
+
+
+@pytest.mark.parametrize('shift', sorted(SHIFTS))
+def test_trainer_with_lr_shift_and_evaluator(shift, tmp_path):
+    """StandardUpdater + Trainer + a learning-rate shift every iteration
+    + Evaluator: the same training with and without the opt-in."""
+    rs = numpy.random.RandomState(3)
+    x = rs.standard_normal((24, 7)).astype(numpy.float32)
+    y = rs.randint(0, 5, 24).astype(numpy.int32)
+    dataset = chainer.datasets.TupleDataset(x, y)
+    results = []
+    for capture in (False, True):
+        numpy.random.seed(0)
+        model = L.Classifier(Net())
+        opt = O.MomentumSGD(lr=0.1).setup(model)
+        opt.add_hook(H.WeightDecay(1e-3))
+        if capture:
+            static_graph.capture_update(opt, min_split=64)
+        it = chainer.iterators.SerialIterator(dataset, 6, shuffle=False)
+        updater = training.updaters.StandardUpdater(it, opt)
+        trainer = training.Trainer(updater, (8, 'iteration'),
+                                   out=str(tmp_path))
+        trainer.extend(SHIFTS[shift](), trigger=(1, 'iteration'))
+        lrs = []
+        trainer.extend(lambda tr, o=opt, lrs=lrs: lrs.append(o.lr),
+                       trigger=(1, 'iteration'), name='lrs')
+        trainer.extend(extensions.Evaluator(
+            chainer.iterators.SerialIterator(dataset, 12, repeat=False,
+                                             shuffle=False), model),
+            trigger=(4, 'iteration'))
+        trainer.run()
+        results.append((model, opt, lrs))
+    (a, oa, lra), (b, ob, lrb) = results
+    assert lra == lrb and len(set(lra)) > 2
+    assert oa.epoch == ob.epoch == 2
+    assert_same(a, b, oa, ob)
+    assert captured(ob).steps == 8 and captured(ob).fallback_steps == 0
+
+
+@pytest.mark.parametrize('kind', ['numpy.float64', 'numpy.float32',
+                                  '0-d array', 'int'])
+def test_hyperparameters_of_other_types(kind):
+    """A learning rate given as a NumPy scalar, a 0-d array or an int: the
+    captured update computes in the dtype NumPy would (or falls back)."""
+    value = {'numpy.float64': numpy.float64(0.01),
+             'numpy.float32': numpy.float32(0.01),
+             '0-d array': numpy.array(0.01), 'int': 1}[kind]
+    t = Twins(RULES['NesterovAG'][0])
+    t.for_both(lambda m, o: setattr(o, 'lr', value))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        t.step(3)
+    if numpy.lib.NumpyVersion(numpy.__version__) < '2.0.0':
+        assert captured(t.ob).fallback_steps == 0
+
+
+def test_state_arrays_are_chainers_own():
+    """Written in place: the state dictionary keeps its arrays."""
+    t = Twins(RULES['AMSGrad'][0])
+    t.step(1)
+    before = {k: v for k, v in t.b.l1.W.update_rule.state.items()}
+    w = t.b.l1.W.array
+    t.step(2)
+    after = t.b.l1.W.update_rule.state
+    assert all(after[k] is before[k] for k in before)
+    assert t.b.l1.W.array is w
+
+
+def test_parameters_added_and_setup_again():
+    t = Twins(RULES['Adam'][0])
+    t.step(2)
+    # a new link: no update rule until setup, hooks and all else as Chainer
+    for m in (t.a, t.b):
+        with m.init_scope():
+            m.l3 = L.Linear(5, 5)
+    numpy.random.seed(1)
+    w = t.a.l3.W.array.copy()
+    t.b.l3.W.array[...] = w
+    t.b.l3.b.array[...] = t.a.l3.b.array
+    t.step(2)
+    t.for_both(lambda m, o: o.setup(m))     # new rules, t = 0
+    t.step(2)
+    assert captured(t.ob).fallback_steps == 0
+
+
+def test_a_new_optimizer_on_the_same_model():
+    """A second optimizer set up on the model takes its parameters' rules;
+    the captured one updates with whatever rules they hold, as Chainer."""
+    t = Twins(RULES['Adam'][0])
+    t.step(2)
+    t.for_both(lambda m, o: O.SGD(lr=0.1).setup(m))
+    t.step(2)
+    assert isinstance(t.b.l1.W.update_rule, O.sgd.SGDRule)
+
+
+class NoisyRule(O.sgd.SGDRule):
+    """A rule of one's own: falls back."""
+
+    def update_core_cpu(self, param):
+        param.array -= self.hyperparam.lr * param.grad * 1.5
+
+
+def _custom_rule(m, o):
+    m.l1.W.update_rule = NoisyRule(o.hyperparam)
+
+
+def _noise(m, o):
+    o.add_hook(H.GradientNoise(0.01, noise_func=lambda xp, shape, dtype,
+                               hook, rule: xp.full(shape, 0.001, dtype)))
+
+
+def _own_hook(m, o):
+    def hook(opt):
+        for p in opt.target.params():
+            p.grad *= 0.5
+    hook.name = 'half'
+    o.add_hook(hook)
+
+
+FALLBACKS = {
+    'rule': (_custom_rule, 'NoisyRule is not one the captured update'),
+    'GradientNoise': (_noise, 'hook GradientNoise is not one'),
+    'hook': (_own_hook, 'hook half is not one'),
+}
+
+
+@pytest.mark.parametrize('name', sorted(FALLBACKS))
+def test_fallback(name):
+    """Unsupported: each step runs Chainer's update (same bits); the reason
+    is warned once and listed by explain_update."""
+    change, reason = FALLBACKS[name]
+    t = Twins(RULES['SGD'][0])
+    t.step(1)
+    t.for_both(change)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        t.step(3)
+    ours = [w for w in caught if issubclass(w.category, StaticGraphWarning)]
+    assert len(ours) == 1 and reason in str(ours[0].message)
+    cap = captured(t.ob)
+    assert cap.steps == 1 and cap.fallback_steps == 3
+    assert reason in static_graph.explain_update(t.ob)
+
+
+def test_float16_without_fp32_update_falls_back():
+    t = Twins(RULES['Adam'][0], dtype=numpy.float16)
+    with pytest.warns(StaticGraphWarning, match='float16 parameter'):
+        t.step(2)
+    assert captured(t.ob).fallback_steps == 2
+
+
+def test_optimizer_class_of_ones_own_falls_back():
+    class MySGD(O.SGD):
+        def update(self, lossfun=None, *args, **kwds):
+            self.calls = getattr(self, 'calls', 0) + 1
+            return super(MySGD, self).update(lossfun, *args, **kwds)
+    t = Twins(lambda: MySGD(lr=0.1))
+    with pytest.warns(StaticGraphWarning, match='overrides'):
+        t.step(2)
+    assert t.ob.calls == 2
+
+
+def test_config_flag_turns_it_off():
+    t = Twins(RULES['Adam'][0])
+    with chainer.using_config('use_static_graph', False):
+        t.step(2)
+    t.step(1)
+    assert captured(t.ob).steps == 1
+
+
+def test_copies_are_plain_optimizers():
+    t = Twins(RULES['Adam'][0])
+    t.step(1)
+    for c in (copy.copy(t.ob), copy.deepcopy(t.ob),
+              pickle.loads(pickle.dumps(t.ob))):
+        assert type(c) is O.Adam and captured(c) is None
+    assert type(t.ob).__name__ == 'Adam' and isinstance(t.ob, O.Adam)
+
+
+class FakeCommunicator(object):
+    """A one-process stand-in: the mean of one process's gradients is
+    themselves."""
+
+    def bcast_data(self, model):
+        pass
+
+    def multi_node_mean_grad(self, model, zero_fill=False):
+        pass
+
+
+@pytest.mark.parametrize('on', ['wrapper', 'actual'])
+def test_chainermn_multi_node_optimizer(on):
+    chainermn = pytest.importorskip('chainermn')
+
+    def make():
+        return O.Adam()
+    numpy.random.seed(0)
+    a, b = Net(), Net()
+    b.copyparams(a)
+    oa = chainermn.create_multi_node_optimizer(make(), FakeCommunicator())
+    ob_actual = make()
+    ob = chainermn.create_multi_node_optimizer(ob_actual, FakeCommunicator())
+    oa.setup(a)
+    ob.setup(b)
+    assert static_graph.capture_update(
+        ob if on == 'wrapper' else ob_actual) is not None
+    rs = numpy.random.RandomState(0)
+    for i in range(4):
+        x = rs.standard_normal((6, 7)).astype(numpy.float32)
+        for m, o in ((a, oa), (b, ob)):
+            o.update(loss_of, m, x)
+    assert captured(ob_actual).steps == 3    # the first only broadcasts
+    assert_same(a, b, oa.actual_optimizer, ob_actual)
+
+
+def test_schedules_do_not_import_chainer():
+    import subprocess
+    import sys
+    code = ('import sys; import schedules.update_rules, schedules.parallel, '
+            'schedules.update_ir; assert "chainer" not in sys.modules')
+    subprocess.check_call([sys.executable, '-c', code],
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_threads_default_is_the_affinity():
+    o = static_graph.capture_update(O.SGD())
+    assert captured(o).threads == len(os.sched_getaffinity(0))

@@ -25,7 +25,8 @@ _CREATED = ('grad32', 'new param')     # first written by the update
 
 
 def build(entries, segments, reductions, nphases, threads):
-    """``segments[(i, k)]``: entry i's Segments of phase k;
+    """``entries``: an Entry per parameter (None where nothing runs);
+    ``segments[(i, k)]``: entry i's Segments of phase k;
     ``reductions[k]``: (kind, reads [(entry, array slot)], writes [(entry,
     scalar slot, ...)]) run after phase k."""
     buffers = {}
@@ -43,6 +44,8 @@ def build(entries, segments, reductions, nphases, threads):
         return b
 
     for i, e in enumerate(entries):
+        if e is None:       # nothing runs for it
+            continue
         cdtype = numpy.dtype(numpy.float32) if e.fp32 else e.dtype
         for j, label in enumerate(e.array_labels):
             if label in _CREATED:
@@ -92,7 +95,7 @@ def _segment_ops(seg, i, e, buffers, current, roots, consts, new):
     kernel = seg.kernel
     temps = {}
     out_ops = []
-    for op in kernel.ops:
+    for op, tdt in zip(kernel.ops, seg.temp_dtypes()):
         ins = []
         for a in op.args + ((('$' + op.guard),) if op.guard else ()):
             if not isinstance(a, str):
@@ -109,7 +112,7 @@ def _segment_ops(seg, i, e, buffers, current, roots, consts, new):
                 ins.append(current[('a', i, seg.arrays[a])])
         out = op.out
         if out.startswith('t') and out[1:].isdigit():
-            b = temps[out] = new(e.shape, seg.dtype, ir.TEMP)
+            b = temps[out] = new(e.shape, tdt, ir.TEMP)
         else:
             key = ('a', i, seg.arrays[out])
             label = e.array_labels[seg.arrays[out]]

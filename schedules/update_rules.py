@@ -10,8 +10,14 @@ multiply($lr, grad)`` then ``v = subtract(v, t0)``. Writing a result into
 the array it updates (``out=``), and into a preallocated temporary instead
 of a fresh one, gives the same bits: each element's value is computed by the
 same IEEE operation on the same operands, in the same dtype. Temporaries
-take the dtype of the arrays of their kernel; a scalar that NumPy would
-promote past that dtype (checked by the caller) cannot run here.
+take the dtype of the arrays of their kernel (but see below).
+
+A scalar that NumPy does not cast down to the arrays' dtype (a NumPy
+float64 scalar times a float32 array, under NumPy 2's promotion rules) makes
+the temporaries it feeds wider, as NumPy would: a Segment names such
+``strong`` scalars and the dtype they promote to, and ``temp_dtypes`` works
+out each temporary's dtype op by op; writing a wider temporary into an array
+casts it back as Chainer's in-place operator does.
 
 Because every op is element-wise, a kernel run on a slice of the flattened
 arrays computes that slice exactly as a run on the whole arrays would:
@@ -355,19 +361,47 @@ param = copy(param32)                 # param32.astype(param.dtype)
 class Segment(object):
     """One kernel bound into a program: ``arrays`` maps the kernel's array
     names to slots of the program's array list, ``scalars`` its scalar names
-    to slots of the scalar list; its temporaries take ``dtype``."""
+    to slots of the scalar list; its arrays are of ``dtype``; ``strong``:
+    (scalar name, dtype) of scalars that promote what they touch to that
+    dtype (see the module docstring)."""
 
-    __slots__ = ('kernel', 'arrays', 'scalars', 'dtype')
+    __slots__ = ('kernel', 'arrays', 'scalars', 'dtype', 'strong')
 
-    def __init__(self, kernel, arrays, scalars, dtype):
+    def __init__(self, kernel, arrays, scalars, dtype, strong=()):
         self.kernel = kernel
         self.arrays = dict(arrays)
         self.scalars = dict(scalars)
         self.dtype = numpy.dtype(dtype)
+        self.strong = tuple(strong)
 
     def key(self):
         return (id(self.kernel), tuple(sorted(self.arrays.items())),
-                tuple(sorted(self.scalars.items())), self.dtype.str)
+                tuple(sorted(self.scalars.items())), self.dtype.str,
+                self.strong)
+
+    def temp_dtypes(self):
+        """The dtype of each op's result where it is a temporary (else
+        None), in op order."""
+        strong = dict(self.strong)
+        current = {}
+        out = []
+        for op in self.kernel.ops:
+            if not is_temp(op.out):
+                out.append(None)
+                continue
+            dts = [self.dtype]
+            for a in op.args:
+                if not isinstance(a, str):
+                    continue            # a literal: weak
+                if a.startswith('$'):
+                    if a[1:] in strong:
+                        dts.append(numpy.dtype(strong[a[1:]]))
+                elif is_temp(a):
+                    dts.append(current[a])
+            dt = numpy.result_type(*dts)
+            current[op.out] = dt
+            out.append(dt)
+        return out
 
 
 _NAMESPACE = {
@@ -414,10 +448,13 @@ def _compile(segments):
     body = []
     for seg in segments:
         k = seg.kernel
-        for i in range(k.temps):
-            temp_slots.setdefault((seg.dtype.str, i), len(temp_slots))
+        dtypes = seg.temp_dtypes()
+        for op, dt in zip(k.ops, dtypes):
+            if dt is not None:
+                temp_slots.setdefault((dt.str, op.out), len(temp_slots))
+        held = {}       # temporary name -> its dtype at this op
 
-        def operand(a, seg=seg):
+        def operand(a, seg=seg, held=held):
             if not isinstance(a, str):
                 return repr(a)
             if a.startswith('$'):
@@ -426,15 +463,17 @@ def _compile(segments):
                     scalar_slots.append(slot)
                 return 's%d' % slot
             if is_temp(a):
-                return 'y%d' % temp_slots[(seg.dtype.str, int(a[1:]))]
+                return 'y%d' % temp_slots[(held[a].str, a)]
             slot = seg.arrays[a]
             if slot not in array_slots:
                 array_slots.append(slot)
             return 'x%d' % slot
 
-        for op in k.ops:
-            out = operand(op.out)
+        for op, dt in zip(k.ops, dtypes):
             args = [operand(a) for a in op.args]
+            if dt is not None:
+                held[op.out] = dt
+            out = operand(op.out)
             if op.fn == 'copy':
                 line = 'copyto(%s, %s)' % (out, args[0])
             else:

@@ -277,6 +277,20 @@ class _Capture(object):
         for i in range(n):
             p = params[i]
             arr = p.array
+            rule = st.rules[i]
+            if arr is None:
+                # Uninitialized: Chainer's rule only counts the step.
+                if st.shapes[i] is not None:
+                    raise update_plan.Stale()
+                if safe and rule is not None and rule.enabled:
+                    if rule._use_fp32_update:
+                        raise R.Unsupported(
+                            'uninitialized parameter %s with '
+                            'use_fp32_update' % st.names[i])
+                    rule.t += 1
+                    bumped.append(rule)
+                scalars[i] = []
+                continue
             if type(arr) is not ndarray:
                 raise R.Unsupported(_array_reason('parameter', arr))
             dtype = arr.dtype
@@ -294,13 +308,15 @@ class _Capture(object):
                 raise R.Unsupported(_array_reason('gradient', g))
             loss_scale = p._loss_scale
             S = []
-            for hook, kernel in opt_pre:
+            promo = None        # item -> scalars NumPy promotes past dtype
+            for j, (hook, kernel) in enumerate(opt_pre):
                 vals = R.hook_scalars(hook, kernel, loss_scale)
-                R.check_typed(kernel, vals, dtype)
+                strong = R.check_typed(kernel, vals, dtype)
+                if strong:
+                    promo = _promote(promo, ('opt_pre', j), strong)
                 S += vals
-            rule = st.rules[i]
             arrays = [arr, g]
-            sig = None
+            kernel = fp32 = scaled = None
             if safe and rule is not None and rule.enabled:
                 fp32 = rule._use_fp32_update and dtype == float16
                 if fp32:
@@ -324,12 +340,13 @@ class _Capture(object):
                            rule.__dict__.get('initial_alpha'))
                     got = read.get(key)
                 if key is None or got is None:
-                    kernel, vals = got = st.readers[i](rule, cdtype)
-                    R.check_typed(kernel, vals, cdtype)
+                    kernel, vals = st.readers[i](rule, cdtype)
+                    got = kernel, vals, R.check_typed(kernel, vals, cdtype)
                     if key is not None:
                         read[key] = got
-                else:
-                    kernel, vals = got
+                kernel, vals, strong = got
+                if strong:
+                    promo = _promote(promo, ('rule',), strong)
                 state = rule._state
                 for key in kernel.arrays[2:]:
                     s = state.get(key)
@@ -351,26 +368,35 @@ class _Capture(object):
                     ls_of_param_ = param_._loss_scale
                 else:
                     ls_of_param_ = loss_scale
-                if loss_scale is not None:
+                scaled = loss_scale is not None
+                if scaled:
                     S.append(loss_scale)
-                for hook, hkernel in st.rule_pre_items[i]:
+                for j, (hook, hkernel) in enumerate(st.rule_pre_items[i]):
                     hv = R.hook_scalars(hook, hkernel, ls_of_param_)
-                    R.check_typed(hkernel, hv, cdtype)
+                    strong = R.check_typed(hkernel, hv, cdtype)
+                    if strong:
+                        promo = _promote(promo, ('rule_pre', j), strong)
                     S += hv
                 S += vals
-                for hook, hkernel in st.rule_post_items[i]:
+                for j, (hook, hkernel) in enumerate(st.rule_post_items[i]):
                     hv = R.hook_scalars(hook, hkernel, ls_of_param_)
-                    R.check_typed(hkernel, hv, cdtype)
+                    strong = R.check_typed(hkernel, hv, cdtype)
+                    if strong:
+                        promo = _promote(promo, ('rule_post', j), strong)
                     S += hv
-                sig = (kernel, fp32, loss_scale is not None)
-            for hook, kernel in opt_post:
-                vals = R.hook_scalars(hook, kernel, loss_scale)
-                R.check_typed(kernel, vals, dtype)
+            for j, (hook, hkernel) in enumerate(opt_post):
+                vals = R.hook_scalars(hook, hkernel, loss_scale)
+                strong = R.check_typed(hkernel, vals, dtype)
+                if strong:
+                    promo = _promote(promo, ('opt_post', j), strong)
                 S += vals
+            if kernel is not None or promo is not None:
+                sigs[i] = (kernel, fp32, scaled,
+                           None if promo is None else
+                           tuple(sorted(promo.items())))
             whole[i] = arrays
             flat[i] = st.flatten(i, arrays)
             scalars[i] = S
-            sigs[i] = sig
         variant = st.variant(tuple(sigs))
         return st, variant, whole, flat, scalars, news
 
@@ -405,6 +431,13 @@ class _Capture(object):
         if self.last is not None:
             lines.append(update_plan.describe(*self.last))
         return '\n'.join(lines)
+
+
+def _promote(promo, item, strong):
+    if promo is None:
+        promo = {}
+    promo[item] = strong
+    return promo
 
 
 def _fp32_param(rule, param):

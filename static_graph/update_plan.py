@@ -31,19 +31,24 @@ class Structure(object):
         self.rules = [getattr(p, 'update_rule', None) for p in params]
         names = {id(p): name for name, p in opt.target.namedparams()}
         self.names = [names.get(id(p), p.name or '?') for p in params]
+        if len(set(map(id, params))) != len(params):
+            raise R.Unsupported('a parameter comes twice in target.params() '
+                                '(a link registered twice)')
         self.shapes, self.dtypes, self.readers = [], [], []
         for p, rule, name in zip(params, self.rules, self.names):
             if p.layout is not None:
                 raise R.Unsupported('parameter %s has a memory layout'
                                     % name)
             arr = p.array
-            if type(arr) is not numpy.ndarray:
-                raise R.Unsupported('parameter %s: %s' % (
-                    name, 'uninitialized' if arr is None else
-                    'a %s.%s array' % (type(arr).__module__,
-                                       type(arr).__name__)))
-            self.shapes.append(arr.shape)
-            self.dtypes.append(arr.dtype)
+            if arr is None:       # uninitialized: no work, t still counts
+                self.shapes.append(None)
+                self.dtypes.append(None)
+            elif type(arr) is not numpy.ndarray:
+                raise R.Unsupported('parameter %s is a %s.%s' % (
+                    name, type(arr).__module__, type(arr).__name__))
+            else:
+                self.shapes.append(arr.shape)
+                self.dtypes.append(arr.dtype)
             if rule is None:
                 self.readers.append(None)
                 continue
@@ -67,7 +72,11 @@ class Structure(object):
             self.rule_post.append(post)
             self.rule_pre_items.append([self._rule_item(h) for h in pre])
             self.rule_post_items.append([self._rule_item(h) for h in post])
-        self.sizes = [int(numpy.prod(s)) for s in self.shapes]
+        self.sizes = [0 if s is None else int(numpy.prod(s))
+                      for s in self.shapes]
+        # GradientClipping's norm: Chainer's target.params(False)
+        self.initialized = [p for p, s in zip(params, self.shapes)
+                            if s is not None]
         self.threads, self.min_split, self.block = threads, min_split, block
         self.temps = parallel.Temps(threads)
         self.variants = {}
@@ -189,22 +198,26 @@ class Variant(object):
                                    for s in kernel.scalars]
             return {s: base + j for j, s in enumerate(kernel.scalars)}
 
-        def add(i, kernel, amap, smap, dtype):
-            segs[(i, counters[i])].append(
-                K.Segment(kernel, amap, smap, dtype))
+        # scalars NumPy promotes past the arrays' dtype, by item
+        promos = [dict(sig[3]) if sig is not None and sig[3] else {}
+                  for sig in sigs]
 
-        def hook_items(items, amap_of):
+        def add(i, kernel, amap, smap, dtype, item=None):
+            segs[(i, counters[i])].append(K.Segment(
+                kernel, amap, smap, dtype, promos[i].get(item, ())))
+
+        def hook_items(items, amap_of, level):
             # Optimizer hooks: every parameter, hook by hook.
-            for hook, kernel in items:
+            for j, (hook, kernel) in enumerate(items):
                 per = [(i, scalar_map(i, kernel, type(hook).__name__))
-                       for i in range(n)]
+                       for i in range(n) if st.shapes[i] is not None]
                 if kernel is K.GRADIENT_CLIPPING:
                     k = max(counters) if counters else 0
                     cl = [(i, m['clip'], m['rate']) for i, m in per]
-                    reds[k].append(_Clip(hook, st.params, cl))
+                    reds[k].append(_Clip(hook, st.initialized, cl))
                     self.red_info[k].append((
                         'GradientClipping',
-                        [(i, amap_of(i)['grad']) for i in range(n)], cl))
+                        [(i, amap_of(i)['grad']) for i, _ in per], cl))
                     for i in range(n):
                         counters[i] = k + 1
                 for i, m in per:
@@ -212,20 +225,27 @@ class Variant(object):
                     if kernel is K.GRADIENT_LARS:
                         self._lars(reds, counters, hook, i, amap, m)
                     add(i, kernel, {a: amap[a] for a in kernel.arrays}, m,
-                        st.dtypes[i])
+                        st.dtypes[i], (level, j))
 
-        def opt_amap(i):
-            return {'param': 0, 'grad': 1}
+        def rule_hooks(i, items, rmap, dtype, level):
+            # An update rule's hooks: its own parameter only.
+            for j, (hook, kernel) in enumerate(items):
+                m = scalar_map(i, kernel, type(hook).__name__)
+                if kernel is K.GRADIENT_LARS:
+                    self._lars(reds, counters, hook, i, rmap, m)
+                add(i, kernel, {a: rmap[a] for a in kernel.arrays}, m,
+                    dtype, (level, j))
 
-        hook_items(st.opt_pre_items, opt_amap)
+        hook_items(st.opt_pre_items, lambda i: {'param': 0, 'grad': 1},
+                   'opt_pre')
         post_amap = {}
         for i, sig in enumerate(sigs):
             labels = ['param', 'grad']
-            if sig is None:
+            if sig is None or sig[0] is None:   # not updated this step
                 self.fp32.append(False)
                 self.array_labels.append(labels)
                 continue
-            kernel, fp32, scaled = sig
+            kernel, fp32, scaled, _ = sig
             nstate = len(kernel.arrays) - 2
             labels += list(kernel.arrays[2:])
             dtype = numpy.dtype(numpy.float32) if fp32 else st.dtypes[i]
@@ -243,20 +263,17 @@ class Variant(object):
                 add(i, K.LOSS_SCALE, {'grad': gslot},
                     scalar_map(i, K.LOSS_SCALE, ''), dtype)
             rmap = {'param': pslot, 'grad': gslot}
-            for hook, hk in st.rule_pre_items[i]:
-                self._rule_hook(reds, counters, segs, scalar_map, hook, hk,
-                                i, rmap, dtype)
+            rule_hooks(i, st.rule_pre_items[i], rmap, dtype, 'rule_pre')
             amap = dict(rmap)
             amap.update({s: 2 + j for j, s in enumerate(kernel.arrays[2:])})
-            add(i, kernel, amap, scalar_map(i, kernel, ''), dtype)
-            for hook, hk in st.rule_post_items[i]:
-                self._rule_hook(reds, counters, segs, scalar_map, hook, hk,
-                                i, rmap, dtype)
+            add(i, kernel, amap, scalar_map(i, kernel, ''), dtype, ('rule',))
+            rule_hooks(i, st.rule_post_items[i], rmap, dtype, 'rule_post')
             if fp32:
                 add(i, K.FROM_FP32, {'param32': p32, 'param': pnew}, {},
                     dtype)
         hook_items(st.opt_post_items,
-                   lambda i: post_amap.get(i, {'param': 0, 'grad': 1}))
+                   lambda i: post_amap.get(i, {'param': 0, 'grad': 1}),
+                   'opt_post')
         self.nphases = max([k for _, k in segs] + list(reds) + [0]) + 1
         work = [[] for _ in range(self.nphases)]
         self.segments = {}
@@ -279,14 +296,6 @@ class Variant(object):
                                                   (i, amap['grad'])],
                                  [(i, smap['rate'])]))
         counters[i] = k + 1
-
-    def _rule_hook(self, reds, counters, segs, scalar_map, hook, kernel, i,
-                   rmap, dtype):
-        m = scalar_map(i, kernel, type(hook).__name__)
-        if kernel is K.GRADIENT_LARS:
-            self._lars(reds, counters, hook, i, rmap, m)
-        segs[(i, counters[i])].append(K.Segment(
-            kernel, {a: rmap[a] for a in kernel.arrays}, m, dtype))
 
     def full_temps(self, i, prog):
         key = (i, prog)
@@ -316,6 +325,9 @@ def schedule(st, variant):
 def _entries(st, variant):
     out = []
     for i, name in enumerate(st.names):
+        if st.shapes[i] is None:
+            out.append(None)
+            continue
         split = variant.phases.split[i]
         out.append(update_ir.Entry(
             name, st.shapes[i], st.dtypes[i], variant.array_labels[i],
@@ -329,6 +341,9 @@ def describe(st, variant):
     lines = ['  last plan: %d phase(s), %d thread(s)' % (
         variant.nphases, st.threads)]
     for i, name in enumerate(st.names):
+        if st.shapes[i] is None:
+            lines.append('    %s: uninitialized' % name)
+            continue
         kernels = []
         for k in range(variant.nphases):
             kernels += [s.kernel.name for s in

@@ -284,20 +284,29 @@ _typed_index = {}
 
 
 def check_typed(kernel, values, dtype):
-    """Raise Unsupported where a scalar that feeds a temporary would make
-    NumPy compute that temporary in another dtype."""
+    """() where every scalar that feeds a temporary leaves it ``dtype``
+    (Python numbers always do); else ((name, dtype the temporaries take),
+    ...) for the others. Raises Unsupported for a scalar NumPy cannot
+    combine with ``dtype`` arrays into a float dtype."""
     idx = _typed_index.get(kernel)
     if idx is None:
         idx = _typed_index[kernel] = tuple(
             i for i, n in enumerate(kernel.scalars) if n in kernel.typed)
+    strong = ()
     for i in idx:
         v = values[i]
         t = type(v)
-        if t is not float and t is not int and not weak(v, dtype):
-            raise Unsupported(
-                '%s: %s is a %s, which NumPy promotes %s arrays past %s' % (
-                    kernel.name, kernel.scalars[i], t.__name__, dtype.name,
-                    dtype.name))
+        if t is float or t is int or weak(v, dtype):
+            continue
+        try:
+            dt = numpy.result_type(v, numpy.empty(0, dtype))
+        except TypeError:
+            dt = None
+        if dt is None or dt.kind != 'f':
+            raise Unsupported('%s: %s is %r, not a real number' % (
+                kernel.name, kernel.scalars[i], v))
+        strong += ((kernel.scalars[i], dt.str),)
+    return strong
 
 
 def is_numpy(array):
@@ -306,4 +315,3 @@ def is_numpy(array):
 
 SUPPORTED_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
 FLOAT16 = numpy.dtype(numpy.float16)
-CHAINER = chainer

@@ -330,11 +330,14 @@ def test_hyperparameters_of_other_types(kind):
              '0-d array': numpy.array(0.01), 'int': 1}[kind]
     t = Twins(RULES['NesterovAG'][0])
     t.for_both(lambda m, o: setattr(o, 'lr', value))
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore', StaticGraphWarning)
-        t.step(3)
-    if numpy.lib.NumpyVersion(numpy.__version__) < '2.0.0':
-        assert captured(t.ob).fallback_steps == 0
+    t.step(3)
+    assert captured(t.ob).fallback_steps == 0
+    # NumPy 2 computes a float64 scalar times a float32 array in float64
+    # (NumPy 1 in float32): so do the temporaries it feeds
+    numpy2 = numpy.lib.NumpyVersion(numpy.__version__) >= '2.0.0'
+    text = str(static_graph.update_schedule(t.ob))
+    wide = kind in ('numpy.float64', '0-d array') and numpy2
+    assert ('f64[37,7] = multiply(' in text) == wide
 
 
 def test_state_arrays_are_chainers_own():
@@ -430,6 +433,71 @@ def test_float16_without_fp32_update_falls_back():
     with pytest.warns(StaticGraphWarning, match='float16 parameter'):
         t.step(2)
     assert captured(t.ob).fallback_steps == 2
+
+
+class SubArray(numpy.ndarray):
+    pass
+
+
+def test_array_that_is_not_numpys_own_falls_back():
+    """Anything but numpy.ndarray (CuPy, ChainerX, iDeep; here a subclass)
+    runs Chainer's update."""
+    t = Twins(RULES['SGD'][0])
+    t.for_both(lambda m, o: setattr(m.l1.W, 'array',
+                                    m.l1.W.array.view(SubArray)))
+    with pytest.warns(StaticGraphWarning, match='SubArray'):
+        t.step(2)
+    assert captured(t.ob).fallback_steps == 2
+
+
+def test_a_link_registered_twice_falls_back():
+    """Chainer updates a shared link's parameters twice a step."""
+    class Twice(Net):
+        def __init__(self, dtype=None):
+            super(Twice, self).__init__(dtype)
+            with self.init_scope():
+                self.again = self.l1
+    t = Twins(RULES['Adam'][0], net=Twice)
+    with pytest.warns(StaticGraphWarning, match='twice'):
+        t.step(2)
+
+
+def test_uninitialized_parameter():
+    """A link never called keeps its parameters uninitialized: Chainer's
+    rules count the step (t) and do nothing else; so does the capture."""
+    class Lazy(Net):
+        def __init__(self, dtype=None):
+            super(Lazy, self).__init__(dtype)
+            with self.init_scope():
+                self.lazy = L.Linear(None, 3)
+    t = Twins(RULES['Adam'][0], net=Lazy,
+              hooks=[HOOKS['WeightDecay'], HOOKS['GradientClipping']])
+    t.step(2)
+    assert t.b.lazy.W.update_rule.t == 2 and t.b.lazy.W.array is None
+    assert captured(t.ob).fallback_steps == 0
+    x = numpy.ones((2, 4), 'f')
+    for m in (t.a, t.b):
+        numpy.random.seed(0)
+        m.lazy(x)           # now initialized: planned again
+    t.step(2)
+    assert captured(t.ob).fallback_steps == 0
+
+
+def test_capture_before_setup():
+    numpy.random.seed(0)
+    a, b = Net(), Net()
+    b.copyparams(a)
+    ob = static_graph.capture_update(O.Adam())
+    ob.setup(b)
+    oa = O.Adam().setup(a)
+    for i in range(2):
+        x = numpy.full((3, 7), i + 1, 'f')
+        for m, o in ((a, oa), (b, ob)):
+            m.cleargrads()
+            loss_of(m, x).backward()
+            o.update()
+    assert_same(a, b, oa, ob)
+    assert captured(ob).steps == 2
 
 
 def test_optimizer_class_of_ones_own_falls_back():

@@ -87,9 +87,11 @@ def assert_same(a, b, oa, ob):
     assert sorted(pa) == sorted(pb)
     for name in sorted(pa):
         p, q = pa[name], pb[name]
-        assert p.array.dtype == q.array.dtype, name
-        assert numpy.array_equal(p.array, q.array, equal_nan=True), \
-            'param %s differs by %s' % (name, _diff(p.array, q.array))
+        assert (p.array is None) == (q.array is None)
+        if p.array is not None:
+            assert p.array.dtype == q.array.dtype, name
+            assert numpy.array_equal(p.array, q.array, equal_nan=True), \
+                'param %s differs by %s' % (name, _diff(p.array, q.array))
         assert (p.grad is None) == (q.grad is None), name
         if p.grad is not None:
             assert numpy.array_equal(p.grad, q.grad, equal_nan=True), \

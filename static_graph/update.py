@@ -38,6 +38,7 @@ from chainer import optimizer as optimizer_module
 from chainer import variable
 
 from schedules import parallel
+from static_graph import compat
 from static_graph import diagnostics
 from static_graph import update_plan
 from static_graph import update_readers as R
@@ -66,6 +67,12 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
     optimizer it wraps) and on an optimizer not set up yet. Calling it
     again changes the options.
     """
+    if compat.UNSUPPORTED is not None:
+        diagnostics.warn_once(
+            ('capture_update', 'unsupported'),
+            'static_graph.capture_update is a pass-through: %s; the '
+            'optimizer runs Chainer\'s update' % compat.UNSUPPORTED)
+        return optimizer
     actual = optimizer
     inner = getattr(optimizer, '__dict__', {}).get('actual_optimizer')
     if inner is not None:       # chainermn's _MultiNodeOptimizer and co.
@@ -159,7 +166,7 @@ def _update(self, lossfun=None, *args, **kwds):
 # -- the capture --------------------------------------------------------------
 
 _GRADIENT_METHOD = {
-    name: getattr(optimizer_module.GradientMethod, name)
+    name: getattr(optimizer_module.GradientMethod, name, None)
     for name in ('update', 'reallocate_cleared_grads', 'call_hooks',
                  'call_hook', 'check_nan_in_grads', 'is_safe_to_update',
                  'update_loss_scale')}

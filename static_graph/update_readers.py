@@ -46,25 +46,29 @@ def pack(kernel, values):
 RULES = {}     # rule class -> reader(rule, dtype) -> (kernel, scalars)
 
 
-def _rule(cls):
+def _rule(module, name):
+    # (A Chainer older than 7 may lack the class: it is not registered.)
+    cls = getattr(getattr(optimizers, module, None), name, None)
+
     def register(fn):
-        RULES[cls] = fn
+        if cls is not None:
+            RULES[cls] = fn
         return fn
     return register
 
 
-@_rule(optimizers.sgd.SGDRule)
+@_rule('sgd', 'SGDRule')
 def _sgd(rule, dtype):
     return K.SGD, (rule.hyperparam.lr,)
 
 
-@_rule(optimizers.momentum_sgd.MomentumSGDRule)
+@_rule('momentum_sgd', 'MomentumSGDRule')
 def _momentum_sgd(rule, dtype):
     hp = rule.hyperparam
     return K.MOMENTUM_SGD, (hp.momentum, hp.lr)
 
 
-@_rule(optimizers.nesterov_ag.NesterovAGRule)
+@_rule('nesterov_ag', 'NesterovAGRule')
 def _nesterov_ag(rule, dtype):
     lr, momentum = rule.hyperparam.lr, rule.hyperparam.momentum
     return K.NESTEROV_AG, pack(K.NESTEROV_AG, {
@@ -73,7 +77,7 @@ def _nesterov_ag(rule, dtype):
         'one_plus_momentum_lr': (1 + momentum) * lr})
 
 
-@_rule(optimizers.corrected_momentum_sgd.CorrectedMomentumSGDRule)
+@_rule('corrected_momentum_sgd', 'CorrectedMomentumSGDRule')
 def _corrected_momentum_sgd(rule, dtype):
     hp = rule.hyperparam
     return K.CORRECTED_MOMENTUM_SGD, (hp.momentum, hp.lr)
@@ -87,7 +91,7 @@ def _adam_check_eps(hp, dtype):
                           % dtype.name)
 
 
-@_rule(optimizers.adam.AdamRule)
+@_rule('adam', 'AdamRule')
 def _adam(rule, dtype):
     hp = rule.hyperparam
     _adam_check_eps(hp, dtype)
@@ -106,7 +110,7 @@ def _adam(rule, dtype):
     return kernel, pack(kernel, values)
 
 
-@_rule(optimizers.rmsprop.RMSpropRule)
+@_rule('rmsprop', 'RMSpropRule')
 def _rmsprop(rule, dtype):
     hp = rule.hyperparam
     eps = dtype.type(hp.eps)
@@ -119,7 +123,7 @@ def _rmsprop(rule, dtype):
         'lr': hp.lr})
 
 
-@_rule(optimizers.rmsprop_graves.RMSpropGravesRule)
+@_rule('rmsprop_graves', 'RMSpropGravesRule')
 def _rmsprop_graves(rule, dtype):
     hp = rule.hyperparam
     return K.RMSPROP_GRAVES, pack(K.RMSPROP_GRAVES, {
@@ -127,20 +131,20 @@ def _rmsprop_graves(rule, dtype):
         'momentum': hp.momentum, 'lr': hp.lr, 'eps': hp.eps})
 
 
-@_rule(optimizers.ada_grad.AdaGradRule)
+@_rule('ada_grad', 'AdaGradRule')
 def _ada_grad(rule, dtype):
     hp = rule.hyperparam
     return K.ADA_GRAD, (hp.lr, hp.eps)
 
 
-@_rule(optimizers.ada_delta.AdaDeltaRule)
+@_rule('ada_delta', 'AdaDeltaRule')
 def _ada_delta(rule, dtype):
     rho, eps = rule.hyperparam.rho, rule.hyperparam.eps
     return K.ADA_DELTA, pack(K.ADA_DELTA, {
         'rho': rho, 'one_minus_rho': 1 - rho, 'eps': eps})
 
 
-@_rule(optimizers.smorms3.SMORMS3Rule)
+@_rule('smorms3', 'SMORMS3Rule')
 def _smorms3(rule, dtype):
     hp = rule.hyperparam
     return K.SMORMS3, pack(K.SMORMS3, {'eps': hp.eps, 'lr': hp.lr})
@@ -174,21 +178,21 @@ ELEMENTWISE = 'elementwise'
 GLOBAL = 'global'        # a reduction over every parameter
 PER_PARAM = 'per_param'  # a reduction over the parameter's own arrays
 
-_HOOKS = {
-    optimizer_hooks.WeightDecay: ELEMENTWISE,
-    optimizer_hooks.Lasso: ELEMENTWISE,
-    optimizer_hooks.GradientHardClipping: ELEMENTWISE,
-    optimizer_hooks.GradientClipping: GLOBAL,
-    optimizer_hooks.GradientLARS: PER_PARAM,
-}
+_sum_sqnorm_grads = getattr(gradient_clipping, '_sum_sqnorm_grads', None)
+_HOOKS = {getattr(optimizer_hooks, name, None): kind for name, kind in (
+    ('WeightDecay', ELEMENTWISE), ('Lasso', ELEMENTWISE),
+    ('GradientHardClipping', ELEMENTWISE),
+    ('GradientClipping', GLOBAL if _sum_sqnorm_grads else None),
+    ('GradientLARS', PER_PARAM))}
+_HOOKS = {cls: kind for cls, kind in _HOOKS.items() if cls and kind}
 _hook_calls = {cls: cls.__call__ for cls in _HOOKS}
 # The deprecated chainer.optimizer.WeightDecay & co. only warn in __init__.
-for _old in (optimizer_module.WeightDecay, optimizer_module.Lasso,
-             optimizer_module.GradientClipping,
-             optimizer_module.GradientHardClipping):
-    _base = _old.__mro__[1]
-    _HOOKS[_old] = _HOOKS[_base]
-    _hook_calls[_old] = _hook_calls[_base]
+for _name in ('WeightDecay', 'Lasso', 'GradientClipping',
+              'GradientHardClipping'):
+    _old = getattr(optimizer_module, _name, None)
+    if _old is not None and _old.__mro__[1] in _HOOKS:
+        _HOOKS[_old] = _HOOKS[_old.__mro__[1]]
+        _hook_calls[_old] = _hook_calls[_old.__mro__[1]]
 
 
 def hook_kind(hook, per_param_call):
@@ -210,17 +214,18 @@ def hook_kind(hook, per_param_call):
     return kind
 
 
+_HOOK_KERNELS = {'WeightDecay': K.WEIGHT_DECAY, 'Lasso': K.LASSO,
+                 'GradientHardClipping': K.GRADIENT_HARD_CLIPPING,
+                 'GradientClipping': K.GRADIENT_CLIPPING,
+                 'GradientLARS': K.GRADIENT_LARS}
+
+
 def hook_kernel(hook):
-    """The element-wise kernel of a hook."""
-    if isinstance(hook, optimizer_hooks.WeightDecay):
-        return K.WEIGHT_DECAY
-    if isinstance(hook, optimizer_hooks.Lasso):
-        return K.LASSO
-    if isinstance(hook, optimizer_hooks.GradientHardClipping):
-        return K.GRADIENT_HARD_CLIPPING
-    if isinstance(hook, optimizer_hooks.GradientClipping):
-        return K.GRADIENT_CLIPPING
-    return K.GRADIENT_LARS
+    """The element-wise kernel of a hook (of a class in _HOOKS)."""
+    for cls in type(hook).__mro__:
+        if cls.__module__.startswith('chainer.optimizer_hooks'):
+            return _HOOK_KERNELS[cls.__name__]
+    raise AssertionError(type(hook))
 
 
 def hook_scalars(hook, kernel, loss_scale):
@@ -244,7 +249,7 @@ def hook_scalars(hook, kernel, loss_scale):
 def clip_rate(hook, params):
     """GradientClipping's global scale, computed as Chainer does (its own
     sum of squared norms): (whether to scale, rate)."""
-    sqnorm, _ = gradient_clipping._sum_sqnorm_grads(params)
+    sqnorm, _ = _sum_sqnorm_grads(params)
     norm = numpy.sqrt(sqnorm)
     rate = hook.threshold / norm
     return not (rate >= 1), rate

@@ -564,6 +564,29 @@ def test_chainermn_multi_node_optimizer(on):
     assert_same(a, b, oa.actual_optimizer, ob_actual)
 
 
+def test_with_a_static_graph_model():
+    """The library's two halves together: a decorated forward replayed,
+    its gradients updated by the captured update; the same bits as
+    define-by-run and Chainer's update."""
+    class StaticNet(Net):
+        @static_graph.static_graph
+        def forward(self, x):
+            return super(StaticNet, self).forward(x)
+    numpy.random.seed(0)
+    a, b = Net(), StaticNet()
+    b.copyparams(a)
+    oa = O.Adam().setup(a)
+    ob = static_graph.capture_update(O.Adam().setup(b), min_split=64)
+    rs = numpy.random.RandomState(1)
+    for i in range(4):
+        x = rs.standard_normal((6, 7)).astype(numpy.float32)
+        for m, o in ((a, oa), (b, ob)):
+            o.update(loss_of, m, x)
+        assert_same(a, b, oa, ob)
+    assert static_graph.cached(b)[0].state == 'complete'
+    assert captured(ob).steps == 4
+
+
 def test_schedules_do_not_import_chainer():
     import subprocess
     import sys

@@ -4,6 +4,7 @@
     python examples/mnist/train_mnist.py                 # static graph
     python examples/mnist/train_mnist.py --no-static     # define-by-run
     python examples/mnist/train_mnist.py --compare       # both, with timings
+    python examples/mnist/train_mnist.py --compare --capture-update
 
 Without network access and without ``--data``/a cached MNIST, the embedded
 scikit-learn digits (upsampled to 28x28) are used instead; see ``data.py``.
@@ -33,7 +34,7 @@ import chainer.links as L  # NOQA
 from chainer import training  # NOQA
 from chainer.training import extensions  # NOQA
 
-from static_graph import static_graph  # NOQA
+from static_graph import capture_update, static_graph  # NOQA
 
 import _compat  # NOQA
 from _timing import TimedUpdater, mean_step_time  # NOQA
@@ -95,6 +96,8 @@ def train(args, train_data, test_data, static, out):
     device.send_link(model)
     optimizer = chainer.optimizers.Adam()
     optimizer.setup(model)
+    if static and args.capture_update:
+        capture_update(optimizer)
 
     train_iter = chainer.iterators.SerialIterator(train_data, args.batchsize)
     test_iter = chainer.iterators.SerialIterator(
@@ -177,6 +180,10 @@ def parse_args(argv=None):
     parser.add_argument('--no-static', dest='static', action='store_false',
                         help='plain define-by-run '
                              '(chainer.config.use_static_graph = False)')
+    parser.add_argument('--capture-update', action='store_true',
+                        help='with the static graph, also run Adam\'s '
+                             'update as captured in-place kernels split '
+                             'across threads (static_graph.capture_update)')
     parser.add_argument('--compare', action='store_true',
                         help='train twice, with and without the static '
                              'graph, and compare time per iteration')

@@ -232,6 +232,32 @@ def test_fp32_update_of_float16():
     assert all(p.array is not a for p, a in zip(t.b.params(), arrays))
 
 
+@pytest.mark.parametrize('rule', ['MomentumSGD', 'AMSBound', 'SMORMS3'])
+def test_fp32_update_with_hooks_and_loss_scaling(rule):
+    """float16 parameters updated in float32 under every kind of hook (the
+    optimizer's run on the float16 arrays, the rule's on the float32 copy;
+    a post hook sees the new float16 array) and dynamic loss scaling."""
+    t = Twins(RULES[rule][0], dtype=numpy.float16, hooks=[
+        HOOKS['GradientClipping'], HOOKS['GradientLARS']])
+    t.for_both(lambda m, o: o.use_fp32_update())
+    t.for_both(lambda m, o: o.loss_scaling(interval=3))
+    t.for_both(lambda m, o: o.add_hook(H.WeightDecay(1e-3), timing='post'))
+    t.for_both(lambda m, o: m.l2.W.update_rule.add_hook(
+        H.GradientLARS(threshold=1e-3, weight_decay=0.01)))
+    t.for_both(lambda m, o: m.l1.b.update_rule.add_hook(
+        H.GradientHardClipping(-0.1, 0.1), timing='post'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', RuntimeWarning)
+        warnings.simplefilter('ignore', UserWarning)  # Chainer's overflow
+        for i in range(5):
+            x = t.batch()
+            for m, o in ((t.a, t.oa), (t.b, t.ob)):
+                m.cleargrads()
+                loss_of(m, x).backward(loss_scale=o._loss_scale)
+            t.update()
+    assert captured(t.ob).fallback_steps == 0
+
+
 def test_save_and_load_npz(tmp_path):
     """The captured optimizer saves the same file; loading a snapshot
     mid-run into fresh twins resumes bit for bit."""

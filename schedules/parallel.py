@@ -36,6 +36,7 @@ class WorkerPool(object):
         self.pid = os.getpid()
         self.lock = threading.Lock()     # one dispatch at a time
         self._done = queue.SimpleQueue()
+        self._gen = 0
         self._queues = []
         for w in range(1, threads):
             q = queue.SimpleQueue()
@@ -47,7 +48,7 @@ class WorkerPool(object):
     def _loop(self, q):
         done = self._done
         while True:
-            tasks, err = q.get()
+            gen, tasks, err = q.get()
             failure = None
             try:
                 if err is None:
@@ -57,24 +58,31 @@ class WorkerPool(object):
                         _run_tasks(tasks)
             except BaseException as e:     # handed to the dispatcher
                 failure = e
-            done.put(failure)
+            done.put((gen, failure))
 
     def run(self, parts, errstate=None):
         """Run ``parts`` (lists of ``(fn, args)``); ``errstate``: the
         caller's ``numpy.geterr()`` where it differs from the default, for
         the workers to use too."""
+        self._gen += 1
+        gen = self._gen
         sent = 0
         for q, tasks in zip(self._queues, parts[1:]):
             if tasks:
-                q.put((tasks, errstate))
+                q.put((gen, tasks, errstate))
                 sent += 1
         failure = None
         try:
             _run_tasks(parts[0])
         except BaseException as e:
             failure = e
-        for _ in range(sent):
-            f = self._done.get()
+        while sent:
+            # (a dispatch interrupted while it waited left its workers'
+            # reports behind: they carry an older number)
+            g, f = self._done.get()
+            if g != gen:
+                continue
+            sent -= 1
             if failure is None and f is not None:
                 failure = f
         if failure is not None:

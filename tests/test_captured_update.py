@@ -141,6 +141,33 @@ def test_not_contiguous_gradient():
         t.update()
 
 
+def test_numpy_error_state_reaches_the_threads():
+    """numpy.seterr(all='raise'): an invalid operation in a worker's chunk
+    raises FloatingPointError, as Chainer's update does."""
+    t = Twins(RULES['Adam'][0])
+    t.step(1)
+    t.backward()
+    for m in (t.a, t.b):
+        m.l1.W.grad[-1, -1] = numpy.inf     # in the second thread's chunk
+    for o in (t.oa, t.ob):
+        with numpy.errstate(all='raise'):
+            with pytest.raises(FloatingPointError):
+                o.update()
+
+
+def test_worker_pool_reports_failures():
+    from schedules import parallel
+    pool = parallel.WorkerPool(3)
+    out = []
+
+    def fail():
+        raise ValueError('in a worker')
+    with pytest.raises(ValueError, match='in a worker'):
+        pool.run([[(out.append, (0,))], [(fail, ())], [(out.append, (2,))]])
+    pool.run([[(out.append, (0,))], [(out.append, (1,))], []])
+    assert sorted(out) == [0, 0, 1, 2]
+
+
 def test_schedule_is_printable():
     t = Twins(RULES['Adam'][0], hooks=[HOOKS['GradientClipping']])
     assert static_graph.update_schedule(t.ob) is None

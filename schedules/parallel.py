@@ -58,7 +58,9 @@ class WorkerPool(object):
                         _run_tasks(tasks)
             except BaseException as e:     # handed to the dispatcher
                 failure = e
+            del tasks       # (its arrays are the caller's to free)
             done.put((gen, failure))
+            del failure
 
     def run(self, parts, errstate=None):
         """Run ``parts`` (lists of ``(fn, args)``); ``errstate``: the

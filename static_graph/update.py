@@ -402,7 +402,7 @@ class _Capture(object):
                            None if promo is None else
                            tuple(sorted(promo.items())))
             whole[i] = arrays
-            flat[i] = st.flatten(i, arrays)
+            flat[i] = st.flatten(i, arrays, fp32)
             scalars[i] = S
         variant = st.variant(tuple(sigs))
         return st, variant, whole, flat, scalars, news

@@ -123,11 +123,16 @@ class Structure(object):
             g = self._grad32[i] = numpy.empty(self.shapes[i], numpy.float32)
         return g
 
-    def flatten(self, i, arrays):
+    def flatten(self, i, arrays, fp32):
         """Flat views of a parameter's arrays, or None where one is not
-        C-contiguous (then its programs run on the whole arrays, unsplit)."""
+        C-contiguous (then its programs run on the whole arrays, unsplit).
+        The views of the arrays that last (the parameter, its state) are
+        kept for the next step; not those of a step's own arrays (the
+        gradient; with fp32 the float16 parameter and its new array), which
+        would stay alive a step longer than in Chainer."""
         cache = self._flat[i]
         out = []
+        last = len(arrays) - 1
         for j, a in enumerate(arrays):
             c = cache.get(j)
             if c is not None and c[0] is a:
@@ -136,7 +141,8 @@ class Structure(object):
             if not a.flags.c_contiguous:
                 return None
             f = a if a.ndim == 1 else a.reshape(-1)
-            cache[j] = (a, f)
+            if j != 1 and not (fp32 and (j == 0 or j == last)):
+                cache[j] = (a, f)
             out.append(f)
         return out
 

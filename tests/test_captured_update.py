@@ -168,6 +168,19 @@ def test_worker_pool_reports_failures():
     assert sorted(out) == [0, 0, 1, 2]
 
 
+def test_keeps_no_gradient_alive():
+    """After cleargrads the last step's gradients are gone, as in Chainer
+    (the captured update keeps views only of arrays that last)."""
+    import gc
+    import weakref
+    t = Twins(RULES['Adam'][0])
+    t.step(2)
+    refs = [weakref.ref(p.grad) for p in t.b.params()]
+    t.b.cleargrads()
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_schedule_is_printable():
     t = Twins(RULES['Adam'][0], hooks=[HOOKS['GradientClipping']])
     assert static_graph.update_schedule(t.ob) is None

@@ -15,7 +15,10 @@ time per update over rounds and Chainer's time divided by the variant's:
 * ``captured-1``: ``capture_update(optimizer, threads=1)``;
 * ``numpy``: a hand-written in-place NumPy update (one ufunc call per
   operation on whole arrays, preallocated temporaries): what the element-wise
-  work costs with no framework and one thread, for reference.
+  work costs with no framework and one thread, for reference;
+* ``numpy-2t`` (Adam, where more than one core is available): the same,
+  its large arrays cut in halves run by two threads: what two threads give
+  on this machine at this moment (these machines are shared).
 
 Before timing, each captured variant is checked against Chainer's update
 over a few steps from the same start (parameters and state, bit for bit).
@@ -55,36 +58,56 @@ def make(sizes, seed=0):
 
 
 class NumpyAdam(object):
-    """In-place Adam on whole arrays (Chainer's defaults)."""
+    """In-place Adam on whole arrays (Chainer's defaults); with ``threads``
+    > 1, each parameter of 32768 elements or more is cut in ``threads``
+    flat halves (thirds...) run by a plain pool: what threads give with no
+    framework at all, on this machine at this moment."""
 
     def __init__(self, params, alpha=0.001, beta1=0.9, beta2=0.999,
-                 eps=1e-8):
+                 eps=1e-8, threads=1):
         self.params = params
         self.h = (alpha, beta1, beta2, eps)
         self.m = [numpy.zeros_like(p.array) for p in params]
         self.v = [numpy.zeros_like(p.array) for p in params]
         self.t0 = [numpy.empty_like(p.array) for p in params]
         self.t = 0
+        self.threads = threads
 
     def update(self):
         alpha, beta1, beta2, eps = self.h
         self.t += 1
         alpha_t = alpha * (1 - beta2 ** self.t) ** 0.5 / (1 - beta1 ** self.t)
+        if self.threads == 1:
+            for p, m, v, t0 in zip(self.params, self.m, self.v, self.t0):
+                self._one(p.grad, p.array, m, v, t0, alpha_t)
+            return
+        parts = [[] for _ in range(self.threads)]
         for p, m, v, t0 in zip(self.params, self.m, self.v, self.t0):
-            g, x = p.grad, p.array
-            numpy.subtract(g, m, out=t0)
-            numpy.multiply(1 - beta1, t0, out=t0)
-            numpy.add(m, t0, out=m)
-            numpy.multiply(g, g, out=t0)
-            numpy.subtract(t0, v, out=t0)
-            numpy.multiply(1 - beta2, t0, out=t0)
-            numpy.add(v, t0, out=v)
-            numpy.sqrt(v, out=t0)
-            numpy.add(t0, eps, out=t0)
-            numpy.true_divide(alpha_t, t0, out=t0)
-            numpy.multiply(t0, m, out=t0)
-            numpy.multiply(-1.0, t0, out=t0)
-            numpy.add(x, t0, out=x)
+            arrays = [a.reshape(-1) for a in (p.grad, p.array, m, v, t0)]
+            if p.size < 32768:
+                parts[0].append((self._one, tuple(arrays) + (alpha_t,)))
+                continue
+            for w, (lo, hi) in enumerate(parallel.chunks(p.size,
+                                                         self.threads)):
+                parts[w].append((self._one, tuple(
+                    a[lo:hi] for a in arrays) + (alpha_t,)))
+        parallel.pool(self.threads).run(parts)
+
+    def _one(self, g, x, m, v, t0, alpha_t):
+        alpha, beta1, beta2, eps = self.h
+        numpy.subtract(g, m, out=t0)
+        numpy.multiply(1 - beta1, t0, out=t0)
+        numpy.add(m, t0, out=m)
+        numpy.multiply(g, g, out=t0)
+        numpy.subtract(t0, v, out=t0)
+        numpy.multiply(1 - beta2, t0, out=t0)
+        numpy.add(v, t0, out=v)
+        numpy.sqrt(v, out=t0)
+        numpy.add(t0, eps, out=t0)
+        numpy.true_divide(alpha_t, t0, out=t0)
+        numpy.multiply(t0, m, out=t0)
+        numpy.multiply(-1.0, t0, out=t0)
+        numpy.add(x, t0, out=x)
 
 
 class NumpySGD(object):
@@ -136,6 +159,10 @@ def bench(name, sizes, opt_name, rounds, steps):
         make_opt().setup(m), threads=1).update
     m = make(sizes)
     variants['numpy'] = make_numpy(list(m.params())).update
+    if opt_name == 'adam' and threads > 1:
+        m = make(sizes)
+        variants['numpy-%dt' % threads] = NumpyAdam(list(m.params()),
+                                                    threads=threads).update
     same = {'captured': check(sizes, make_opt, threads),
             'captured-1': check(sizes, make_opt, 1)}
     for fn in variants.values():       # warm up (states, plans, pools)

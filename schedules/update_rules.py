@@ -159,7 +159,7 @@ v = subtract(v, t0)
 t0 = multiply($momentum_sq, v)        # param.data += momentum * momentum * v
 param = add(param, t0)
 t0 = multiply($one_plus_momentum_lr, grad)
-param = subtract(param, t0)           # param.data -= (1 + momentum) * lr * grad
+param = subtract(param, t0)           # param -= (1 + momentum) * lr * grad
 ''', arrays=('param', 'grad', 'v'))
 
 CORRECTED_MOMENTUM_SGD = Kernel('CorrectedMomentumSGD', '''
@@ -248,7 +248,8 @@ g = multiply(g, $alpha)               # g *= alpha
 t0 = multiply($one_minus_alpha, grad) # g += (1 - alpha) * grad
 g = add(g, t0)
 delta = multiply(delta, $momentum)    # delta *= momentum
-t0 = multiply($lr, grad)              # delta -= lr * grad / sqrt(n - g * g + eps)
+t0 = multiply($lr, grad)              # delta -= lr * grad
+                                      #     / sqrt(n - g * g + eps)
 t1 = multiply(g, g)
 t1 = subtract(n, t1)
 t1 = add(t1, $eps)
@@ -261,7 +262,8 @@ param = add(param, delta)             # param.data += delta
 ADA_GRAD = Kernel('AdaGrad', '''
 t0 = multiply(grad, grad)             # h += grad * grad
 h = add(h, t0)
-t0 = multiply($lr, grad)              # param.data -= lr * grad / (sqrt(h) + eps)
+t0 = multiply($lr, grad)              # param.data -= lr * grad
+                                      #     / (sqrt(h) + eps)
 t1 = sqrt(h)
 t1 = add(t1, $eps)
 t0 = true_divide(t0, t1)
@@ -273,7 +275,8 @@ msg = multiply(msg, $rho)             # msg *= rho
 t0 = multiply($one_minus_rho, grad)   # msg += (1 - rho) * grad * grad
 t0 = multiply(t0, grad)
 msg = add(msg, t0)
-t0 = add(msdx, $eps)                  # dx = sqrt((msdx + eps) / (msg + eps)) * grad
+t0 = add(msdx, $eps)                  # dx = sqrt((msdx + eps)
+                                      #     / (msg + eps)) * grad
 t1 = add(msg, $eps)
 t0 = true_divide(t0, t1)
 t0 = sqrt(t0)

@@ -63,9 +63,11 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
     (every op of a block back to back, while its operands are in cache);
     None (default): the whole chunk at once, which measured fastest on the
     MLP of ``benchmarks/update.py`` (its arrays fit in the L3 cache, and
-    each block costs the GIL-holding Python of one call per op). Works on a ChainerMN multi-node optimizer (it captures the
-    optimizer it wraps) and on an optimizer not set up yet. Calling it
-    again changes the options.
+    each block costs the GIL-holding Python of one call per op).
+
+    Works on a ChainerMN multi-node optimizer (it captures the optimizer
+    it wraps) and on an optimizer not set up yet. Calling it again changes
+    the options.
     """
     if compat.UNSUPPORTED is not None:
         diagnostics.warn_once(
@@ -327,7 +329,8 @@ class _Capture(object):
             if safe and rule is not None and rule.enabled:
                 fp32 = rule._use_fp32_update and dtype == float16
                 if fp32:
-                    param_, cdtype = _fp32_param(rule, p), R.SUPPORTED_DTYPES[0]
+                    param_ = _fp32_param(rule, p)
+                    cdtype = R.SUPPORTED_DTYPES[0]
                 else:
                     param_, cdtype = p, dtype
                     if dtype not in R.SUPPORTED_DTYPES:

@@ -362,7 +362,7 @@ def describe(st, variant):
             'one thread'))
     for k in sorted(variant.red_info):
         for kind, reads, _ in variant.red_info[k]:
+            names = sorted(set(st.names[i] for i, _ in reads))
             lines.append('    after phase %d, serially: %s of %s' % (
-                k, kind, ', '.join(sorted(set(st.names[i]
-                                             for i, _ in reads)))))
+                k, kind, ', '.join(names)))
     return '\n'.join(lines)

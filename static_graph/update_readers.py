@@ -11,7 +11,6 @@ import operator
 
 import numpy
 
-import chainer
 from chainer import optimizer as optimizer_module
 from chainer import optimizer_hooks
 from chainer import optimizers
@@ -263,7 +262,7 @@ def lars_rate(hook, p, g):
     return numpy.where(p_norm > hook.threshold, local_rate, 1.0)
 
 
-# -- scalars and NumPy's promotion ---------------------------------------------
+# -- scalars and NumPy's promotion --------------------------------------------
 
 _weak_cache = {}
 

@@ -1,48 +1,23 @@
 """The captured optimizer update (static_graph.capture_update) trains bit for
 bit like Chainer's own update, with every rule and hook, around everything
 Chainer does between steps; what it cannot run falls back, once, loudly."""
-import copy
 import os
-import pickle
 import warnings
 
 import numpy
 import pytest
 
 import chainer
-import chainer.functions as F
 import chainer.links as L
 from chainer import optimizer_hooks as H
-from chainer import optimizers as O
+from chainer import optimizers as Opt
 from chainer import serializers
 from chainer import training
 from chainer.training import extensions
 
 import static_graph
-from static_graph import StaticGraphWarning
-from tests.update_twins import Net, Twins, assert_same, captured, loss_of
-
-RULES = {
-    'SGD': (lambda: O.SGD(lr=0.05), 'lr'),
-    'MomentumSGD': (lambda: O.MomentumSGD(lr=0.05), 'lr'),
-    'NesterovAG': (lambda: O.NesterovAG(lr=0.05), 'lr'),
-    'CorrectedMomentumSGD': (lambda: O.CorrectedMomentumSGD(lr=0.05), 'lr'),
-    'Adam': (lambda: O.Adam(), 'alpha'),
-    'AdamW': (lambda: O.AdamW(weight_decay_rate=0.05), 'alpha'),
-    'Adam-eta': (lambda: O.Adam(eta=0.3), 'eta'),
-    'AdamW-eta': (lambda: O.Adam(weight_decay_rate=0.01, eta=0.3), 'eta'),
-    'AMSGrad': (lambda: O.AMSGrad(alpha=0.01), 'alpha'),
-    'AdaBound': (lambda: O.AdaBound(alpha=0.01), 'alpha'),
-    'AMSBound': (lambda: O.Adam(alpha=0.01, amsgrad=True, adabound=True,
-                                weight_decay_rate=0.1),
-                 'alpha'),
-    'RMSprop': (lambda: O.RMSprop(), 'lr'),
-    'RMSprop-inside': (lambda: O.RMSprop(eps_inside_sqrt=True), 'lr'),
-    'RMSpropGraves': (lambda: O.RMSpropGraves(lr=1e-3), 'lr'),
-    'AdaGrad': (lambda: O.AdaGrad(lr=0.05), 'lr'),
-    'AdaDelta': (lambda: O.AdaDelta(), 'rho'),
-    'SMORMS3': (lambda: O.SMORMS3(lr=0.01), 'lr'),
-}
+from tests.update_twins import HOOKS, RULES, Net, Twins, assert_same, \
+    captured, loss_of
 
 
 @pytest.mark.parametrize('name', sorted(RULES))
@@ -62,17 +37,6 @@ def test_float64(name):
     t = Twins(RULES[name][0], dtype=numpy.float64)
     t.step(3)
     assert captured(t.ob).fallback_steps == 0
-
-
-HOOKS = {
-    'WeightDecay': lambda: H.WeightDecay(0.01),
-    'Lasso': lambda: H.Lasso(0.01),
-    'GradientClipping': lambda: H.GradientClipping(0.5),
-    'GradientClipping-inactive': lambda: H.GradientClipping(1e9),
-    'GradientHardClipping': lambda: H.GradientHardClipping(-0.05, 0.05),
-    'GradientLARS': lambda: H.GradientLARS(threshold=1e-3,
-                                           weight_decay=0.01),
-}
 
 
 @pytest.mark.parametrize('name', sorted(HOOKS))
@@ -361,7 +325,7 @@ def test_trainer_with_lr_shift_and_evaluator(shift, tmp_path):
     for capture in (False, True):
         numpy.random.seed(0)
         model = L.Classifier(Net())
-        opt = O.MomentumSGD(lr=0.1).setup(model)
+        opt = Opt.MomentumSGD(lr=0.1).setup(model)
         opt.add_hook(H.WeightDecay(1e-3))
         if capture:
             static_graph.capture_update(opt, min_split=64)
@@ -374,8 +338,8 @@ def test_trainer_with_lr_shift_and_evaluator(shift, tmp_path):
         trainer.extend(lambda tr, o=opt, lrs=lrs: lrs.append(o.lr),
                        trigger=(1, 'iteration'), name='lrs')
         trainer.extend(extensions.Evaluator(
-            chainer.iterators.SerialIterator(dataset, 12, repeat=False,
-                                             shuffle=False), model),
+            chainer.iterators.SerialIterator(
+                dataset, 12, repeat=False, shuffle=False), model),
             trigger=(4, 'iteration'))
         trainer.run()
         results.append((model, opt, lrs))
@@ -440,92 +404,9 @@ def test_a_new_optimizer_on_the_same_model():
     the captured one updates with whatever rules they hold, as Chainer."""
     t = Twins(RULES['Adam'][0])
     t.step(2)
-    t.for_both(lambda m, o: O.SGD(lr=0.1).setup(m))
+    t.for_both(lambda m, o: Opt.SGD(lr=0.1).setup(m))
     t.step(2)
-    assert isinstance(t.b.l1.W.update_rule, O.sgd.SGDRule)
-
-
-class NoisyRule(O.sgd.SGDRule):
-    """A rule of one's own: falls back."""
-
-    def update_core_cpu(self, param):
-        param.array -= self.hyperparam.lr * param.grad * 1.5
-
-
-def _custom_rule(m, o):
-    m.l1.W.update_rule = NoisyRule(o.hyperparam)
-
-
-def _noise(m, o):
-    o.add_hook(H.GradientNoise(0.01, noise_func=lambda xp, shape, dtype,
-                               hook, rule: xp.full(shape, 0.001, dtype)))
-
-
-def _own_hook(m, o):
-    def hook(opt):
-        for p in opt.target.params():
-            p.grad *= 0.5
-    hook.name = 'half'
-    o.add_hook(hook)
-
-
-FALLBACKS = {
-    'rule': (_custom_rule, 'NoisyRule is not one the captured update'),
-    'GradientNoise': (_noise, 'hook GradientNoise is not one'),
-    'hook': (_own_hook, 'hook half is not one'),
-}
-
-
-@pytest.mark.parametrize('name', sorted(FALLBACKS))
-def test_fallback(name):
-    """Unsupported: each step runs Chainer's update (same bits); the reason
-    is warned once and listed by explain_update."""
-    change, reason = FALLBACKS[name]
-    t = Twins(RULES['SGD'][0])
-    t.step(1)
-    t.for_both(change)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
-        t.step(3)
-    ours = [w for w in caught if issubclass(w.category, StaticGraphWarning)]
-    assert len(ours) == 1 and reason in str(ours[0].message)
-    cap = captured(t.ob)
-    assert cap.steps == 1 and cap.fallback_steps == 3
-    assert reason in static_graph.explain_update(t.ob)
-
-
-def test_float16_without_fp32_update_falls_back():
-    t = Twins(RULES['Adam'][0], dtype=numpy.float16)
-    with pytest.warns(StaticGraphWarning, match='float16 parameter'):
-        t.step(2)
-    assert captured(t.ob).fallback_steps == 2
-
-
-class SubArray(numpy.ndarray):
-    pass
-
-
-def test_array_that_is_not_numpys_own_falls_back():
-    """Anything but numpy.ndarray (CuPy, ChainerX, iDeep; here a subclass)
-    runs Chainer's update."""
-    t = Twins(RULES['SGD'][0])
-    t.for_both(lambda m, o: setattr(m.l1.W, 'array',
-                                    m.l1.W.array.view(SubArray)))
-    with pytest.warns(StaticGraphWarning, match='SubArray'):
-        t.step(2)
-    assert captured(t.ob).fallback_steps == 2
-
-
-def test_a_link_registered_twice_falls_back():
-    """Chainer updates a shared link's parameters twice a step."""
-    class Twice(Net):
-        def __init__(self, dtype=None):
-            super(Twice, self).__init__(dtype)
-            with self.init_scope():
-                self.again = self.l1
-    t = Twins(RULES['Adam'][0], net=Twice)
-    with pytest.warns(StaticGraphWarning, match='twice'):
-        t.step(2)
+    assert isinstance(t.b.l1.W.update_rule, Opt.sgd.SGDRule)
 
 
 def test_uninitialized_parameter():
@@ -553,9 +434,9 @@ def test_capture_before_setup():
     numpy.random.seed(0)
     a, b = Net(), Net()
     b.copyparams(a)
-    ob = static_graph.capture_update(O.Adam())
+    ob = static_graph.capture_update(Opt.Adam())
     ob.setup(b)
-    oa = O.Adam().setup(a)
+    oa = Opt.Adam().setup(a)
     for i in range(2):
         x = numpy.full((3, 7), i + 1, 'f')
         for m, o in ((a, oa), (b, ob)):
@@ -564,34 +445,6 @@ def test_capture_before_setup():
             o.update()
     assert_same(a, b, oa, ob)
     assert captured(ob).steps == 2
-
-
-def test_optimizer_class_of_ones_own_falls_back():
-    class MySGD(O.SGD):
-        def update(self, lossfun=None, *args, **kwds):
-            self.calls = getattr(self, 'calls', 0) + 1
-            return super(MySGD, self).update(lossfun, *args, **kwds)
-    t = Twins(lambda: MySGD(lr=0.1))
-    with pytest.warns(StaticGraphWarning, match='overrides'):
-        t.step(2)
-    assert t.ob.calls == 2
-
-
-def test_config_flag_turns_it_off():
-    t = Twins(RULES['Adam'][0])
-    with chainer.using_config('use_static_graph', False):
-        t.step(2)
-    t.step(1)
-    assert captured(t.ob).steps == 1
-
-
-def test_copies_are_plain_optimizers():
-    t = Twins(RULES['Adam'][0])
-    t.step(1)
-    for c in (copy.copy(t.ob), copy.deepcopy(t.ob),
-              pickle.loads(pickle.dumps(t.ob))):
-        assert type(c) is O.Adam and captured(c) is None
-    assert type(t.ob).__name__ == 'Adam' and isinstance(t.ob, O.Adam)
 
 
 class FakeCommunicator(object):
@@ -610,7 +463,7 @@ def test_chainermn_multi_node_optimizer(on):
     chainermn = pytest.importorskip('chainermn')
 
     def make():
-        return O.Adam()
+        return Opt.Adam()
     numpy.random.seed(0)
     a, b = Net(), Net()
     b.copyparams(a)
@@ -641,8 +494,8 @@ def test_with_a_static_graph_model():
     numpy.random.seed(0)
     a, b = Net(), StaticNet()
     b.copyparams(a)
-    oa = O.Adam().setup(a)
-    ob = static_graph.capture_update(O.Adam().setup(b), min_split=64)
+    oa = Opt.Adam().setup(a)
+    ob = static_graph.capture_update(Opt.Adam().setup(b), min_split=64)
     rs = numpy.random.RandomState(1)
     for i in range(4):
         x = rs.standard_normal((6, 7)).astype(numpy.float32)
@@ -663,5 +516,5 @@ def test_schedules_do_not_import_chainer():
 
 
 def test_threads_default_is_the_affinity():
-    o = static_graph.capture_update(O.SGD())
+    o = static_graph.capture_update(Opt.SGD())
     assert captured(o).threads == len(os.sched_getaffinity(0))

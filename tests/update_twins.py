@@ -7,8 +7,45 @@ import numpy
 import chainer
 import chainer.functions as F
 import chainer.links as L
+from chainer import optimizer_hooks as H
+from chainer import optimizers as Opt
 
 import static_graph
+
+
+# Each optimizer the captured update covers, and a hyperparameter to change
+# mid-run.
+RULES = {
+    'SGD': (lambda: Opt.SGD(lr=0.05), 'lr'),
+    'MomentumSGD': (lambda: Opt.MomentumSGD(lr=0.05), 'lr'),
+    'NesterovAG': (lambda: Opt.NesterovAG(lr=0.05), 'lr'),
+    'CorrectedMomentumSGD': (lambda: Opt.CorrectedMomentumSGD(lr=0.05), 'lr'),
+    'Adam': (lambda: Opt.Adam(), 'alpha'),
+    'AdamW': (lambda: Opt.AdamW(weight_decay_rate=0.05), 'alpha'),
+    'Adam-eta': (lambda: Opt.Adam(eta=0.3), 'eta'),
+    'AdamW-eta': (lambda: Opt.Adam(weight_decay_rate=0.01, eta=0.3), 'eta'),
+    'AMSGrad': (lambda: Opt.AMSGrad(alpha=0.01), 'alpha'),
+    'AdaBound': (lambda: Opt.AdaBound(alpha=0.01), 'alpha'),
+    'AMSBound': (lambda: Opt.Adam(alpha=0.01, amsgrad=True, adabound=True,
+                                  weight_decay_rate=0.1), 'alpha'),
+    'RMSprop': (lambda: Opt.RMSprop(), 'lr'),
+    'RMSprop-inside': (lambda: Opt.RMSprop(eps_inside_sqrt=True), 'lr'),
+    'RMSpropGraves': (lambda: Opt.RMSpropGraves(lr=1e-3), 'lr'),
+    'AdaGrad': (lambda: Opt.AdaGrad(lr=0.05), 'lr'),
+    'AdaDelta': (lambda: Opt.AdaDelta(), 'rho'),
+    'SMORMS3': (lambda: Opt.SMORMS3(lr=0.01), 'lr'),
+}
+
+
+HOOKS = {
+    'WeightDecay': lambda: H.WeightDecay(0.01),
+    'Lasso': lambda: H.Lasso(0.01),
+    'GradientClipping': lambda: H.GradientClipping(0.5),
+    'GradientClipping-inactive': lambda: H.GradientClipping(1e9),
+    'GradientHardClipping': lambda: H.GradientHardClipping(-0.05, 0.05),
+    'GradientLARS': lambda: H.GradientLARS(threshold=1e-3,
+                                           weight_decay=0.01),
+}
 
 
 class Net(chainer.Chain):

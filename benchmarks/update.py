@@ -16,9 +16,9 @@ time per update over rounds and Chainer's time divided by the variant's:
 * ``numpy``: a hand-written in-place NumPy update (one ufunc call per
   operation on whole arrays, preallocated temporaries): what the element-wise
   work costs with no framework and one thread, for reference;
-* ``numpy-2t`` (Adam, where more than one core is available): the same,
-  its large arrays cut in halves run by two threads: what two threads give
-  on this machine at this moment (these machines are shared).
+* ``numpy-2t`` (where more than one core is available): the same, its
+  large arrays cut in halves run by two threads: what two threads give on
+  this machine at this moment (these machines are shared).
 
 Before timing, each captured variant is checked against Chainer's update
 over a few steps from the same start (parameters and state, bit for bit).
@@ -81,17 +81,10 @@ class NumpyAdam(object):
             for p, m, v, t0 in zip(self.params, self.m, self.v, self.t0):
                 self._one(p.grad, p.array, m, v, t0, alpha_t)
             return
-        parts = [[] for _ in range(self.threads)]
-        for p, m, v, t0 in zip(self.params, self.m, self.v, self.t0):
-            arrays = [a.reshape(-1) for a in (p.grad, p.array, m, v, t0)]
-            if p.size < 32768:
-                parts[0].append((self._one, tuple(arrays) + (alpha_t,)))
-                continue
-            for w, (lo, hi) in enumerate(parallel.chunks(p.size,
-                                                         self.threads)):
-                parts[w].append((self._one, tuple(
-                    a[lo:hi] for a in arrays) + (alpha_t,)))
-        parallel.pool(self.threads).run(parts)
+        _split(self.threads, self._one, [
+            (p.size, [a.reshape(-1) for a in (p.grad, p.array, m, v, t0)],
+             (alpha_t,))
+            for p, m, v, t0 in zip(self.params, self.m, self.v, self.t0)])
 
     def _one(self, g, x, m, v, t0, alpha_t):
         alpha, beta1, beta2, eps = self.h
@@ -111,15 +104,37 @@ class NumpyAdam(object):
 
 
 class NumpySGD(object):
-    def __init__(self, params, lr=0.01):
+    def __init__(self, params, lr=0.01, threads=1):
         self.params = params
         self.lr = lr
         self.t0 = [numpy.empty_like(p.array) for p in params]
+        self.threads = threads
 
     def update(self):
-        for p, t0 in zip(self.params, self.t0):
-            numpy.multiply(self.lr, p.grad, out=t0)
-            numpy.subtract(p.array, t0, out=p.array)
+        if self.threads == 1:
+            for p, t0 in zip(self.params, self.t0):
+                self._one(p.grad, p.array, t0)
+            return
+        _split(self.threads, self._one, [
+            (p.size, [a.reshape(-1) for a in (p.grad, p.array, t0)], ())
+            for p, t0 in zip(self.params, self.t0)])
+
+    def _one(self, g, x, t0):
+        numpy.multiply(self.lr, g, out=t0)
+        numpy.subtract(x, t0, out=x)
+
+
+def _split(threads, fn, work):
+    """Run ``fn(*arrays, *extra)`` for each (size, arrays, extra), arrays
+    of 32768 elements or more cut in ``threads`` chunks, on a pool."""
+    parts = [[] for _ in range(threads)]
+    for size, arrays, extra in work:
+        if size < 32768:
+            parts[0].append((fn, tuple(arrays) + extra))
+            continue
+        for w, (lo, hi) in enumerate(parallel.chunks(size, threads)):
+            parts[w].append((fn, tuple(a[lo:hi] for a in arrays) + extra))
+    parallel.pool(threads).run(parts)
 
 
 OPTIMIZERS = {
@@ -159,10 +174,10 @@ def bench(name, sizes, opt_name, rounds, steps):
         make_opt().setup(m), threads=1).update
     m = make(sizes)
     variants['numpy'] = make_numpy(list(m.params())).update
-    if opt_name == 'adam' and threads > 1:
+    if threads > 1:
         m = make(sizes)
-        variants['numpy-%dt' % threads] = NumpyAdam(list(m.params()),
-                                                    threads=threads).update
+        variants['numpy-%dt' % threads] = make_numpy(
+            list(m.params()), threads=threads).update
     same = {'captured': check(sizes, make_opt, threads),
             'captured-1': check(sizes, make_opt, 1)}
     for fn in variants.values():       # warm up (states, plans, pools)

@@ -50,6 +50,11 @@ b.copyparams(a)
 oa, ob = chainer.optimizers.MomentumSGD(), chainer.optimizers.MomentumSGD()
 oa.setup(a)
 ob.setup(b)
+with warnings.catch_warnings(record=True) as caught_update:
+    warnings.simplefilter('always')
+    assert static_graph.capture_update(ob) is ob   # a pass-through too
+assert type(ob) is chainer.optimizers.MomentumSGD
+assert 'pass-through' in str(caught_update[-1].message)
 rs = numpy.random.RandomState(0)
 for i in range(5):
     x = rs.randn(4, 6).astype('f')

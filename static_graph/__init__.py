@@ -8,7 +8,10 @@
             ...
 
 ``explain(chain)`` and ``cached(chain)`` show what was recorded and why a
-call fell back; ``export_onnx(chain, args, path)`` writes the inference
+call fell back; ``capture_update(optimizer)`` (one line after
+``optimizer.setup(model)``) runs the optimizer's update as captured in-place
+kernels split across threads, bit for bit Chainer's (``explain_update``,
+``update_schedule``); ``export_onnx(chain, args, path)`` writes the inference
 schedule as an ONNX model.
 """
 from static_graph import chainer_import as _chainer_import
@@ -20,6 +23,9 @@ from static_graph.decorator import static_graph  # NOQA
 from static_graph.diagnostics import StaticGraphWarning  # NOQA
 from static_graph.diagnostics import logger  # NOQA
 from static_graph.inspect import cached, explain  # NOQA
+from static_graph.update import capture_update  # NOQA
+from static_graph.update import explain_update  # NOQA
+from static_graph.update import update_schedule  # NOQA
 
 if _compat.UNSUPPORTED is None:
     from static_graph.export import export_onnx  # NOQA
@@ -30,4 +36,5 @@ else:
                            % _compat.UNSUPPORTED)
 
 __all__ = ['static_graph', 'StaticGraphWarning', 'logger', 'cached',
-           'explain', 'export_onnx']
+           'explain', 'export_onnx', 'capture_update', 'explain_update',
+           'update_schedule']

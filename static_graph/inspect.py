@@ -95,7 +95,13 @@ def cached(chain, method=None):
 
 
 def explain(chain):
-    """A report of every cached key, its state, and fallback reasons."""
+    """A report of every cached key, its state, and fallback reasons (of
+    an optimizer: ``explain_update``)."""
+    import chainer
+    if isinstance(chain, chainer.Optimizer) or \
+            'actual_optimizer' in getattr(chain, '__dict__', {}):
+        from static_graph import update
+        return update.explain_update(chain)
     lines = []
     caches = decorator.caches_of(chain)
     if not caches:

@@ -88,6 +88,17 @@ def test_train_mnist_compare(train_mnist, tmp_path):
     assert results['ratio'] > 0
 
 
+def test_train_mnist_capture_update(train_mnist, tmp_path):
+    """--capture-update: the static run's Adam update is captured, and
+    trains bit for bit like define-by-run with Chainer's update."""
+    results = train_mnist.main([
+        '--model', 'mlp', '--compare', '--capture-update', '--iterations',
+        '4', '--batchsize', '8', '--out', str(tmp_path)])
+    for key in ('main/loss', 'validation/main/loss',
+                'validation/main/accuracy'):
+        assert results['static'][key] == results['define_by_run'][key]
+
+
 @pytest.mark.parametrize('static_flag, label', [
     ('--static', 'static graph'), ('--no-static', 'define-by-run')])
 def test_train_mnist_label_is_truthful(train_mnist, tmp_path, capsys,

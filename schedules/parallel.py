@@ -1,0 +1,227 @@
+"""A small worker pool for element-wise work, and the phases that use it.
+
+NumPy releases the GIL inside its ufunc loops, so threads that each run the
+same op sequence on their own contiguous slice of the arrays run in
+parallel. An element-wise op computes each element from the same elements
+of its operands, so the split changes no bit. Reductions (a norm) are never
+split: the caller runs them, whole, between two phases.
+
+One dispatch per phase: the caller's thread takes part 0 itself and waits
+for the others once (one barrier per phase, not one per op).
+"""
+import os
+import queue
+import threading
+
+import numpy
+
+ALIGN = 16   # chunk boundaries fall on multiples of this many elements
+
+
+def default_threads():
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class WorkerPool(object):
+    """``threads - 1`` daemon worker threads; ``run(parts)`` runs part 0
+    on the calling thread and part ``w`` on worker ``w``, and returns when
+    all are done (re-raising the first exception a part raised)."""
+
+    def __init__(self, threads):
+        self.threads = threads
+        self.pid = os.getpid()
+        self.lock = threading.Lock()     # one dispatch at a time
+        self._done = queue.SimpleQueue()
+        self._gen = 0
+        self._queues = []
+        for w in range(1, threads):
+            q = queue.SimpleQueue()
+            t = threading.Thread(target=self._loop, args=(q,), daemon=True,
+                                 name='static_graph-update-%d' % w)
+            t.start()
+            self._queues.append(q)
+
+    def _loop(self, q):
+        done = self._done
+        while True:
+            gen, tasks, err = q.get()
+            failure = None
+            try:
+                if err is None:
+                    _run_tasks(tasks)
+                else:
+                    with numpy.errstate(**err):
+                        _run_tasks(tasks)
+            except BaseException as e:     # handed to the dispatcher
+                failure = e
+            del tasks       # (its arrays are the caller's to free)
+            done.put((gen, failure))
+            del failure
+
+    def run(self, parts, errstate=None):
+        """Run ``parts`` (lists of ``(fn, args)``); ``errstate``: the
+        caller's ``numpy.geterr()`` where it differs from the default, for
+        the workers to use too."""
+        self._gen += 1
+        gen = self._gen
+        sent = 0
+        for q, tasks in zip(self._queues, parts[1:]):
+            if tasks:
+                q.put((gen, tasks, errstate))
+                sent += 1
+        failure = None
+        try:
+            _run_tasks(parts[0])
+        except BaseException as e:
+            failure = e
+        while sent:
+            # (a dispatch interrupted while it waited left its workers'
+            # reports behind: they carry an older number)
+            g, f = self._done.get()
+            if g != gen:
+                continue
+            sent -= 1
+            if failure is None and f is not None:
+                failure = f
+        if failure is not None:
+            raise failure
+
+
+def _run_tasks(tasks):
+    for fn, args in tasks:
+        fn(*args)
+
+
+_pools = {}
+_pools_lock = threading.Lock()
+
+
+def pool(threads):
+    """The process's shared pool of ``threads`` (made afresh after a
+    fork, whose child has none of the parent's threads)."""
+    with _pools_lock:
+        p = _pools.get(threads)
+        if p is None or p.pid != os.getpid():
+            p = _pools[threads] = WorkerPool(threads)
+        return p
+
+
+def chunks(n, parts):
+    """``parts`` contiguous ranges covering ``range(n)``, boundaries on
+    multiples of ALIGN."""
+    bounds = [0]
+    for w in range(1, parts):
+        b = (n * w // parts) // ALIGN * ALIGN
+        bounds.append(max(b, bounds[-1]))
+    bounds.append(n)
+    return [(bounds[w], bounds[w + 1]) for w in range(parts)]
+
+
+class Temps(object):
+    """Per-worker temporaries: ``block``-long buffers by dtype."""
+
+    def __init__(self, workers, block=0):
+        self.block = block
+        self._buffers = [{} for _ in range(workers)]
+
+    def grow(self, block):
+        """Make buffers at least ``block`` long from now on."""
+        self.block = block
+        self._buffers = [{} for _ in self._buffers]
+
+    def get(self, worker, dtypes):
+        """The tuple of buffers for temporaries of ``dtypes`` (the k-th
+        buffer of a dtype for its k-th temporary)."""
+        mine = self._buffers[worker]
+        out, used = [], {}
+        for dt in dtypes:
+            k = used.get(dt, 0)
+            used[dt] = k + 1
+            lst = mine.setdefault(dt, [])
+            while len(lst) <= k:
+                lst.append(numpy.empty(self.block, dt))
+            out.append(lst[k])
+        return tuple(out)
+
+
+class Phases(object):
+    """The element-wise work of one update, by phase.
+
+    ``work[k]``: the (entry index, Program) pairs of phase ``k`` in entry
+    order; after phase ``k`` the caller runs its reductions. Each entry
+    (a parameter) is either split into one chunk per thread (``size >=
+    min_split``) or run whole by the thread that ``owner`` gives (balanced
+    by size). ``run_phase`` builds the parts of one phase from the step's
+    arrays and scalars and dispatches them.
+    """
+
+    def __init__(self, work, sizes, threads, min_split, block, temps):
+        self.work = work
+        self.threads = threads
+        self.temps = temps
+        self.split = [threads > 1 and n >= min_split for n in sizes]
+        self.chunks = [chunks(n, threads) if s else None
+                       for n, s in zip(sizes, self.split)]
+        longest = max([hi - lo for c in self.chunks if c for lo, hi in c] +
+                      [n for n, s in zip(sizes, self.split) if not s] + [1])
+        # block None: a thread's whole range in one go
+        self.block = min(block, longest) if block else longest
+        if temps.block < self.block:
+            temps.grow(self.block)
+        load = [0] * threads
+        self.owner = []
+        for n, s in zip(sizes, self.split):
+            if s:
+                self.owner.append(None)
+                for w in range(threads):
+                    load[w] += n / threads
+            else:
+                w = min(range(threads), key=lambda w: (load[w], w))
+                load[w] += n
+                self.owner.append(w)
+        # A phase with nothing to split runs on the calling thread alone.
+        self.parallel = [any(self.split[i] for i, _ in w) for w in work]
+        self._temps = {}
+
+    def _t(self, worker, prog):
+        key = (worker, prog.temp_dtypes)
+        t = self._temps.get(key)
+        if t is None:
+            t = self._temps[key] = self.temps.get(worker, prog.temp_dtypes)
+        return t
+
+    def run_phase(self, k, flat, whole, scalars, full_temps, runner,
+                  errstate=None):
+        """Run phase ``k``. ``flat[i]``: entry i's arrays flattened (None
+        where one is not C-contiguous: then ``whole[i]``, its arrays as they
+        are, run unsplit on the calling thread with ``full_temps(i, prog)``);
+        ``scalars[i]``: its scalar list. ``runner``: a WorkerPool, or None
+        to run every part on the calling thread."""
+        if not self.parallel[k]:
+            runner = None
+        threads = self.threads if runner is not None else 1
+        parts = [[] for _ in range(threads)]
+        B = self.block
+        for i, prog in self.work[k]:
+            A = flat[i]
+            S = scalars[i]
+            fn = prog.fn
+            if A is None:
+                parts[0].append((fn, (whole[i], S, full_temps(i, prog),
+                                      0, 0, 0)))
+            elif self.split[i] and runner is not None:
+                for w, (lo, hi) in enumerate(self.chunks[i]):
+                    parts[w].append((fn, (A, S, self._t(w, prog), lo, hi,
+                                          B)))
+            else:
+                w = self.owner[i] if runner is not None else 0
+                n = A[prog.slots[0]].size
+                parts[w].append((fn, (A, S, self._t(w, prog), 0, n, B)))
+        if runner is None:
+            _run_tasks(parts[0])       # the caller's own error state
+        else:
+            runner.run(parts, errstate)

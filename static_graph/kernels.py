@@ -17,7 +17,7 @@ def make_kernel(rop, static_attrs):
     rebound and its hidden state returned."""
     kernel = _state_kernel(rop, static_attrs)
     if rop.nones:
-        kernel = _none_filling_kernel(kernel, rop.nones,
+        kernel = none_filling_kernel(kernel, rop.nones,
                                       len(rop.inputs) + len(rop.nones))
     if rop.rebind:
         kernel = _rebinding_kernel(kernel, recorder.attrs(rop.node),
@@ -51,7 +51,7 @@ def _state_kernel(rop, static_attrs):
     return kernel
 
 
-def _none_filling_kernel(inner, nones, n):
+def none_filling_kernel(inner, nones, n):
     """The node had None among its n inputs, at positions ``nones``: it
     gets them again between the arrays."""
     arrays = tuple(i for i in range(n) if i not in nones)

@@ -14,23 +14,11 @@ before). The rewrite works on the ops as recorded (the nodes' own
 kernels), so no kernel writes into a buffer that now stands for another.
 """
 from schedules import ir
+from static_graph import kernels
 
 # Ops whose kernel is a node that takes None for a missing gradient, as
 # define-by-run hands it to them (chainer.functions.rnn.lstm.LSTMGrad).
 NONE_TAKING_KINDS = frozenset(('LSTMGrad',))
-
-
-def _with_nones(fn, positions, n):
-    """``fn`` called with None at ``positions`` among its n inputs."""
-    arrays = tuple(i for i in range(n) if i not in positions)
-
-    def kernel(inputs):
-        full = [None] * n
-        for i, a in zip(arrays, inputs):
-            full[i] = a
-        return fn(tuple(full))
-
-    return kernel
 
 
 def mask_ops(ops, sums, missing, outputs):
@@ -60,7 +48,7 @@ def mask_ops(ops, sums, missing, outputs):
         elif op.kind in NONE_TAKING_KINDS and op.fn is not None:
             out.append(ir.Op(op.kind, tuple(b for b in ins if b not in none),
                              op.outputs, op.attrs, op.source,
-                             _with_nones(op.fn, gone, len(ins)), op.select))
+                             kernels.none_filling_kernel(op.fn, gone, len(ins)), op.select))
         else:
             return None
     outs = tuple(alias.get(b, b) for b in outputs)

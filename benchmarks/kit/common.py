@@ -87,3 +87,17 @@ def loss_array(loss):
     if isinstance(loss, chainer.Variable):
         loss = loss.array
     return numpy.array(loss, copy=True)
+
+
+def update_step(model, opts, batch):
+    """One ``optimizer.update(lossfun, *batch)`` as the StandardUpdater
+    makes it (the loss computed inside update); returns the loss array."""
+    opt, = opts
+    kept = []
+
+    def lossfun(*args):
+        loss = model(*args)
+        kept.append(loss)
+        return loss
+    opt.update(lossfun, *batch)
+    return kept[0].array

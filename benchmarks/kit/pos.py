@@ -86,17 +86,7 @@ def make_case(bilstm=False, n_units=32, batch=30, n_vocab=500, n_pos=20,
             out.append((xs, ys))
         return out
 
-    def step(model, opts, batch):
-        xs, ys = batch
-        opt, = opts
-        kept = []
-
-        def lossfun(xs, ys):
-            loss = model(xs, ys)
-            kept.append(loss)
-            return loss
-        opt.update(lossfun, xs, ys)
-        return kept[0].array
+    step = common.update_step
 
     if bilstm:
         name, decorated = 'pos-bilstm-crf-var', 'BiLSTMCRF.forward'

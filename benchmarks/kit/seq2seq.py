@@ -89,17 +89,7 @@ def make_case(variable=True, n_layers=3, n_units=64, batch=16, n_vocab=200,
                         common.sequences(rs, ly, n_vocab, 2)))
         return out
 
-    def step(model, opts, batch):
-        xs, ys = batch
-        opt, = opts
-        kept = []
-
-        def lossfun(xs, ys):
-            loss = model(xs, ys)
-            kept.append(loss)
-            return loss
-        opt.update(lossfun, xs, ys)
-        return kept[0].array
+    step = common.update_step
 
     if variable:
         name, shapes = 'seq2seq-var', 'lengths %d-%d' % (min_len, max_len)

@@ -178,17 +178,7 @@ def make_case(encoder='rnn', variable=True, n_layers=1, n_units=64,
             out.append((xs, ys))
         return out
 
-    def step(model, opts, batch):
-        xs, ys = batch
-        opt, = opts
-        kept = []
-
-        def lossfun(xs, ys):
-            loss = model(xs, ys)
-            kept.append(loss)
-            return loss
-        opt.update(lossfun, xs, ys)
-        return kept[0].array
+    step = common.update_step
 
     kind = 'var' if variable else 'fixed'
     targets = ['all']

@@ -120,17 +120,7 @@ def make_case(model_type='skipgram', out_type='hsm', n_vocab=1000,
         it = WindowIterator(train, window, batch, rs)
         return [it.next() for _ in range(n)]
 
-    def step(model, opts, batch):
-        center, contexts = batch
-        opt, = opts
-        kept = []
-
-        def lossfun(x, contexts):
-            loss = model(x, contexts)
-            kept.append(loss)
-            return loss
-        opt.update(lossfun, center, contexts)
-        return kept[0].array
+    step = common.update_step
 
     cls = 'SkipGram' if model_type == 'skipgram' else 'ContinuousBoW'
     loss = {'hsm': 'hierarchical softmax',

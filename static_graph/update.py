@@ -29,6 +29,7 @@ give the plain Chainer optimizer.
 """
 import collections
 import itertools
+import time
 import threading
 
 import numpy
@@ -183,6 +184,52 @@ def _class_reason(cls):
     return None
 
 
+class _SplitChoice(object):
+    """Whether a step splits its work across the threads: measured. Split
+    and unsplit give the same bits (an element-wise op computes each
+    element alone), so the faster is kept: PROBES steps of each,
+    alternating, then the one of lower median time, checked again every
+    REPROBE steps (another process may have taken the other core)."""
+
+    PROBES = 4
+    REPROBE = 500
+
+    def __init__(self, threads):
+        self.threads = threads
+        self.times = {True: [], False: []}
+        self.choice = None
+        self.left = 0                # steps until the next probing
+
+    def use_pool(self):
+        """(split this step?, is it a measuring step?)"""
+        if self.threads <= 1:
+            return False, False
+        if self.choice is not None and self.left > 0:
+            self.left -= 1
+            return self.choice, False
+        t = self.times
+        if len(t[True]) + len(t[False]) < 2 * self.PROBES:
+            return len(t[True]) <= len(t[False]), True
+        self.medians = (numpy.median(t[True]), numpy.median(t[False]))
+        self.choice = bool(self.medians[0] <= self.medians[1])
+        t[True], t[False] = [], []
+        self.left = self.REPROBE
+        return self.choice, False
+
+    def took(self, pooled, seconds):
+        self.times[pooled].append(seconds)
+
+    def describe(self):
+        if self.threads <= 1:
+            return ''
+        if self.choice is None:
+            return '; measuring split against whole'
+        return '; %s (median %.3g ms split, %.3g ms whole, measured)' % (
+            'split across threads' if self.choice else
+            'not split: one thread was faster here',
+            self.medians[0] * 1e3, self.medians[1] * 1e3)
+
+
 class _Capture(object):
 
     def __init__(self, threads, min_split, block):
@@ -196,6 +243,7 @@ class _Capture(object):
         self.reasons = collections.OrderedDict()
         self.last = None             # (structure, variant)
         self._class_reasons = {}
+        self.split = _SplitChoice(threads)
 
     def __deepcopy__(self, memo):
         return _Capture(self.threads, self.min_split, self.block)
@@ -413,7 +461,8 @@ class _Capture(object):
     def _run(self, opt, step):
         st, variant, whole, flat, scalars, news = step
         runner = None
-        if self.threads > 1:
+        use_pool, measuring = self.split.use_pool()
+        if use_pool:
             runner = parallel.pool(self.threads)
             if not runner.lock.acquire(blocking=False):
                 runner = None        # busy with another update: run alone
@@ -421,7 +470,11 @@ class _Capture(object):
             err = numpy.geterr()
             errstate = None if err == _DEFAULT_ERR else err
             opt.t += 1
+            t0 = time.perf_counter()
             variant.run(whole, flat, scalars, runner, errstate)
+            if measuring:
+                self.split.took(runner is not None,
+                                time.perf_counter() - t0)
         finally:
             if runner is not None:
                 runner.lock.release()
@@ -433,9 +486,9 @@ class _Capture(object):
 
     def explain(self):
         lines = ['captured update: %d steps captured, %d ran Chainer\'s '
-                 'update; threads=%d, min_split=%d, block=%s' % (
+                 'update; threads=%d, min_split=%d, block=%s%s' % (
                      self.steps, self.fallback_steps, self.threads,
-                     self.min_split, self.block)]
+                     self.min_split, self.block, self.split.describe())]
         for reason, count in self.reasons.items():
             lines.append('  fallback (%d steps): %s' % (count, reason))
         if self.last is not None:

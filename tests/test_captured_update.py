@@ -518,3 +518,29 @@ def test_schedules_do_not_import_chainer():
 def test_threads_default_is_the_affinity():
     o = static_graph.capture_update(Opt.SGD())
     assert captured(o).threads == len(os.sched_getaffinity(0))
+
+
+def test_split_or_not_is_measured_and_the_faster_kept():
+    """Split and whole give the same bits, so the captured update keeps
+    whichever ran faster over its first steps (4 of each, alternating),
+    and measures again every 500 steps."""
+    from static_graph.update import _SplitChoice
+    c = _SplitChoice(2)
+    seen = []
+    for _ in range(8):
+        pool, measuring = c.use_pool()
+        assert measuring
+        seen.append(pool)
+        c.took(pool, 1.0 if pool else 2.0)    # split is faster
+    assert seen == [True, False] * 4
+    assert c.use_pool() == (True, False) and c.choice is True
+    for _ in range(_SplitChoice.REPROBE):
+        assert c.use_pool() == (True, False)
+    pool, measuring = c.use_pool()          # measuring again
+    assert measuring
+    for _ in range(8):
+        c.took(pool, 1.0 if not pool else 3.0)   # now whole is faster
+        pool, measuring = c.use_pool()
+    assert c.choice is False and not pool
+    assert _SplitChoice(1).use_pool() == (False, False)
+    assert 'not split' in c.describe()

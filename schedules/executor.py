@@ -7,8 +7,9 @@ as define-by-run releases it. The same code serves NumPy and CuPy: the array
 module only enters through ``copyto``.
 """
 from schedules import ir
+from schedules import liveness
 
-_LIVE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
+_LIVE_ROLES = liveness.LIVE_ROLES
 
 
 class CompiledSchedule(object):
@@ -190,19 +191,9 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                 lines.append('    copyto(%s, a%d)' % (ref(b), i))
                 lines.append('    del a%d' % i)
 
-    keep = set(schedule.outputs) | set(extra_outputs)
-    frees = {}
-    last = {}
-    for i, op in enumerate(schedule.ops):
-        for b in op.inputs:
-            last[b] = i
-        for b in op.outputs:
-            last.setdefault(b, i)
-    for b, i in last.items():
-        buf = bufs[b]
-        if b in keep or buf.static or buf.role in _LIVE_ROLES or not free:
-            continue
-        frees.setdefault(i, []).append(b)
+    frees = liveness.of(schedule).frees(
+        tuple(schedule.outputs) + tuple(extra_outputs), unread=True) \
+        if free else {}
 
     for i, op in enumerate(schedule.ops):
         if op.fn is None:

@@ -210,22 +210,11 @@ class Schedule(object):
 
     # -- queries ------------------------------------------------------------
     def last_uses(self):
-        """Map op index -> buffers whose last reader (in this schedule) it is.
-
-        Schedule outputs are never freed.
-        """
-        last = {}
-        for i, op in enumerate(self.ops):
-            for b in op.inputs:
-                last[b] = i
-        keep = set(self.outputs) | set(self.keep)
-        frees = {}
-        for b, i in last.items():
-            buf = self.buffers[b]
-            if b in keep or buf.static or buf.role in (PARAM, PERSIST, CONST):
-                continue
-            frees.setdefault(i, []).append(b)
-        return frees
+        """Map op index -> buffers whose last reader (in this schedule) it is
+        (``liveness.Liveness.frees``). Schedule outputs and saved buffers are
+        never freed."""
+        from schedules import liveness
+        return liveness.of(self).frees(self.outputs + self.keep)
 
     def kinds(self):
         """Count of ops by kind."""

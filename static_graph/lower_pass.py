@@ -25,6 +25,7 @@ import functools
 import weakref
 
 from schedules import ir
+from schedules import liveness
 from static_graph import describe
 from static_graph import lowering
 from static_graph import recorder
@@ -55,10 +56,7 @@ def donations(schedule, keep, groups=None):
     (its outputs, what the other schedule reads, what is handed out);
     ``groups``: memory_groups of its buffers, if known."""
     bufs = schedule.buffers
-    last = {}
-    for i, op in enumerate(schedule.ops):
-        for b in op.inputs:
-            last[b] = i
+    last = liveness.of(schedule).last_read
     if groups is None:
         groups = memory_groups(bufs)
 

@@ -78,6 +78,10 @@ class TieredSchedule(object):
         if self.left > 0:
             return self._interpret(args)
         self.run = run = self._get_compiled().run
+        # The interpreter's table holds the kernels it ran (probes that
+        # have since chosen a kernel, with what they closed over): no
+        # longer needed.
+        self._table = None
         return run(args)
 
 

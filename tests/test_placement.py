@@ -198,3 +198,166 @@ def test_check_plan_catches_a_broken_placement():
     bad[('placed', 4)] = (2, 4)       # alive while its host still is
     with pytest.raises(AssertionError, match='overlap in memory'):
         planner.check_plan(sizes, bad, offsets)
+
+
+# -- chains ---------------------------------------------------------------
+
+chainer = pytest.importorskip('chainer')
+import chainer.functions as F  # NOQA
+import chainer.links as L  # NOQA
+
+import static_graph  # NOQA
+from tests.twins import train_twins  # NOQA
+
+
+class MLP(chainer.Chain):
+    def __init__(self):
+        super(MLP, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(64, 256)
+            self.l2 = L.Linear(256, 256)
+            self.l3 = L.Linear(256, 10)
+
+    def forward(self, x, t):
+        h = F.relu(self.l1(x))
+        h = F.relu(self.l2(h))
+        return F.softmax_cross_entropy(self.l3(h), t)
+
+
+class Bottleneck(chainer.Chain):
+    def __init__(self, cin, mid, cout, stride=1):
+        super(Bottleneck, self).__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(cin, mid, 1, stride, 0, nobias=True)
+            self.b1 = L.BatchNormalization(mid)
+            self.c2 = L.Convolution2D(mid, mid, 3, 1, 1, nobias=True)
+            self.b2 = L.BatchNormalization(mid)
+            self.c3 = L.Convolution2D(mid, cout, 1, 1, 0, nobias=True)
+            self.b3 = L.BatchNormalization(cout)
+            self.c4 = L.Convolution2D(cin, cout, 1, stride, 0, nobias=True)
+            self.b4 = L.BatchNormalization(cout)
+
+    def forward(self, x):
+        h = F.relu(self.b1(self.c1(x)))
+        h = F.relu(self.b2(self.c2(h)))
+        return F.relu(self.b3(self.c3(h)) + self.b4(self.c4(x)))
+
+
+class ResNetLike(chainer.Chain):
+    """A 3x3 stem and two bottleneck blocks, as a small ResNet."""
+
+    def __init__(self):
+        super(ResNetLike, self).__init__()
+        with self.init_scope():
+            self.conv = L.Convolution2D(3, 16, 3, 1, 1, nobias=True)
+            self.bn = L.BatchNormalization(16)
+            self.r1 = Bottleneck(16, 8, 32)
+            self.r2 = Bottleneck(32, 16, 64, 2)
+            self.fc = L.Linear(64, 10)
+
+    def forward(self, x, t):
+        h = F.relu(self.bn(self.conv(x)))
+        h = self.r2(self.r1(h))
+        return F.softmax_cross_entropy(self.fc(F.average(h, axis=(2, 3))),
+                                       t)
+
+
+def _make(cls):
+    def make(static):
+        if not static:
+            return cls()
+        return type('Static' + cls.__name__, (cls,), {
+            'forward': static_graph.static_graph(cls.forward)})()
+    return make
+
+
+def _batches(case, n):
+    rs = numpy.random.RandomState(0)
+    if case is MLP:
+        return [(rs.standard_normal((32, 64)).astype('f'),
+                 rs.randint(0, 10, 32).astype('i')) for _ in range(n)]
+    return [(rs.standard_normal((8, 3, 16, 16)).astype('f'),
+             rs.randint(0, 10, 8).astype('i')) for _ in range(n)]
+
+
+def _placed(model):
+    """{(schedule name, op index): bytes of its results placed in dead
+    memory}."""
+    (s,) = static_graph.cached(model)
+    out = {}
+    for sched in (s.entry.forward, s.entry.backward):
+        for i, op in enumerate(sched.ops):
+            mine = [b for b in op.outputs if b in sched.placement.places]
+            if mine:
+                out[sched.name, i] = sum(sched.buffers[b].nbytes
+                                         for b in mine)
+    return out
+
+
+def _steady_growth(model, batch, ops):
+    """{(schedule name, op index): bytes its kernel left allocated} over
+    one training iteration, for the ops ``ops`` names."""
+    (s,) = static_graph.cached(model)
+    e = s.entry
+    growth = {}
+    for sched, runner in ((e.forward, e.run_forward),
+                          (e.backward, e.run_backward)):
+        env = getattr(runner, 'tiered', runner).compiled.run.__globals__
+        for name, i in ops:
+            if name != sched.name:
+                continue
+            for f in ('f%d' % i, 'g%d' % i):    # (g: with ``into``)
+                fn = env.get(f)
+                if fn is None:
+                    continue
+
+                def watched(*a, fn=fn, key=(name, i)):
+                    before = tracemalloc.get_traced_memory()[0]
+                    r = fn(*a)
+                    growth[key] = tracemalloc.get_traced_memory()[0] - \
+                        before
+                    return r
+                env[f] = watched
+    gc.collect()
+    tracemalloc.start()
+    try:
+        model.cleargrads()
+        model(*batch).backward()
+    finally:
+        tracemalloc.stop()
+    return growth
+
+
+@pytest.mark.parametrize('case, least', [(MLP, 1), (ResNetLike, 4)])
+def test_steady_replay_allocates_nothing_for_placed_results(case, least):
+    """After the replay compiled, every op whose results the plan put in
+    dead memory leaves nothing allocated for them (tracemalloc around each
+    kernel; NumPy registers its data with it), and training stays define-
+    by-run's bit for bit. The same ops with placement switched off do
+    allocate their results: the measurement sees it."""
+    batches = _batches(case, 6)
+    steps = [lambda m, b=b: m(*b) for b in batches[:5]]
+    _, m = train_twins(_make(case), steps,
+                       lambda: chainer.optimizers.MomentumSGD(0.1),
+                       rtol=0, atol=0)
+    placed = _placed(m)
+    assert len(placed) >= least, placed
+    growth = _steady_growth(m, batches[5], placed)
+    assert set(growth) == set(placed)
+    for key, n in growth.items():
+        # (a BatchNormalization also returns its small statistics)
+        assert n < placed[key] // 2, (key, n, placed[key])
+    # The same ops, placement off: each allocates at least those results.
+    old = placement.ENABLED
+    placement.ENABLED = False
+    try:
+        _, m = train_twins(_make(case), steps,
+                           lambda: chainer.optimizers.MomentumSGD(0.1),
+                           rtol=0, atol=0)
+        assert _placed(m) == {}
+        growth = _steady_growth(m, batches[5], placed)
+    finally:
+        placement.ENABLED = old
+    assert set(growth) == set(placed)
+    for key, n in growth.items():
+        assert n >= placed[key], (key, n, placed[key])

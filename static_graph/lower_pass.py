@@ -73,7 +73,8 @@ def memory_facts(bufs, keep, used=None, returned=()):
         if used is not None and not used.intersection(ids):
             continue
         seen.update(ids)
-        dense = r.flags.c_contiguous and r.flags.writeable
+        # (CuPy's flags say nothing of writeable: its arrays are)
+        dense = r.flags.c_contiguous and getattr(r.flags, 'writeable', True)
         if len(ids) > 1 or not dense or r.nbytes != bufs[ids[0]].nbytes:
             groups.append((ids, r.nbytes, dense))
     keep = seen.intersection(keep).difference(returned)

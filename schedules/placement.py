@@ -66,10 +66,10 @@ RULES = ('strict', 'workspace', 'peak')
 class Facts(object):
     """What a front end knew when it built a schedule. ``groups``: tuples
     ``(buffer ids, nbytes, dense)`` of buffers whose arrays shared one
-    memory block of ``nbytes`` bytes (``dense``: a C-contiguous, writable
-    array), for memory that is not simply one buffer's own; a buffer in no
-    group and not ``unknown`` (no array was seen for it) had memory of its
-    own, C-contiguous and of its size. ``keep``: buffers something outside
+    memory block of ``nbytes`` bytes (``dense``: a writable array over one
+    block, ``one_block``), for memory that is not simply one buffer's own;
+    a buffer in no group and not ``unknown`` (no array was seen for it) had
+    memory of its own, one dense block of its size. ``keep``: buffers something outside
     the schedule may see (outputs, saved and handed-out values, arrays
     nodes hold). Kept with the schedule, so kept small."""
 
@@ -427,11 +427,25 @@ def _kernel_name(op):
     return name
 
 
+def one_block(shape, strides, itemsize):
+    """Do these strides lay the array over exactly one block of memory (the
+    axes of a C-contiguous array in some order: C or Fortran order, a
+    convolution's NHWC memory seen as NCHW)?"""
+    acc = itemsize
+    for i in sorted(range(len(shape)), key=lambda i: strides[i]):
+        if shape[i] != 1:
+            if strides[i] != acc:
+                return False
+            acc *= shape[i]
+    return True
+
+
 def take(host, offset, shape, dtype, nbytes):
     """A C-contiguous ``shape``/``dtype`` array over ``host``'s memory at
     ``offset``, or None where that memory is not what the plan assumed
-    (``host`` not a NumPy array spanning all of its C-contiguous, writable
-    base, or too small): the kernel then allocates."""
+    (``host`` not a NumPy array spanning all of its writable base, that
+    base not one block of memory, or too small): the kernel then
+    allocates."""
     if host.__class__ is not numpy.ndarray:
         return None
     root = host
@@ -442,6 +456,13 @@ def take(host, offset, shape, dtype, nbytes):
         root = base
         base = root.base
     if root.nbytes != host.nbytes or offset + nbytes > root.nbytes or \
-            not root.flags.c_contiguous or not root.flags.writeable:
+            not root.flags.writeable:
         return None
+    if not root.flags.c_contiguous:
+        if not one_block(root.shape, root.strides, root.itemsize):
+            return None
+        # its memory in order: a view (one block), as a C-contiguous array
+        root = root.ravel('K')
+        if root.base is None:
+            return None
     return numpy.ndarray(shape, dtype, root, offset)

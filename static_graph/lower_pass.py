@@ -74,7 +74,8 @@ def memory_facts(bufs, keep, used=None, returned=()):
             continue
         seen.update(ids)
         # (CuPy's flags say nothing of writeable: its arrays are)
-        dense = r.flags.c_contiguous and getattr(r.flags, 'writeable', True)
+        dense = getattr(r.flags, 'writeable', True) and \
+            placement.one_block(r.shape, r.strides, r.itemsize)
         if len(ids) > 1 or not dense or r.nbytes != bufs[ids[0]].nbytes:
             groups.append((ids, r.nbytes, dense))
     keep = seen.intersection(keep).difference(returned)

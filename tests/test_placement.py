@@ -182,6 +182,14 @@ def test_take_checks_the_memory_it_is_given():
     assert placement.take(t, 0, (4, 8), numpy.dtype('f4'), 128) is not None
     assert placement.take(numpy.zeros((8, 16), 'f4')[:, ::2], 0, (4, 8),
                           numpy.dtype('f4'), 128) is None
+    # memory of its own in NHWC order, seen as NCHW (a convolution's)
+    nhwc = numpy.zeros((2, 4, 4, 2), 'f4').transpose(0, 3, 1, 2).copy('K')
+    assert nhwc.base is None and not nhwc.flags.c_contiguous
+    v = placement.take(nhwc, 64, (4, 8), numpy.dtype('f4'), 128)
+    v[...] = 1
+    assert nhwc.sum() == 32 and v.flags.c_contiguous
+    assert placement.one_block(nhwc.shape, nhwc.strides, 4)
+    assert not placement.one_block((4, 8), (64, 4), 4)
     ro = numpy.zeros(64, 'f4')
     ro.flags.writeable = False
     assert placement.take(ro, 0, (4, 8), numpy.dtype('f4'), 128) is None
@@ -328,8 +336,11 @@ def _steady_growth(model, batch, ops):
     return growth
 
 
-@pytest.mark.parametrize('case, least', [(MLP, 1), (ResNetLike, 4)])
-def test_steady_replay_allocates_nothing_for_placed_results(case, least):
+@pytest.mark.parametrize('case, least, forward', [
+    (MLP, 1, False),          # its forward saves every result
+    (ResNetLike, 8, True)])   # BatchNormalization outputs recomputed later
+def test_steady_replay_allocates_nothing_for_placed_results(
+        case, least, forward):
     """After the replay compiled, every op whose results the plan put in
     dead memory leaves nothing allocated for them (tracemalloc around each
     kernel; NumPy registers its data with it), and training stays define-
@@ -342,6 +353,7 @@ def test_steady_replay_allocates_nothing_for_placed_results(case, least):
                        rtol=0, atol=0)
     placed = _placed(m)
     assert len(placed) >= least, placed
+    assert any(name == 'forward' for name, _ in placed) == forward
     growth = _steady_growth(m, batches[5], placed)
     assert set(growth) == set(placed)
     for key, n in growth.items():

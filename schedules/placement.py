@@ -69,9 +69,9 @@ class Facts(object):
     memory block of ``nbytes`` bytes (``dense``: a writable array over one
     block, ``one_block``), for memory that is not simply one buffer's own;
     a buffer in no group and not ``unknown`` (no array was seen for it) had
-    memory of its own, one dense block of its size. ``keep``: buffers something outside
-    the schedule may see (outputs, saved and handed-out values, arrays
-    nodes hold). Kept with the schedule, so kept small."""
+    memory of its own, one dense block of its size. ``keep``: buffers
+    something outside the schedule may see (outputs, saved and handed-out
+    values, arrays nodes hold). Kept with the schedule, so kept small."""
 
     __slots__ = ('groups', 'unknown', 'keep')
 

@@ -7,8 +7,10 @@ as define-by-run releases it. The same code serves NumPy and CuPy: the array
 module only enters through ``copyto``.
 """
 from schedules import ir
+from schedules import liveness
+from schedules import placement
 
-_LIVE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
+_LIVE_ROLES = liveness.LIVE_ROLES
 
 
 class CompiledSchedule(object):
@@ -77,6 +79,10 @@ class TieredSchedule(object):
         if self.left > 0:
             return self._interpret(args)
         self.run = run = self._get_compiled().run
+        # The interpreter's table holds the kernels it ran (probes that
+        # have since chosen a kernel, with what they closed over): no
+        # longer needed.
+        self._table = None
         return run(args)
 
 
@@ -135,7 +141,7 @@ def _interpret(table, args, copyto, copy=_copy):
 
 
 def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
-                     preset=(), free=True, copy=_copy):
+                     preset=(), free=True, copy=_copy, place=True):
     """Compile ``schedule``.
 
     copyto: ``copyto(dst, src)`` of the array module (numpy.copyto,
@@ -150,9 +156,12 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         returns, for comparison).
     copy: ``copy(array)`` for ``copy_outputs`` (default: NumPy's or CuPy's
         copy in the array's memory order).
+    place: write results into dead memory where ``schedule.memory`` (the
+        front end's ``placement.Facts``) and the kernels allow it
+        (placement.py); the plan is kept as ``schedule.placement``.
     """
     bufs = schedule.buffers
-    env = {'copyto': copyto, 'copy': copy}
+    env = {'copyto': copyto, 'copy': copy, 'take': placement.take}
     lines = ['def run(args):']
     names = {}
 
@@ -190,19 +199,22 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                 lines.append('    copyto(%s, a%d)' % (ref(b), i))
                 lines.append('    del a%d' % i)
 
-    keep = set(schedule.outputs) | set(extra_outputs)
-    frees = {}
-    last = {}
-    for i, op in enumerate(schedule.ops):
-        for b in op.inputs:
-            last[b] = i
-        for b in op.outputs:
-            last.setdefault(b, i)
-    for b, i in last.items():
-        buf = bufs[b]
-        if b in keep or buf.static or buf.role in _LIVE_ROLES or not free:
-            continue
-        frees.setdefault(i, []).append(b)
+    returned = tuple(schedule.outputs) + tuple(extra_outputs)
+    live = liveness.of(schedule)
+    frees = live.frees(returned, unread=True) if free else {}
+    plan = placement.Placement()
+    if free and place and schedule.memory is not None:
+        plan = placement.plan(schedule, schedule.memory,
+                              keep=returned + tuple(copy_outputs))
+        schedule.placement = plan
+    # Hosts' memory is held from their death (by ``H<id>``) to the last op
+    # that takes from it.
+    hold_at = {}
+    for h, b in plan.holder.items():
+        hold_at.setdefault(live.last_use(b), []).append((h, b))
+    release_at = {}
+    for h, i in plan.held.items():
+        release_at.setdefault(i, []).append(h)
 
     for i, op in enumerate(schedule.ops):
         if op.fn is None:
@@ -218,6 +230,22 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         if len(op.inputs) == 1:
             args += ','
         call = '%s((%s))' % (fname, args)
+        placed = [(b, pos) for b, pos in zip(op.outputs, op.select)
+                  if b in plan.places]
+        if placed:
+            # ``into`` with the memory each placed result goes to.
+            gname = 'g%d' % i
+            env[gname] = op.fn.into
+            outs = ['None'] * (max(op.select) + 1)
+            for b, pos in placed:
+                h, off = plan.places[b]
+                buf = bufs[b]
+                dname = 'D_' + buf.dtype.str.replace('<', 'l').replace(
+                    '>', 'b').replace('|', 'n')
+                env[dname] = buf.dtype
+                outs[pos] = 'take(H%d, %d, %r, %s, %d)' % (
+                    h, off, buf.shape, dname, buf.nbytes)
+            call = '%s((%s), (%s,))' % (gname, args, ', '.join(outs))
         static = [bufs[b].static for b in op.outputs]
         if not any(static) and op.select == tuple(range(len(op.outputs))):
             # One line: unpack the result tuple (padding unused tails).
@@ -231,6 +259,11 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                     lines.append('    copyto(%s, _r[%d])' % (ref(b), pos))
                 else:
                     lines.append('    %s = _r[%d]' % (ref(b), pos))
+        for h, b in hold_at.get(i, ()):
+            lines.append('    H%d = %s' % (h, ref(b)))
+        if i in release_at:
+            lines.append('    del %s' % ', '.join(
+                'H%d' % h for h in sorted(release_at[i])))
         dead = [ref(b) for b in sorted(frees.get(i, ()))]
         if dead:
             lines.append('    del %s' % ', '.join(dead))

@@ -154,6 +154,11 @@ class Schedule(object):
         # Buffers a later schedule reads (activations saved for backward):
         # alive until the end, returned after the outputs.
         self.keep = tuple(keep)
+        # What the front end knew of the buffers' memory
+        # (``placement.Facts``), and where a compiled run writes its
+        # results (``placement.Placement``, set when it compiles).
+        self.memory = None
+        self.placement = None
 
     # -- checks -------------------------------------------------------------
     def verify(self, preset=()):
@@ -210,22 +215,11 @@ class Schedule(object):
 
     # -- queries ------------------------------------------------------------
     def last_uses(self):
-        """Map op index -> buffers whose last reader (in this schedule) it is.
-
-        Schedule outputs are never freed.
-        """
-        last = {}
-        for i, op in enumerate(self.ops):
-            for b in op.inputs:
-                last[b] = i
-        keep = set(self.outputs) | set(self.keep)
-        frees = {}
-        for b, i in last.items():
-            buf = self.buffers[b]
-            if b in keep or buf.static or buf.role in (PARAM, PERSIST, CONST):
-                continue
-            frees.setdefault(i, []).append(b)
-        return frees
+        """Map op index -> buffers whose last reader (in this schedule) it is
+        (``liveness.Liveness.frees``). Schedule outputs and saved buffers are
+        never freed."""
+        from schedules import liveness
+        return liveness.of(self).frees(self.outputs + self.keep)
 
     def kinds(self):
         """Count of ops by kind."""
@@ -256,6 +250,10 @@ class Schedule(object):
                     buf.role, self._ref(b), buf.type_str(),
                     ' ' + buf.name if buf.name else ''))
         frees = self.last_uses()
+        placed = None
+        if self.placement is not None:
+            from schedules import placement
+            placed = placement.explain(self)
         for i, op in enumerate(self.ops):
             outs = ', '.join('%s: %s' % (self._ref(b), bufs[b].type_str())
                              for b in op.outputs)
@@ -276,6 +274,13 @@ class Schedule(object):
                     marks.append('%s static' % self._ref(b))
                 if buf.offset is not None:
                     marks.append('%s @%d' % (self._ref(b), buf.offset))
+                if placed is not None and b in placed.places:
+                    h, off = placed.places[b]
+                    marks.append('%s in dead %s+%d' % (
+                        self._ref(b), self._ref(h), off))
+                elif placed is not None and b in placed.reasons:
+                    marks.append('%s allocated: %s' % (
+                        self._ref(b), placed.reasons[b]))
             if op.fn is None:
                 marks.append('no-op at replay')
             if show_source and op.source:
@@ -293,6 +298,12 @@ class Schedule(object):
                 self._ref(b) for b in self.keep))
         for note in self.notes:
             lines.append('  # ' + note)
+        if placed is not None:
+            lines.append('  # ' + placed.summary())
+            kernels = placed.allocating_kernels(self)
+            if kernels:
+                lines.append('  # kernels with no out=: ' + ', '.join(
+                    '%s x%d' % kv for kv in sorted(kernels.items())))
         return '\n'.join(lines)
 
     def __str__(self):

@@ -159,15 +159,22 @@ def col_rows(x, kh, kw, sy, sx, ph, pw):
     return buf.reshape(n * oh * ow, c * kh * kw)
 
 
-def conv2d(x, W, b, sy, sx, ph, pw):
+def conv2d(x, W, b, sy, sx, ph, pw, out=None):
     """y = conv(x, W) + b as ``(N, oc, oh, ow)``, a view of a contiguous
-    ``(N, oh, ow, oc)`` array (the layout Chainer's CPU path returns)."""
+    ``(N, oh, ow, oc)`` array (the layout Chainer's CPU path returns).
+    out: a C-contiguous array of y's size and dtype whose memory that
+    ``(N, oh, ow, oc)`` array takes (the same ``dot``, writing there)."""
     n, _, h, w = x.shape
     oc, c, kh, kw = W.shape
     oh, ow = out_size(h, kh, sy, ph), out_size(w, kw, sx, pw)
     at = col_rows(x, kh, kw, sy, sx, ph, pw)
     bt = W.transpose(1, 2, 3, 0).reshape(c * kh * kw, oc)
-    y = numpy.dot(at, bt).reshape(n, oh, ow, oc).astype(x.dtype, copy=False)
+    if out is not None and out.dtype == at.dtype == bt.dtype and \
+            out.flags.c_contiguous and out.size == n * oh * ow * oc:
+        y = numpy.dot(at, bt, out=out.reshape(n * oh * ow, oc))
+    else:
+        y = numpy.dot(at, bt)
+    y = y.reshape(n, oh, ow, oc).astype(x.dtype, copy=False)
     if b is not None:
         y += b
     return numpy.rollaxis(y, 3, 1)
@@ -186,11 +193,22 @@ def conv2d_grad_w(x, gy, kh, kw, sy, sx, ph, pw, w_dtype):
                                                            copy=False)
 
 
-def _col2im(col, sy, sx, ph, pw, h, w):
+def deconv_fills(k, sy, sx, ph, pw):
+    """Does deconv2d with a ``k`` = (kh, kw) kernel fill a fresh array of
+    its result's shape (which ``out`` can be), rather than return a window
+    of a zero-padded one?"""
+    return tuple(k) == (1, 1) and (sy, sx, ph, pw) == (1, 1, 0, 0)
+
+
+def _col2im(col, sy, sx, ph, pw, h, w, out=None):
     n, c, kh, kw, oh, ow = col.shape
     if (kh, kw, sy, sx, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, w):
         # Every pixel gets exactly one term: 0 + v, without the zero fill.
-        img = numpy.empty((n, c, h, w), dtype=col.dtype)
+        if out is not None and out.shape == (n, c, h, w) and \
+                out.dtype == col.dtype and out.flags.c_contiguous:
+            img = out
+        else:
+            img = numpy.empty((n, c, h, w), dtype=col.dtype)
         numpy.add(col[:, :, 0, 0], col.dtype.type(0), out=img)
         return img
     img = numpy.zeros((n, c, h + 2 * ph + sy - 1, w + 2 * pw + sx - 1),
@@ -201,12 +219,13 @@ def _col2im(col, sy, sx, ph, pw, h, w):
     return img[:, :, ph:h + ph, pw:w + pw]
 
 
-def deconv2d(x, W, sy, sx, ph, pw, outh, outw):
+def deconv2d(x, W, sy, sx, ph, pw, outh, outw, out=None):
     """Transposed convolution (the input gradient of conv2d) without bias:
     the same tensordot and the same accumulation order as Chainer's CPU
-    path; a 1x1, stride-1 one skips the zero fill."""
+    path; a 1x1, stride-1 one skips the zero fill (and writes into
+    ``out`` where given, see ``deconv_fills``)."""
     gcol = numpy.tensordot(W, x, (0, 1)).astype(x.dtype, copy=False)
-    return _col2im(numpy.rollaxis(gcol, 3), sy, sx, ph, pw, outh, outw)
+    return _col2im(numpy.rollaxis(gcol, 3), sy, sx, ph, pw, outh, outw, out)
 
 
 def col_groups(x, kh, kw, sy, sx, ph, pw):

@@ -2,8 +2,9 @@
 
 Pure functions over plain dicts; nothing here knows about Chainer.
 
-* ``liveness(schedules, keep)`` numbers the ops of schedules that run one
-  after the other and returns each buffer's (first, last) live step.
+* ``liveness(schedules, keep)`` (``liveness.lifetimes``) numbers the ops of
+  schedules that run one after the other and returns each buffer's (first,
+  last) live step.
 * ``plan(sizes, lifetimes, pinned, alignment)`` packs the buffers greedily:
   largest first, each at the best-fitting gap that does not collide with an
   already placed buffer whose lifetime overlaps.
@@ -12,10 +13,10 @@ Pure functions over plain dicts; nothing here knows about Chainer.
 """
 import operator
 
-from schedules import ir
+from schedules import liveness as _liveness
 
 # Roles whose arrays live outside the arena: never planned.
-UNPLANNED_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
+UNPLANNED_ROLES = _liveness.LIVE_ROLES
 
 
 class Plan(object):
@@ -169,60 +170,9 @@ def check_plan(sizes, lifetimes, offsets, pinned=()):
     return True
 
 
-def liveness(schedules, keep=()):
-    """Map buffer id -> (first, last) global step over ``schedules`` run in
-    order. Params, persistent values and constants are left out.
-
-    A buffer is live from the op that writes it, or, when it is bound before
-    it is written (a schedule input, or a value read before any write), from
-    the first op of the schedule that binds it; it stays live until its last
-    reader. Each schedule's outputs stay live at least to that schedule's
-    last op; buffers in ``keep`` stay live to the very last step. A view
-    (``Buffer.view_of``) is not planned itself: it keeps its base alive.
-    """
-    first, last = {}, {}
-    base = 0
-    for sched in schedules:
-        bufs = sched.buffers
-        end = base + max(len(sched.ops), 1) - 1
-        root = {}
-
-        def planned(b):
-            """The planned buffer that b's memory belongs to, or None."""
-            if b not in root:
-                r, seen = b, set()
-                while bufs[r].view_of is not None and r not in seen:
-                    seen.add(r)
-                    r = bufs[r].view_of
-                root[b] = None if bufs[r].role in UNPLANNED_ROLES else r
-            return root[b]
-
-        def touch(b, step):
-            r = planned(b)
-            if r is not None:
-                first.setdefault(r, step)
-                last[r] = max(last.get(r, step), step)
-
-        for b in sched.inputs:
-            touch(b, base)
-        for i, op in enumerate(sched.ops):
-            for b in op.inputs:
-                r = planned(b)
-                if r is not None and r not in first:
-                    touch(b, base)   # read before written: bound by caller
-                touch(b, base + i)
-            for b in op.outputs:
-                touch(b, base + i)
-        for b in sched.outputs:
-            touch(b, end)
-        base += len(sched.ops)
-    final = max(base - 1, 0)
-    for b in keep:
-        if b in first:
-            last[b] = final
-    # (a trailing schedule with no ops binds its inputs past the last step)
-    return dict((b, (min(first[b], final), min(last[b], final)))
-                for b in first)
+# Buffer lifetimes over schedules run one after the other (the one liveness
+# computation, shared with the executor, donation and the printout).
+liveness = _liveness.lifetimes
 
 
 def plan_schedules(schedules, keep=(), alignment=64):

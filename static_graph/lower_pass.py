@@ -25,8 +25,11 @@ import functools
 import weakref
 
 from schedules import ir
+from schedules import liveness
+from schedules import placement
 from static_graph import arrayutil
 from static_graph import describe
+from static_graph import kernel_checks
 from static_graph import lowering
 from static_graph import recorder
 
@@ -50,16 +53,43 @@ def memory_groups(bufs):
     return groups
 
 
+def memory_facts(bufs, keep, used=None, returned=()):
+    """``placement.Facts`` of buffers whose recorded arrays are still
+    held: which share memory, how large and C-contiguous that memory is;
+    ``keep``: buffers something outside the schedule may see; ``used``:
+    the schedule's buffers (default: all), the others matter only where
+    they share memory with one of them; ``returned``: what the schedule
+    returns (its executor keeps those anyway)."""
+    roots, unknown = {}, []
+    for b, buf in bufs.items():
+        a = buf.storage
+        if arrayutil.is_array(a):
+            r = arrayutil.root_of(a)
+            roots.setdefault(id(r), (r, []))[1].append(b)
+        elif used is None or b in used:
+            unknown.append(b)
+    groups = []
+    seen = set(bufs) if used is None else set(used)
+    for r, ids in roots.values():
+        if used is not None and not used.intersection(ids):
+            continue
+        seen.update(ids)
+        # (CuPy's flags say nothing of writeable: its arrays are)
+        dense = getattr(r.flags, 'writeable', True) and \
+            placement.one_block(r.shape, r.strides, r.itemsize)
+        if len(ids) > 1 or not dense or r.nbytes != bufs[ids[0]].nbytes:
+            groups.append((ids, r.nbytes, dense))
+    keep = seen.intersection(keep).difference(returned)
+    return placement.Facts(groups, keep, unknown)
+
+
 def donations(schedule, keep, groups=None):
     """For each op index, a tuple of bools over its inputs: may the kernel
     overwrite that input? ``keep``: buffers that must survive the schedule
     (its outputs, what the other schedule reads, what is handed out);
     ``groups``: memory_groups of its buffers, if known."""
     bufs = schedule.buffers
-    last = {}
-    for i, op in enumerate(schedule.ops):
-        for b in op.inputs:
-            last[b] = i
+    last = liveness.of(schedule).last_read
     if groups is None:
         groups = memory_groups(bufs)
 
@@ -95,6 +125,15 @@ def lower(schedule, keep, donate=True, groups=None):
     donate: may kernels write into inputs that die with them? groups:
     memory_groups of the schedule's buffers, if known."""
     bufs = schedule.buffers
+    if donate:
+        # (Placing results into dead memory is memory reuse too.) Only
+        # what the schedule reads or writes, and does not return anyway.
+        used = set(schedule.inputs)
+        for op in schedule.ops:
+            used.update(op.inputs)
+            used.update(op.outputs)
+        schedule.memory = memory_facts(bufs, keep, used, set(
+            schedule.outputs) | set(schedule.keep))
     donated = None
     for i, op in enumerate(schedule.ops):
         rop = op.lower_from
@@ -113,14 +152,15 @@ def lower(schedule, keep, donate=True, groups=None):
             if not any(bufs[b].static for _, b in rop.state):
                 fast = lowering.propose(rop, ins, donated[i])
                 if fast is not None:
-                    _probe(op, rop, fast, donated[i])
+                    _probe(op, rop, fast, donated[i],
+                           lowering.fallback(rop, ins, donated[i]))
             continue
         if sum(getattr(a, 'nbytes', 0) for a in ins + outs) <= \
                 _DEFER_LOWERING_BYTES:
             # Proposed and checked at compile, not while recording; copies
             # now (in the same layout) of what may change before then: the
             # optimizer updates parameters in place.
-            ins = lowering.layout_copies(ins, [
+            ins = kernel_checks.layout_copies(ins, [
                 bufs[b].role in (ir.PARAM, ir.PERSIST) or bufs[b].static
                 for b in op.inputs])
             if ins is not None:
@@ -128,7 +168,8 @@ def lower(schedule, keep, donate=True, groups=None):
             continue
         fast = lowering.propose(rop, ins, donated[i])
         if fast is not None:
-            _probe(op, rop, fast, donated[i])
+            _probe(op, rop, fast, donated[i],
+                   lowering.fallback(rop, ins, donated[i]))
 
 
 def _choose(op, rop, kernel):
@@ -137,7 +178,7 @@ def _choose(op, rop, kernel):
                                   kernel.__name__)
 
 
-def _probe(op, rop, fast, donated):
+def _probe(op, rop, fast, donated, fallback=None):
     # The op only through a weak reference: op.fn -> probe -> decided -> op
     # would be a reference cycle, freed only by the garbage collector.
     op_ref = weakref.ref(op)
@@ -146,8 +187,8 @@ def _probe(op, rop, fast, donated):
         op = op_ref()
         if op is None:
             return
-        if kernel is fast:
-            _choose(op, rop, fast)
+        if kernel is fast or kernel is fallback:
+            _choose(op, rop, kernel)
             # The state the node's own kernel left on it (statistics of the
             # probed call): nothing reads it, the new kernel never sets it.
             d = recorder.attrs(rop.node)
@@ -156,8 +197,8 @@ def _probe(op, rop, fast, donated):
         else:
             op.fn = kernel      # what the compiled schedule will call
 
-    op.fn = lowering.probing(op.fn, fast, decided, donated,
-                             rop.node.__dict__)
+    op.fn = kernel_checks.probing(op.fn, fast, decided, donated,
+                                  rop.node.__dict__, fallback)
 
 
 def lower_ops(schedule):
@@ -173,6 +214,12 @@ def lower_ops(schedule):
             if fast is None:
                 continue
             # A donating kernel writes into its inputs: check on copies.
-            mine = lowering.layout_copies(ins, donated)
-            if mine is not None and lowering.same_results(fast, mine, outs):
+            check = kernel_checks.same_results
+            mine = kernel_checks.layout_copies(ins, donated)
+            if mine is not None and check(fast, mine, outs):
+                _choose(op, rop, fast)
+                continue
+            # Else one that allocates its result, if there is one.
+            fast = lowering.fallback(rop, ins, donated)
+            if fast is not None and check(fast, ins, outs):
                 _choose(op, rop, fast)

@@ -6,56 +6,16 @@ factory that may return a cheaper kernel for the recorded shapes, only where
 it computes exactly the same values; the factory returns None otherwise.
 ``DONATING`` does the same for kernels that write into an input dying with
 the op, ``STATEFUL`` for ops with hidden state (their kernels return it).
-When they are used is lower_pass.py's business.
+When they are used is lower_pass.py's business; how a kernel is checked
+is kernel_checks.py's; element-wise kernels are in elementwise_kernels.py.
 """
 import numpy
 
-
-def _plain_cpu(in_arrays):
-    return all(type(a) is numpy.ndarray and a.ndim > 0 for a in in_arrays)
-
-
-def _scalar_value(node):
-    v = getattr(node, 'value', None)
-    return v if numpy.isscalar(v) else None
-
-
-# Element-wise ops whose CPU forward is one NumPy expression (wrapped in
-# ``force_array``, a no-op for results with at least one dimension).
-def _add(rop, node, xs):
-    if _plain_cpu(xs):
-        return lambda a: (a[0] + a[1],)
-
-
-def _mul(rop, node, xs):
-    if _plain_cpu(xs):
-        return lambda a: (a[0] * a[1],)
-
-
-def _add_constant(rop, node, xs):
-    from chainer.functions.math import basic_math
-    if _plain_cpu(xs) and _scalar_value(node) is not None:
-        value = basic_math._preprocess_const(xs[0], node.value)
-        return lambda a: (a[0] + value,)
-
-
-def _mul_constant(rop, node, xs):
-    from chainer.functions.math import basic_math
-    if _plain_cpu(xs) and _scalar_value(node) is not None:
-        value = basic_math._preprocess_const(xs[0], node.value)
-        return lambda a: (value * a[0],)
-
-
-def _tanh(rop, node, xs):
-    if _plain_cpu(xs):
-        tanh = numpy.tanh
-        return lambda a: (tanh(a[0]),)
-
-
-def _tanh_grad(rop, node, xs):
-    if _plain_cpu(xs) and getattr(node, 'x', None) is None:
-        one = xs[0].dtype.type(1)
-        return lambda a: (a[1] * (one - a[0] * a[0]),)
+from static_graph import elementwise_kernels as ew
+from static_graph import kernel_memory
+from static_graph.elementwise_kernels import out_like
+from static_graph.elementwise_kernels import plain_cpu as _plain_cpu
+from static_graph.elementwise_kernels import with_into as _with_into
 
 
 def _plain_conv(node, in_arrays):
@@ -95,9 +55,15 @@ def _convolution_2d(rop, node, xs):
             return lambda a: (grouped(a[0], a[1], None, g, sy, sx, ph, pw),)
         return lambda a: (grouped(a[0], a[1], a[2], g, sy, sx, ph, pw),)
     conv2d = numpy_conv.conv2d
+
+    def into(a, o):
+        return conv2d(a[0], a[1], a[2] if len(a) > 2 else None,
+                      sy, sx, ph, pw, out=o[0]),
     if len(xs) == 2:
-        return lambda a: (conv2d(a[0], a[1], None, sy, sx, ph, pw),)
-    return lambda a: (conv2d(a[0], a[1], a[2], sy, sx, ph, pw),)
+        return _with_into(
+            lambda a: (conv2d(a[0], a[1], None, sy, sx, ph, pw),), into)
+    return _with_into(
+        lambda a: (conv2d(a[0], a[1], a[2], sy, sx, ph, pw),), into)
 
 
 def _convolution_2d_grad_w(rop, node, xs):
@@ -123,7 +89,14 @@ def _deconvolution_2d(rop, node, xs):
         return None
     args = (node.sy, node.sx, node.ph, node.pw, node.outh, node.outw)
     deconv2d = numpy_conv.deconv2d
-    return lambda a: (deconv2d(a[0], a[1], *args),)
+    kernel = lambda a: (deconv2d(a[0], a[1], *args),)  # NOQA
+    if not numpy_conv.deconv_fills(xs[1].shape[2:], *args[:4]) or \
+            tuple(xs[0].shape[2:]) != args[4:]:
+        return kernel    # its result is a view into a padded array
+
+    def into(a, o):
+        return deconv2d(a[0], a[1], *args, out=o[0]),
+    return _with_into(kernel, into)
 
 
 def _blas_ready(a):
@@ -152,12 +125,29 @@ def _linear(rop, node, xs):
             dot(a[0], a[1].T, out=y)
             y += a[2]
             return y,
-    return kernel
+
+    def into(a, o):
+        y = o[0]
+        if y is None:
+            y = empty((a[0].shape[0], n_out), a[0].dtype)
+        dot(a[0], a[1].T, out=y)
+        if len(a) > 2:
+            y += a[2]
+        return y,
+    return _with_into(kernel, into)
 
 
 def _linear_grad_data(rop, node, xs):
     if _plain_cpu(xs) and xs[0].dtype == xs[1].dtype and _blas_ready(xs[1]):
-        return lambda a: (a[1].dot(a[0]),)
+        dot = numpy.dot
+
+        def into(a, o):
+            # (dot writes a C-contiguous result of its operands' dtype
+            # either way: the same BLAS call)
+            if o[0] is None or o[0].dtype != a[1].dtype:
+                return a[1].dot(a[0]),
+            return dot(a[1], a[0], out=o[0]),
+        return _with_into(lambda a: (a[1].dot(a[0]),), into)
 
 
 def _linear_grad_weight(rop, node, xs):
@@ -172,7 +162,13 @@ def _sum(rop, node, xs):
         return lambda a: (asarray(a[0].sum(axis=axis, keepdims=keepdims)),)
 
 
+# Of these, kinds whose factory takes a node built with arrays (inputs
+# after the node's own, ``rop.rebind``).
+REBINDING = frozenset(('ReLUGrad2',))
+
 FAST = {
+    'ReLU': ew.for_relu,
+    'ReLUGrad2': ew.for_relu_grad,
     'LinearFunction': _linear,
     'LinearGradData': _linear_grad_data,
     'LinearGradWeight': _linear_grad_weight,
@@ -180,22 +176,29 @@ FAST = {
     'Deconvolution2DFunction': _deconvolution_2d,
     'Convolution2DFunction': _convolution_2d,
     'Convolution2DGradW': _convolution_2d_grad_w,
-    'Add': _add,
-    'Mul': _mul,
-    'AddConstant': _add_constant,
-    'MulConstant': _mul_constant,
-    'Tanh': _tanh,
-    'TanhGrad': _tanh_grad,
+    'Add': ew.for_add,
+    'Mul': ew.for_mul,
+    'AddConstant': ew.for_add_constant,
+    'MulConstant': ew.for_mul_constant,
+    'Tanh': ew.for_tanh,
+    'TanhGrad': ew.for_tanh_grad,
 }
 
 
 # Kernels that write their result into an input that dies with the op
 # (lower_pass.donations): factory(rop, node, inputs, donated) where inputs
 # are all the op's inputs (the node's, then the arrays it was built with).
+# Each says which input its results may be (``aliases``, placement.py).
+def _aliasing(kernel, *aliases):
+    kernel.aliases = aliases
+    return kernel
+
+
 def _relu_inplace(rop, node, xs, donated):
     if donated[0] and _plain_cpu(xs[:1]):
         maximum = numpy.maximum
-        return lambda a: (maximum(a[0], 0, dtype=a[0].dtype, out=a[0]),)
+        return _aliasing(
+            lambda a: (maximum(a[0], 0, dtype=a[0].dtype, out=a[0]),), 0)
 
 
 def _relu_grad_inplace(rop, node, xs, donated):
@@ -203,7 +206,7 @@ def _relu_grad_inplace(rop, node, xs, donated):
     if donated[0] and keys == ['b'] and _plain_cpu(xs[:2]) and \
             xs[0].shape == xs[1].shape:
         multiply = numpy.multiply
-        return lambda a: (multiply(a[0], a[1] > 0, out=a[0]),)
+        return _aliasing(lambda a: (multiply(a[0], a[1] > 0, out=a[0]),), 0)
 
 
 def _add_inplace(rop, node, xs, donated):
@@ -212,9 +215,9 @@ def _add_inplace(rop, node, xs, donated):
     add = numpy.add
     shape = numpy.broadcast(xs[0], xs[1]).shape
     if donated[0] and xs[0].shape == shape:
-        return lambda a: (add(a[0], a[1], out=a[0]),)
+        return _aliasing(lambda a: (add(a[0], a[1], out=a[0]),), 0)
     if donated[1] and xs[1].shape == shape:
-        return lambda a: (add(a[0], a[1], out=a[1]),)
+        return _aliasing(lambda a: (add(a[0], a[1], out=a[1]),), 1)
 
 
 def _bn_grad_inplace(rop, node, xs, donated):
@@ -233,7 +236,7 @@ def _bn_grad_inplace(rop, node, xs, donated):
     def kernel(a):
         return _bn_grad_in_x(a[0], a[1], a[2], a[im], a[ii], expander, axis)
 
-    return kernel
+    return _aliasing(kernel, 0, None, None)
 
 
 def _bn_grad_in_x(x, gamma, gy, mean, inv_std, expander, axis):
@@ -317,14 +320,14 @@ def _bn_forward(rop, node, xs, donated):
     adjust = m / max(m - 1., 1.)
     inplace = bool(donated) and donated[0]
 
-    def kernel(a):
+    def run(a, out):
         x, gamma, beta = a
         mean = x.mean(axis=axis, dtype=dtype)
         var = x.var(axis=axis, dtype=dtype)
         inv_std = numpy.reciprocal(numpy.sqrt(var + eps, dtype=dtype))
         y = bn_normalize(x, mean[expander], inv_std[expander],
                           gamma[expander], beta[expander],
-                          x if inplace else None)
+                          x if inplace else out)
         if effects:
             running_mean, running_var = d['running_mean'], d['running_var']
             running_mean *= decay
@@ -334,9 +337,17 @@ def _bn_forward(rop, node, xs, donated):
         state = {'mean': mean, 'var': var, 'inv_std': inv_std}
         return (y,) + tuple([state[k] for k in keys])
 
+    def kernel(a):
+        return run(a, None)
+
     kernel.effects = effects
     kernel.__name__ = 'numpy_%sBatchNormalization' % (
         'inplace_' if inplace else '')
+    if inplace:
+        kernel.aliases = (0,) + (None,) * len(keys)
+    else:
+        # y into given memory, in x's layout (as NumPy lays out x - mean)
+        kernel.into = lambda a, o: run(a, out_like(o[0], a[0]))
     return kernel
 
 
@@ -361,6 +372,8 @@ def _fixed_bn_forward(rop, node, xs, donated):
     kernel.effects = ()
     kernel.__name__ = 'numpy_%sFixedBatchNormalization' % (
         'inplace_' if inplace else '')
+    if inplace:
+        kernel.aliases = (0,) + (None,) * len(keys)
     return kernel
 
 
@@ -432,97 +445,33 @@ def propose(rop, in_arrays, donated=()):
     if not candidate(rop):
         return None
     if rop.state:
-        return STATEFUL[rop.kind](rop, rop.node, in_arrays, donated)
+        kernel = STATEFUL[rop.kind](rop, rop.node, in_arrays, donated)
+        if kernel is not None:
+            kernel.workspace = kernel_memory.workspace(
+                rop.kind, rop.node, in_arrays)
+        return kernel
     kernel = None
     if any(donated) and rop.kind in DONATING:
         kernel = DONATING[rop.kind](rop, rop.node, in_arrays, donated)
         prefix = 'numpy_inplace_'
-    if kernel is None and rop.kind in FAST and not rop.rebind:
+    if kernel is None and rop.kind in FAST and (
+            not rop.rebind or rop.kind in REBINDING):
         kernel = FAST[rop.kind](rop, rop.node, in_arrays)
         prefix = 'numpy_'
     if kernel is not None and kernel.__name__ in ('<lambda>', 'kernel'):
         kernel.__name__ = prefix + rop.kind   # for printouts
+    if kernel is not None:
+        kernel.workspace = kernel_memory.workspace(rop.kind, rop.node,
+                                                   in_arrays)
     return kernel
 
 
-def same_results(kernel, in_arrays, out_arrays):
-    """Does ``kernel`` give ``out_arrays`` from ``in_arrays`` bit for bit,
-    in the same memory layout (a later reduction's summation order follows
-    its input's strides)?"""
-    got = kernel(tuple(in_arrays))
-    if len(got) != len(out_arrays):
-        return False
-    for g, want in zip(got, out_arrays):
-        if not hasattr(want, 'shape'):   # a Python number (SCE's _coeff)
-            if type(g) is not type(want) or not (
-                    g == want or g != g and want != want):
-                return False
-            continue
-        if type(g) is not type(want) or g.shape != want.shape or \
-                g.dtype != want.dtype or g.strides != want.strides or \
-                not numpy.array_equal(g, want):
-            return False
-    return True
-
-
-def layout_copy(a):
-    """A copy of ``a`` with its strides (a result's layout, and so its
-    kernel's summation order, can follow its input's), or None where
-    ``empty_like`` cannot give them (a view with gaps)."""
-    c = numpy.empty_like(a)
-    if c.strides != a.strides:
-        return None
-    numpy.copyto(c, a)
-    return c
-
-
-def layout_copies(arrays, which):
-    """``arrays`` with those flagged in ``which`` (shorter: the rest
-    unflagged) replaced by layout copies; None if one cannot be made."""
-    if not any(which):
-        return None if any(a is None for a in arrays) else tuple(arrays)
-    out = tuple(layout_copy(a) if w else a for a, w in zip(
-        arrays, tuple(which) + (False,) * len(arrays)))
-    return None if any(a is None for a in out) else out
-
-
-def same_effects(fast, in_arrays, out_arrays, holder, before):
-    """same_results, and do ``fast``'s in-place updates of ``holder``'s
-    arrays turn the values ``before`` (copies, by attribute name) into what
-    ``holder`` holds now? ``fast`` updates the copies: the real arrays
-    are put back whatever happens."""
-    after = dict((k, holder[k]) for k in before)
-    holder.update(before)
-    try:
-        return same_results(fast, in_arrays, out_arrays) and all(
-            before[k].strides == after[k].strides and
-            numpy.array_equal(before[k], after[k], equal_nan=True)
-            for k in before)
-    finally:
-        holder.update(after)
-
-
-def probing(kernel, fast, decided, donated=(), holder=None):
-    """A kernel that runs ``kernel`` (the node's own) and, on its first
-    call, checks ``fast`` against it on that call's arrays (copies of those
-    ``fast`` may overwrite; ``holder``: the node's attributes, for the
-    arrays ``fast.effects`` names); from then on it runs whichever was
-    chosen, and ``decided(chosen)`` is told once."""
-    chosen = []
-    effects = getattr(fast, 'effects', ())
-
-    def probe(inputs):
-        if chosen:
-            return chosen[0](inputs)
-        before = dict((k, holder[k].copy()) for k in effects)
-        out = kernel(inputs)
-        mine = layout_copies(inputs, donated)
-        ok = mine is not None and (
-            same_effects(fast, mine, out, holder, before) if effects
-            else same_results(fast, mine, out))
-        chosen.append(fast if ok else kernel)
-        decided(chosen[0])
-        return out
-
-    probe.__name__ = 'probe_' + fast.__name__
-    return probe
+def fallback(rop, in_arrays, donated):
+    """For an op whose proposed kernel writes into an input: the kernel
+    that allocates its result instead, to check where the other gives
+    another memory layout than the node (an input that is a window of a
+    larger array); or None."""
+    if any(donated) and rop.kind in DONATING and rop.kind in FAST and \
+            not rop.state:
+        return propose(rop, in_arrays, ())
+    return None

@@ -25,6 +25,9 @@ import numpy
 from schedules import ir
 from schedules import recompute
 from static_graph import arrayutil
+from static_graph import elementwise_kernels
+from static_graph import kernel_checks
+from static_graph import kernel_memory
 from static_graph import lower_pass
 from static_graph import lowering
 
@@ -45,10 +48,11 @@ def _batch_normalization(rop, bufs):
         return None
     e = node.expander
 
-    def fn(a, owned):
+    def fn(a, owned, out=None):
         x, gamma, beta, mean, inv_std = a
-        return lowering.bn_normalize(x, mean[e], inv_std[e], gamma[e],
-                                      beta[e], x if owned[0] else None)
+        return lowering.bn_normalize(
+            x, mean[e], inv_std[e], gamma[e], beta[e],
+            x if owned[0] else elementwise_kernels.out_like(out, x))
 
     return rop.inputs + (state['mean'], state['inv_std']), fn
 
@@ -63,9 +67,10 @@ def _relu(rop, bufs):
         return None
     maximum = numpy.maximum
 
-    def fn(a, owned):
+    def fn(a, owned, out=None):
         x = a[0]
-        return maximum(x, 0, dtype=x.dtype, out=x if owned[0] else None)
+        return maximum(x, 0, dtype=x.dtype, out=x if owned[0] else
+                       elementwise_kernels.out_like(out, x))
 
     return rop.inputs, fn
 
@@ -121,17 +126,29 @@ def _flatten(tree, leaves):
     return fn, out
 
 
-def _run_tree(node, a):
+def _run_tree(node, a, out=None):
     # A module function: a recursive closure would refer to itself through
     # its cell, a reference cycle that only the garbage collector frees.
+    # ``out``: memory for the result, to whoever allocates it (a rule
+    # computes in place in what its first kid computed).
     fn, kids = node
-    args = [a[k] if type(k) is int else _run_tree(k, a) for k in kids]
-    return fn(args, [type(k) is not int for k in kids])
+    owned = [type(k) is not int for k in kids]
+    args = [a[k] if not own else _run_tree(k, a, out if i == 0 else None)
+            for i, (k, own) in enumerate(zip(kids, owned))]
+    if owned[0]:
+        return fn(args, owned)
+    return fn(args, owned, out)
 
 
 def _kernel(flat):
     def kernel(a):
         return (_run_tree(flat, a),)
+
+    def into(a, outs):
+        return (_run_tree(flat, a, outs[0]),)
+    kernel.into = into
+    # (BatchNormalization's and ReLU's rules allocate their result at most)
+    kernel.workspace = kernel_memory.SLACK
     return kernel
 
 
@@ -182,7 +199,7 @@ def recipes(rec, saved, available, exclude, backward_ops):
         flat = _flatten(tree, leaves)
         kernel = _kernel(flat)
         ins = [bufs[x].storage for x in leaves]
-        if any(a is None for a in ins) or not lowering.same_results(
+        if any(a is None for a in ins) or not kernel_checks.same_results(
                 kernel, ins, [buf.storage]):
             continue
         kinds = []

@@ -373,3 +373,32 @@ def test_steady_replay_allocates_nothing_for_placed_results(
     assert set(growth) == set(placed)
     for key, n in growth.items():
         assert n >= placed[key], (key, n, placed[key])
+
+
+def test_into_is_checked_at_its_first_call():
+    """A lowered kernel's ``into`` is checked when placement first uses it
+    (not on the first replay, where it cost a third run of each large op):
+    results equal to the kernel's, in the memory given, keep it; otherwise
+    that call and every later one hand out the kernel's own results."""
+    import numpy
+    from static_graph import kernel_checks
+
+    def make(bad):
+        def kernel(a):
+            return (a[0] * 2,)
+
+        def into(a, o):
+            numpy.multiply(a[0], 3 if bad else 2, out=o[0])
+            return (o[0],)
+        kernel.into = into
+        return kernel
+
+    x = numpy.arange(6, dtype='f').reshape(2, 3)
+    for bad in (False, True):
+        k = make(bad)
+        assert kernel_checks.same_results(k, (x,), (x * 2,))
+        for _ in range(2):
+            out = numpy.empty_like(x)
+            got, = k.into((x,), (out,))
+            assert numpy.array_equal(got, x * 2)
+            assert numpy.shares_memory(got, out) == (not bad)

@@ -25,7 +25,7 @@ DEFAULT_WARN_RETRACE = 8
 # Every RECORDING_WINDOW recordings of new keys, a method that replayed
 # fewer than REPLAYS_PER_RECORDING times per such recording in that window
 # records a new key only at its SIGHTINGS-th call (Cache.must_repeat).
-RECORDING_WINDOW = 16
+RECORDING_WINDOW = 8
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
 
@@ -119,9 +119,9 @@ class Cache(object):
             self.probation = (
                 'its keys do not repeat: the last %d new keys it recorded '
                 'were followed by %d replays (a recording costs about two '
-                'define-by-run iterations). From now on a new key records '
-                'at its %dth call; until then it runs define-by-run'
-                % (RECORDING_WINDOW, replays, SIGHTINGS))
+                'define-by-run iterations). From now on a new key runs '
+                'define-by-run until it has been called %d times, and then '
+                'records' % (RECORDING_WINDOW, replays, SIGHTINGS))
         with self.lock:
             n = self._sightings.pop(key, 0) + 1
             if n >= SIGHTINGS:

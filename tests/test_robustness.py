@@ -140,13 +140,13 @@ def test_warn_retrace_repeats_at_doubling_counts():
             if issubclass(w.category, StaticGraphWarning)]
     counts = [int(m.split('recorded ')[1].split(' ')[0])
               for m in ours if 'has recorded' in m]
-    assert counts == [2, 4, 8, 16], counts
+    assert counts == [2, 4, 8], counts
     # Then it stops recording (keys that never repeat: see below).
     assert sum('keys do not repeat' in m for m in ours) == 1
 
 
 def test_keys_that_do_not_repeat_stop_recording():
-    """After 16 recordings of new keys with fewer than 3 replays each, a
+    """After 8 recordings of new keys with fewer than 3 replays each, a
     new key runs define-by-run (at its speed, with its numbers) until its
     third call, which records: warned once and shown by explain(). A
     method whose keys repeat keeps recording new keys at once."""
@@ -160,7 +160,7 @@ def test_keys_that_do_not_repeat_stop_recording():
             compare_chains(a, b, rtol=0, atol=0)
     c = cache(b)
     assert (c.recordings, c.replays, c.fallback_calls) == \
-        (16, 0, 14)
+        (8, 0, 22)
     gave_up = [w for w in caught if 'keys do not repeat' in str(w.message)]
     assert len(gave_up) == 1
     assert 'keys do not repeat' in static_graph.explain(b)
@@ -170,14 +170,15 @@ def test_keys_that_do_not_repeat_stop_recording():
         step(a, x)
         step(b, x)
         compare_chains(a, b, rtol=0, atol=0)
-    assert (c.recordings, c.replays, c.fallback_calls) == (17, 2, 16)
+    assert (c.recordings, c.replays, c.fallback_calls) == (9, 2, 24)
 
-    # 16 shapes, each used 4 times: 48 replays in the first window.
+    # 8 shapes, each used 4 times: 24 replays in the first window; then
+    # new keys record at once.
     a, b = make_twins(mlp)
-    for n in list(range(1, 17)) * 4 + list(range(17, 33)):
+    for n in list(range(1, 9)) * 4 + list(range(9, 17)):
         step(b, data(n, 3))
     c = cache(b)
-    assert c.define_by_run is None and c.replays == 48
+    assert c.probation is None and (c.recordings, c.replays) == (16, 24)
 
 
 def test_warn_retrace_names_a_changed_config_flag():

@@ -44,6 +44,12 @@ class Kernels(object):
         return fn
 
 
+@pytest.fixture
+def small_too(monkeypatch):
+    """The schedules below are of small arrays: let placement take them."""
+    monkeypatch.setattr(placement, 'MIN_BYTES', 0)
+
+
 def _schedule(specs, ops, inputs, outputs, keep=()):
     """specs: {id: (role, shape)}; ops: (kind, fn, inputs, outputs)."""
     bufs = dict((b, ir.Buffer(b, shape, 'f4', role))
@@ -73,7 +79,7 @@ def _chain(k, into_last=True, last_shape=(4, 8), host_shape=(4, 8),
     return s
 
 
-def test_result_goes_where_a_dead_buffer_was():
+def test_result_goes_where_a_dead_buffer_was(small_too):
     k = Kernels()
     s = _chain(k)
     p = placement.plan(s, s.memory, explain=True)
@@ -100,7 +106,7 @@ def test_result_goes_where_a_dead_buffer_was():
     assert 'kernels with no out=: H.forward x1, fn x2' in text
 
 
-def test_nothing_placed_without_into_facts_or_when_switched_off():
+def test_nothing_placed_without_into_facts_or_when_switched_off(small_too):
     k = Kernels()
     s = _chain(k, into_last=False)
     assert placement.plan(s, s.memory).places == {}
@@ -118,7 +124,7 @@ def test_nothing_placed_without_into_facts_or_when_switched_off():
 
 @pytest.mark.parametrize('how', ['read later', 'kept', 'input', 'static',
                                  'alias read later', 'shared memory kept'])
-def test_memory_still_seen_is_never_taken(how):
+def test_memory_still_seen_is_never_taken(how, small_too):
     k = Kernels()
     s = _chain(k)
     bufs = s.buffers
@@ -148,7 +154,7 @@ def test_memory_still_seen_is_never_taken(how):
         assert p.reasons.get(2, why) == why
 
 
-def test_rules_hold_memory_only_where_they_may():
+def test_rules_hold_memory_only_where_they_may(small_too):
     """A host larger than the result holds memory the schedule would have
     let go: ``strict`` never does, ``workspace`` where the kernels running
     meanwhile say how much they allocate themselves (not where one does
@@ -169,7 +175,7 @@ def test_rules_hold_memory_only_where_they_may():
         placement.plan(s, s.memory, rule='loose')
 
 
-def test_take_checks_the_memory_it_is_given():
+def test_take_checks_the_memory_it_is_given(small_too):
     a = numpy.zeros(64, 'f4')
     v = placement.take(a, 64, (4, 8), numpy.dtype('f4'), 128)
     assert v.shape == (4, 8) and numpy.shares_memory(v, a)
@@ -197,7 +203,7 @@ def test_take_checks_the_memory_it_is_given():
         is None
 
 
-def test_check_plan_catches_a_broken_placement():
+def test_check_plan_catches_a_broken_placement(small_too):
     k = Kernels()
     s = _chain(k)
     p = placement.plan(s, s.memory, explain=True)
@@ -340,7 +346,7 @@ def _steady_growth(model, batch, ops):
     (MLP, 1, False),          # its forward saves every result
     (ResNetLike, 8, True)])   # BatchNormalization outputs recomputed later
 def test_steady_replay_allocates_nothing_for_placed_results(
-        case, least, forward):
+        case, least, forward, small_too):
     """After the replay compiled, every op whose results the plan put in
     dead memory leaves nothing allocated for them (tracemalloc around each
     kernel; NumPy registers its data with it), and training stays define-
@@ -373,6 +379,20 @@ def test_steady_replay_allocates_nothing_for_placed_results(
     assert set(growth) == set(placed)
     for key, n in growth.items():
         assert n >= placed[key], (key, n, placed[key])
+
+
+def test_small_results_are_allocated():
+    """Results under placement.MIN_BYTES (64 KiB) are not placed: NumPy
+    allocates them faster than the compiled code could place them; the
+    printout says why."""
+    batches = _batches(MLP, 4)
+    steps = [lambda m, b=b: m(*b) for b in batches]
+    _, m = train_twins(_make(MLP), steps,
+                       lambda: chainer.optimizers.MomentumSGD(0.1),
+                       rtol=0, atol=0)
+    assert _placed(m) == {}
+    (s,) = static_graph.cached(m)
+    assert 'small (allocating is cheaper)' in str(s.entry.backward)
 
 
 def test_into_is_checked_at_its_first_call():

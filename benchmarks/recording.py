@@ -20,7 +20,9 @@ the trials:
 
 Targets (issue 27): recording / dbr at most 1.5 for mlp-b8, mlp-b100 and
 cnn-b32, at most 2.0 for mlp-b1 and tiny; 1+2 at most 1.5 for mlp-b100;
-break-even within 10 iterations for mlp-b1.
+break-even within 10 iterations for mlp-b1. ``--captured-update`` gives
+the decorated model's optimizer ``static_graph.capture_update`` (the
+library's whole offering against plain Chainer).
 """
 import argparse
 import os
@@ -48,11 +50,13 @@ def _times(model, opt, batch, variant, n):
     return out
 
 
-def measure(case, trials, iterations):
+def measure(case, trials, iterations, captured=False):
     batch = case['batch'](numpy.random.RandomState(5))
     first = {'dbr': [], 'ours': []}
     for _ in range(trials):
         built = run.build(case, skip=('chainer',))
+        if captured:
+            static_graph.capture_update(built['ours'][1])
         # Interleaved: each trial times a fresh model of each kind.
         for v in ('ours', 'dbr'):
             m, o = built[v]
@@ -80,13 +84,18 @@ def main():
     parser.add_argument('--cases', nargs='*', default=list(DEFAULT_CASES))
     parser.add_argument('--trials', type=int, default=7)
     parser.add_argument('--iterations', type=int, default=20)
+    parser.add_argument('--captured-update', action='store_true',
+                        help='the decorated model\'s optimizer with '
+                             'static_graph.capture_update (define-by-run '
+                             'keeps Chainer\'s)')
     args = parser.parse_args()
     by_name = dict((c['name'], c) for c in run.all_cases())
     print('| case | dbr iteration | recording | recording / dbr | '
           '1+2 / dbr 1+2 | break-even iteration |')
     print('|---|---|---|---|---|---|')
     for name in args.cases:
-        r = measure(by_name[name], args.trials, args.iterations)
+        r = measure(by_name[name], args.trials, args.iterations,
+                    args.captured_update)
         even = r['break_even']
         print('| %s | %s | %s | %.2fx | %.2fx | %s |' % (
             name, run.fmt_time(r['dbr_steady']), run.fmt_time(r['recording']),

@@ -10,10 +10,10 @@ import warnings
 import numpy
 
 import chainer
-import chainer.distributions as D
 import chainer.functions as F
 import chainer.links as L
 
+from benchmarks.kit.vae import AvgELBOLoss, Decoder, Encoder, Prior
 from static_graph import static_graph
 from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
@@ -32,65 +32,7 @@ def same_params(a, b, what):
                                          err_msg='%s %s' % (what, n))
 
 
-# -- the VAE example (examples/vae/net.py) ---------------------------------
-class Encoder(chainer.Chain):
-    def __init__(self, n_in, n_latent, n_h):
-        super(Encoder, self).__init__()
-        with self.init_scope():
-            self.linear = L.Linear(n_in, n_h)
-            self.mu = L.Linear(n_h, n_latent)
-            self.ln_sigma = L.Linear(n_h, n_latent)
-
-    def forward(self, x):
-        h = F.tanh(self.linear(x))
-        return D.Normal(loc=self.mu(h), log_scale=self.ln_sigma(h))
-
-
-class Decoder(chainer.Chain):
-    def __init__(self, n_in, n_latent, n_h):
-        super(Decoder, self).__init__()
-        with self.init_scope():
-            self.linear = L.Linear(n_latent, n_h)
-            self.output = L.Linear(n_h, n_in)
-
-    def forward(self, z, inference=False):
-        n_batch_axes = 1 if inference else 2
-        h = F.tanh(self.linear(z, n_batch_axes=n_batch_axes))
-        h = self.output(h, n_batch_axes=n_batch_axes)
-        return D.Bernoulli(logit=h)
-
-
-class Prior(chainer.Link):
-    def __init__(self, n_latent):
-        super(Prior, self).__init__()
-        with self.init_scope():
-            self.loc = chainer.Parameter(0, n_latent)
-            self.scale = chainer.Parameter(1, n_latent)
-
-    def forward(self):
-        return D.Normal(self.loc, scale=self.scale)
-
-
-class AvgELBOLoss(chainer.Chain):
-    def __init__(self, encoder, decoder, prior, k=1):
-        super(AvgELBOLoss, self).__init__()
-        self.k = k
-        with self.init_scope():
-            self.encoder = encoder
-            self.decoder = decoder
-            self.prior = prior
-
-    def forward(self, x):
-        q_z = self.encoder(x)
-        z = q_z.sample(self.k)
-        p_x = self.decoder(z)
-        p_z = self.prior()
-        reconstr = F.mean(F.sum(p_x.log_prob(
-            F.broadcast_to(x[None, :], (self.k,) + x.shape)), axis=-1))
-        kl_penalty = F.mean(F.sum(chainer.kl_divergence(q_z, p_z), axis=-1))
-        return -(reconstr - kl_penalty)
-
-
+# -- the VAE example (examples/vae/net.py; its models are the kit's) -------
 def test_vae_example():
     models = []
     for static in (False, True):

@@ -437,22 +437,61 @@ class Capture(object):
                 result = [None] * len(result)
                 for pos, a in zip(targets, true):
                     result[pos] = a
-                absent = frozenset(i for i, (g, h) in enumerate(
-                    zip(given, grad_outputs)) if g is None and h is not None)
-                if e.state == entry_module.COMPLETE and \
-                        e.accumulating_backward(frozenset(), True,
-                                                absent) is None:
-                    self.cache.discard(self.key, e)
-                    e.move(entry_module.FALLBACK)
-                    self.fall_back(
-                        'its state outputs (Variables it leaves on its links '
-                        'for the next call) get a gradient in some calls and '
-                        'none in others (the last call of a sequence), and '
-                        'replay can run its backward without one only where '
-                        'the missing gradient is added to others or reaches '
-                        'LSTMGrad')
+            self._check_state_outputs()
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
+
+    def _order_tie(self):
+        """A sum of gradient contributions in the recorded backward whose
+        summands come from forward nodes of equal rank, as text, or None.
+        Chainer's backprop takes nodes by rank, and nodes of one rank in
+        the order it found them: in a graph of several chained calls it
+        finds them in an order the call's own graph need not give (the
+        embedding of L.StatefulGRU feeds three linear layers of one rank:
+        1e-7 off), where nodes of different ranks keep their order."""
+        rec = self.rec
+        step_of = {}
+        for st in rec.steps:
+            for j in range(st.start, st.end):
+                step_of[j] = st
+        made = {}      # buffer id -> ranks of the forward nodes behind it
+        for j, rop in enumerate(rec.backward_ops):
+            st = step_of.get(j)
+            if st is not None:
+                r = (getattr(st.node, 'rank', None),)
+                for b in rop.outputs:
+                    made[b] = r
+                continue
+            ranks = [made.get(b) for b in rop.inputs]
+            if len(ranks) == 2 and None not in ranks and \
+                    None not in ranks[0] + ranks[1] and \
+                    set(ranks[0]) & set(ranks[1]):
+                return '%s and %s' % tuple(
+                    step_of_label(rec, b) for b in rop.inputs)
+            joined = tuple(x for r in ranks if r for x in r)
+            for b in rop.outputs:
+                made[b] = joined
+        return None
+
+    def _check_state_outputs(self):
+        """A built entry whose state outputs got gradients must also run
+        its backward without them (the last call of a sequence replays
+        it too): where it cannot (masked.py), the key falls back."""
+        e = self.entry
+        if e.state != entry_module.COMPLETE or e.backward is None:
+            return
+        state = set((id(d), k) for d, k in self.cache.state_slots)
+        outs = frozenset(
+            i for i, (d, k) in enumerate(self.hidden_slots, self.n_outs)
+            if (id(d), k) in state and e.grad_out_mask[i])
+        if outs and e.accumulating_backward(frozenset(), True,
+                                            outs) is None:
+            self.fall_back(
+                'its state outputs (Variables it leaves on its links for '
+                'the next call) get a gradient in some calls and none in '
+                'others (the last call of a sequence), and replay can run '
+                'its backward without one only where the missing gradient '
+                'is added to others or reaches LSTMGrad')
 
     def _state_gradients(self, grad_outputs):
         """``grad_outputs`` with zeros for the state outputs (Variables the
@@ -486,6 +525,20 @@ class Capture(object):
         more_params, _ = analysis.classify_unknown(rec, self.chain_map)
         if more_params:
             rec.add_reason('a parameter is used only in backward')
+        if e.recurrent:
+            tie = self._order_tie()
+            if tie is not None:
+                # For the whole method: a key that replayed next to calls
+                # of define-by-run would change the order of their sums.
+                reason = (
+                    'it reads recurrent state, and its backward sums the '
+                    'gradient contributions of %s, of one rank: '
+                    'define-by-run orders them by its whole graph of calls, '
+                    'which a replayed call cannot know (the last bits could '
+                    'differ); the method runs define-by-run from now on'
+                    % tie)
+                rec.add_reason(reason)
+                self.cache.define_by_run = reason
         if set(analysis.chain_arrays(self.chain, self.written)) != \
                 set(self.chain_map):
             # A parameter or persistent array was replaced (W.array = ...)
@@ -557,3 +610,13 @@ class Capture(object):
         for pos, g in zip(self.targets, grads):
             result[pos] = g
         return result
+
+
+def step_of_label(rec, b):
+    """The op (its source line) whose backward made buffer ``b``."""
+    for st in rec.steps:
+        for rop in rec.backward_ops[st.start:st.end]:
+            if b in rop.outputs:
+                return '%s (%s)' % (type(st.node).__name__,
+                                    st.label or '?')
+    return 'a sum'

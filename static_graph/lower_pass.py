@@ -167,7 +167,13 @@ def lower(schedule, keep, donate=True, groups=None):
                 op.lower_from = (rop, ins, outs, donated[i])
             continue
         fast = lowering.propose(rop, ins, donated[i])
-        if fast is not None:
+        if fast is not None and getattr(fast, 'same_code', False):
+            # (The node's own expression: no first-replay comparison,
+            # which ran each such large op twice. Its ``into`` is checked
+            # at its first use.)
+            kernel_checks.defer_check_into(fast, outs)
+            _choose(op, rop, fast)
+        elif fast is not None:
             _probe(op, rop, fast, donated[i],
                    lowering.fallback(rop, ins, donated[i]))
 

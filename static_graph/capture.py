@@ -36,6 +36,7 @@ from static_graph import link_values
 from static_graph import nodes
 from static_graph import outputs
 from static_graph import recorder
+from static_graph.recurrent import order_tie
 from static_graph import signature
 
 
@@ -441,38 +442,6 @@ class Capture(object):
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
 
-    def _order_tie(self):
-        """A sum of gradient contributions in the recorded backward whose
-        summands come from forward nodes of equal rank, as text, or None.
-        Chainer's backprop takes nodes by rank, and nodes of one rank in
-        the order it found them: in a graph of several chained calls it
-        finds them in an order the call's own graph need not give (the
-        embedding of L.StatefulGRU feeds three linear layers of one rank:
-        1e-7 off), where nodes of different ranks keep their order."""
-        rec = self.rec
-        step_of = {}
-        for st in rec.steps:
-            for j in range(st.start, st.end):
-                step_of[j] = st
-        made = {}      # buffer id -> ranks of the forward nodes behind it
-        for j, rop in enumerate(rec.backward_ops):
-            st = step_of.get(j)
-            if st is not None:
-                r = (getattr(st.node, 'rank', None),)
-                for b in rop.outputs:
-                    made[b] = r
-                continue
-            ranks = [made.get(b) for b in rop.inputs]
-            if len(ranks) == 2 and None not in ranks and \
-                    None not in ranks[0] + ranks[1] and \
-                    set(ranks[0]) & set(ranks[1]):
-                return '%s and %s' % tuple(
-                    step_of_label(rec, b) for b in rop.inputs)
-            joined = tuple(x for r in ranks if r for x in r)
-            for b in rop.outputs:
-                made[b] = joined
-        return None
-
     def _check_state_outputs(self):
         """A built entry whose state outputs got gradients must also run
         its backward without them (the last call of a sequence replays
@@ -526,7 +495,7 @@ class Capture(object):
         if more_params:
             rec.add_reason('a parameter is used only in backward')
         if e.recurrent:
-            tie = self._order_tie()
+            tie = order_tie(rec)
             if tie is not None:
                 # For the whole method: a key that replayed next to calls
                 # of define-by-run would change the order of their sums.
@@ -610,13 +579,3 @@ class Capture(object):
         for pos, g in zip(self.targets, grads):
             result[pos] = g
         return result
-
-
-def step_of_label(rec, b):
-    """The op (its source line) whose backward made buffer ``b``."""
-    for st in rec.steps:
-        for rop in rec.backward_ops[st.start:st.end]:
-            if b in rop.outputs:
-                return '%s (%s)' % (type(st.node).__name__,
-                                    st.label or '?')
-    return 'a sum'

@@ -442,6 +442,13 @@ class Capture(object):
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
 
+    def _state_outputs(self):
+        """Indexes of the hidden outputs that are recurrent state: left on
+        the links where a later call read its state."""
+        state = set((id(d), k) for d, k in self.cache.state_slots)
+        return [i for i, (d, k) in enumerate(self.hidden_slots, self.n_outs)
+                if (id(d), k) in state]
+
     def _check_state_outputs(self):
         """A built entry whose state outputs got gradients must also run
         its backward without them (the last call of a sequence replays
@@ -449,10 +456,8 @@ class Capture(object):
         e = self.entry
         if e.state != entry_module.COMPLETE or e.backward is None:
             return
-        state = set((id(d), k) for d, k in self.cache.state_slots)
-        outs = frozenset(
-            i for i, (d, k) in enumerate(self.hidden_slots, self.n_outs)
-            if (id(d), k) in state and e.grad_out_mask[i])
+        outs = frozenset(i for i in self._state_outputs()
+                         if e.grad_out_mask[i])
         if outs and e.accumulating_backward(frozenset(), True,
                                             outs) is None:
             self.fall_back(
@@ -471,9 +476,8 @@ class Capture(object):
         the key; calls whose state gets none run it without (masked.py).
         Not where a node of the recording communicates (ChainerMN): its
         backward would run twice."""
-        state = set((id(d), k) for d, k in self.cache.state_slots)
-        fill = [i for i, (d, k) in enumerate(self.hidden_slots, self.n_outs)
-                if grad_outputs[i] is None and (id(d), k) in state and
+        fill = [i for i in self._state_outputs()
+                if grad_outputs[i] is None and
                 self.inner_outs[i].requires_grad]
         if not fill or any(type(op.node).__module__.startswith('chainermn')
                            for op in self.rec.forward_ops):

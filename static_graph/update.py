@@ -39,6 +39,7 @@ from chainer import optimizer as optimizer_module
 from chainer import variable
 
 from schedules import parallel
+from static_graph import blas_idle
 from static_graph import compat
 from static_graph import diagnostics
 from static_graph import update_plan
@@ -53,7 +54,7 @@ _DEFAULT_ERR = numpy.geterr()
 
 
 def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
-                   block=BLOCK):
+                   block=BLOCK, quiet_blas=True):
     """Run ``optimizer.update()`` as captured in-place kernels from now
     on; returns ``optimizer``.
 
@@ -65,6 +66,10 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
     None (default): the whole chunk at once, which measured fastest on the
     MLP of ``benchmarks/update.py`` (its arrays fit in the L3 cache, and
     each block costs the GIL-holding Python of one call per op).
+    ``quiet_blas``: at the first split step, make OpenBLAS's idle threads
+    sleep soon after a matrix product instead of spinning for about 0.1 s
+    on the cores the split needs (once per process; see
+    ``static_graph.blas_idle``; False leaves BLAS as it is).
 
     Works on a ChainerMN multi-node optimizer (it captures the optimizer
     it wraps) and on an optimizer not set up yet. Calling it again changes
@@ -90,7 +95,8 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
         raise ValueError('threads and block must be positive, min_split '
                          'not negative')
     actual.__dict__[_KEY] = _Capture(
-        threads, int(min_split), None if block is None else int(block))
+        threads, int(min_split), None if block is None else int(block),
+        bool(quiet_blas))
     cls = type(actual)
     if not cls.__dict__.get('_static_graph_captured', False):
         actual.__class__ = _captured_class(cls)
@@ -232,10 +238,11 @@ class _SplitChoice(object):
 
 class _Capture(object):
 
-    def __init__(self, threads, min_split, block):
+    def __init__(self, threads, min_split, block, quiet_blas):
         self.threads = threads
         self.min_split = min_split
         self.block = block
+        self.quiet_blas = quiet_blas
         self.uid = next(_uids)
         self.structure = None
         self.steps = 0
@@ -246,7 +253,8 @@ class _Capture(object):
         self.split = _SplitChoice(threads)
 
     def __deepcopy__(self, memo):
-        return _Capture(self.threads, self.min_split, self.block)
+        return _Capture(self.threads, self.min_split, self.block,
+                        self.quiet_blas)
 
     def update(self, opt, base, lossfun, args, kwds):
         if not getattr(chainer.config, 'use_static_graph', True):
@@ -463,6 +471,8 @@ class _Capture(object):
         runner = None
         use_pool, measuring = self.split.use_pool()
         if use_pool:
+            if self.quiet_blas:
+                blas_idle.quiet()
             runner = parallel.pool(self.threads)
             if not runner.lock.acquire(blocking=False):
                 runner = None        # busy with another update: run alone
@@ -489,6 +499,8 @@ class _Capture(object):
                  'update; threads=%d, min_split=%d, block=%s%s' % (
                      self.steps, self.fallback_steps, self.threads,
                      self.min_split, self.block, self.split.describe())]
+        if self.quiet_blas and blas_idle.state() is not None:
+            lines.append('  ' + blas_idle.state())
         for reason, count in self.reasons.items():
             lines.append('  fallback (%d steps): %s' % (count, reason))
         if self.last is not None:

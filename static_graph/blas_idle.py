@@ -1,0 +1,121 @@
+"""OpenBLAS's idle worker threads, told to sleep soon instead of spinning.
+
+After each matrix product, OpenBLAS's worker threads busy-wait for the
+next one before they sleep: 2**28 CPU cycles by default (about 0.1 s), so
+in a training loop they never sleep and hold every core but the caller's.
+A captured optimizer update split across threads (``capture_update``)
+then runs its second half on a core a spinning BLAS thread holds, and
+gains nothing. ``quiet()`` sets that wait to 2**4 cycles, as
+``OPENBLAS_THREAD_TIMEOUT=4`` in the environment would have done at start:
+it asks the loaded OpenBLAS to read its environment again and stops its
+worker threads; the next matrix product starts them afresh with the short
+wait. Results do not change (the same kernels run on the same threads);
+only the idle threads sleep.
+
+It is done once per process, and not at all where the user set
+``OPENBLAS_THREAD_TIMEOUT`` themselves, where NumPy's BLAS is not OpenBLAS,
+or where the library does not export the entry points it takes (NumPy 2's
+wheels keep them private); ``quiet()`` says which libraries it changed.
+It runs on the thread that calls it while no matrix product is in flight on
+another thread (the captured update calls it at its first split step).
+"""
+import ctypes
+import os
+import threading
+
+ENV = 'OPENBLAS_THREAD_TIMEOUT'
+LOG2_CYCLES = 4             # OpenBLAS's lowest
+DEFAULT_LOG2_CYCLES = 28    # OpenBLAS's THREAD_TIMEOUT when the env is unset
+# NumPy 1 wheels export OpenBLAS's own names; NumPy 2's scipy-openblas
+# prefixes them.
+_PREFIXES = ('', 'scipy_')
+_NAMES = ('openblas_read_env', 'blas_thread_shutdown_',
+          'openblas_thread_timeout')
+
+_lock = threading.Lock()
+_state = None               # the result of the first quiet()
+
+
+def _loaded_openblas():
+    """Paths of the OpenBLAS libraries mapped into this process."""
+    paths = []
+    try:
+        with open('/proc/self/maps') as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 6:
+                    continue
+                path = parts[-1]
+                if ('openblas' in os.path.basename(path).lower()
+                        and '.so' in path and path not in paths):
+                    paths.append(path)
+    except OSError:
+        pass
+    return paths
+
+
+def _entry_points(path):
+    mode = getattr(os, 'RTLD_NOLOAD', 0) | getattr(os, 'RTLD_LAZY', 0)
+    try:
+        lib = ctypes.CDLL(path, mode=mode)
+    except OSError:
+        return None
+    for prefix in _PREFIXES:
+        try:
+            fns = [getattr(lib, prefix + name) for name in _NAMES]
+        except AttributeError:
+            continue
+        for fn in fns:
+            fn.restype = ctypes.c_int
+            fn.argtypes = []
+        return fns
+    return None
+
+
+def quiet():
+    """Make OpenBLAS's idle threads sleep after 2**4 cycles (once per
+    process); returns a sentence saying what was done or why not."""
+    global _state
+    with _lock:
+        if _state is None:
+            _state = _quiet()
+        return _state
+
+
+def _quiet():
+    user = os.environ.get(ENV)
+    if user is not None:
+        return 'OpenBLAS idle threads: %s=%s set by the user, kept' % (
+            ENV, user)
+    paths = _loaded_openblas()
+    if not paths:
+        return 'OpenBLAS idle threads: no OpenBLAS loaded, nothing to do'
+    done, left = [], []
+    for path in paths:
+        fns = _entry_points(path)
+        if fns is not None:
+            read_env, shutdown, timeout = fns
+            os.environ[ENV] = str(LOG2_CYCLES)
+            try:
+                read_env()
+            finally:
+                del os.environ[ENV]
+            if timeout() == LOG2_CYCLES:
+                shutdown()
+                done.append(os.path.basename(path))
+                continue
+        left.append(os.path.basename(path))
+    said = []
+    if done:
+        said.append('sleep after 2**%d cycles instead of spinning (default '
+                    '2**%d) for the cores the split needs: %s' % (
+                        LOG2_CYCLES, DEFAULT_LOG2_CYCLES, ', '.join(done)))
+    if left:
+        said.append('left spinning (no entry points to change their wait; '
+                    'NumPy 2 wheels hide them): %s' % ', '.join(left))
+    return 'OpenBLAS idle threads: ' + '; '.join(said)
+
+
+def state():
+    """What ``quiet()`` did, or None where it has not run."""
+    return _state

@@ -212,16 +212,25 @@ def family(key):
 
 
 def _erase(spec):
-    if type(spec) is tuple:
-        if spec and spec[0] in ('V', 'A') and len(spec) >= 5 and \
+    if type(spec) is tuple and spec:
+        head = spec[0]
+        if (head == 'V' or head == 'A') and len(spec) >= 5 and \
                 type(spec[1]) is tuple:
             # ('V', shape, dtype, device, requires_grad, layout) or
             # ('A', shape, dtype, device, layout)
-            lay = spec[-1]
-            return (spec[0], ('?',) * len(spec[1])) + spec[2:-1] + (
-                lay if lay in ('C', 'F') else 'strided',)
-        return tuple(_erase(s) for s in spec)
+            erased = _erased_leaves.get(spec)
+            if erased is None:
+                lay = spec[-1]
+                erased = (head, ('?',) * len(spec[1])) + spec[2:-1] + (
+                    lay if lay in ('C', 'F') else 'strided',)
+                if len(_erased_leaves) < 4096:
+                    _erased_leaves[spec] = erased
+            return erased
+        return tuple([_erase(s) for s in spec])
     return spec
+
+
+_erased_leaves = {}   # leaf spec -> its family's (the same few recur)
 
 
 def cache_for(chain, name, options):

@@ -99,6 +99,10 @@ def static_graph(method=None, **options):
                 'replay would make once per call' % (type(self).__name__,
                                                      name))
             return method(self, *args, **kwargs)
+        cache = cache_module.cache_for(self, name, opts)
+        if cache.define_by_run is not None:
+            cache.fallback_calls += 1
+            return method(self, *args, **kwargs)
         try:
             _check_backends()
             spec, leaves, paths = signature.flatten(arg_names, args, kwargs)
@@ -107,10 +111,6 @@ def static_graph(method=None, **options):
                 (type(self), name, str(e)),
                 '%s.%s runs define-by-run: %s' % (type(self).__name__, name,
                                                   e))
-            return method(self, *args, **kwargs)
-        cache = cache_module.cache_for(self, name, opts)
-        if cache.define_by_run is not None:
-            cache.fallback_calls += 1
             return method(self, *args, **kwargs)
         if cache.state_slots:
             # Recurrent state the links hold: its presence and shape decide

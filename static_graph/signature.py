@@ -56,9 +56,10 @@ def layout(array):
     from it whether a reshape is a view or a copy, so a kernel may write
     in place only into memory of the layout it was recorded with; and a
     reduction sums in an order that follows it."""
-    if array.flags.c_contiguous:
+    flags = array.flags
+    if flags.c_contiguous:
         return 'C'
-    if array.flags.f_contiguous:
+    if flags.f_contiguous:
         return 'F'
     return tuple(s if n > 1 else 0
                  for s, n in zip(array.strides, array.shape))
@@ -68,33 +69,64 @@ def flatten(arg_names, args, kwargs):
     """Return (spec, leaves, paths) for a call.
 
     leaves: the Variables and arrays, in order; paths: their names (``x``,
-    ``batch[1]``, ``inputs['t']``). Raises Unsupported for values that cannot
-    be part of a key.
+    ``batch[1]``, ``inputs['t']``), made from the path parts when first
+    read (``Paths``: only a recording reads them). Raises Unsupported for
+    values that cannot be part of a key.
     """
-    found = ([], [], _cupy_ndarray())   # leaves, paths, CuPy's ndarray
+    found = ([], [], _cupy_ndarray())   # leaves, path parts, CuPy's ndarray
     pos = []
     for i, a in enumerate(args):
         name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
         pos.append(_walk(a, name, found))
     kw = tuple((k, _walk(kwargs[k], k, found)) for k in sorted(kwargs))
-    return (tuple(pos), kw), found[0], found[1]
+    return (tuple(pos), kw), found[0], Paths(found[1])
+
+
+class Paths(object):
+    """The names of a call's leaves, from their parts: a name, or (parent
+    parts, index or key); the text is made when read."""
+
+    def __init__(self, parts):
+        self._parts = parts
+
+    def __len__(self):
+        return len(self._parts)
+
+    def __getitem__(self, i):
+        return path_text(self._parts[i])
+
+    def __iter__(self):
+        return (path_text(p) for p in self._parts)
+
+
+def path_text(part):
+    """``x``, ``batch[1]``, ``inputs['t']`` from a path's parts."""
+    if type(part) is str:
+        return part
+    parent, sub = part
+    return '%s[%r]' % (path_text(parent), sub)
 
 
 # The walkers below are module functions, not closures: a recursive closure
 # refers to itself through its cell, a reference cycle that only the garbage
-# collector frees, on every call.
+# collector frees, on every call. A path is kept as its parts (see
+# path_text) and only made text for a message.
 def _walk(obj, path, found):
     leaves, paths, cupy_nd = found
+    if type(obj) is numpy.ndarray:          # the common leaf, first
+        leaves.append(obj)
+        paths.append(path)
+        return ('A', obj.shape, obj.dtype.str, -1, layout(obj))
     if isinstance(obj, chainer.Variable):
         array = obj.raw_array
         if array is None:
             raise Unsupported('argument %s is an uninitialized Variable'
-                              % path)
+                              % path_text(path))
         if obj.xp is not numpy and not (cupy_nd and
                                         isinstance(array, cupy_nd)):
-            raise Unsupported(_foreign_array_reason(array, path) or
-                              'argument %s holds a %s' % (
-                                  path, type(array).__name__))
+            raise Unsupported(_foreign_array_reason(array, path_text(path))
+                              or 'argument %s holds a %s' % (
+                                  path_text(path), type(array).__name__))
         leaves.append(obj)
         paths.append(path)
         return ('V', array.shape, array.dtype.str, device_tag(array),
@@ -109,23 +141,23 @@ def _walk(obj, path, found):
         return (type(obj), obj)
     if isinstance(obj, (tuple, list)):
         return (type(obj),
-                tuple(_walk(o, '%s[%d]' % (path, i), found)
-                      for i, o in enumerate(obj)))
+                tuple([_walk(o, (path, i), found)
+                       for i, o in enumerate(obj)]))
     if isinstance(obj, dict):
         items = []
         for k, v in obj.items():
             if not isinstance(k, _SCALARS):
                 raise Unsupported('argument %s has a dict key of type %s'
-                                  % (path, type(k).__name__))
-            items.append((k, _walk(v, '%s[%r]' % (path, k), found)))
+                                  % (path_text(path), type(k).__name__))
+            items.append((k, _walk(v, (path, k), found)))
         return (dict, tuple(items))
-    reason = _foreign_array_reason(obj, path)
+    reason = _foreign_array_reason(obj, path_text(path))
     if reason:
         raise Unsupported(reason)
     raise Unsupported('argument %s has type %s, which cannot be part of '
                       'a cache key (use arrays, Variables, None, bool, '
                       'int, float, str, or tuples/lists/dicts of them)'
-                      % (path, type(obj).__name__))
+                      % (path_text(path), type(obj).__name__))
 
 
 def rebuild(args, kwargs, replacements):

@@ -257,6 +257,8 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
     e.sum_chains = sum_chains(
         bops, rec.sum_ops, [b if uses.get(u, 0) > 1 else None
                             for b, u in zip(grad_in, used)])
+    e.late_sums = late_sums(bops, grad_in, e.sum_chains, bufs, groups,
+                            handed_out, into=e.plan_memory)
     e.accumulating = {}
     e.plain_backward_ops = [op.copy() for op in bops]
     # Which of them sum gradient contributions (masked.py).
@@ -271,6 +273,10 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
     e.run_backward = e.backward_runner(
         e.backward, before_compile=lower_pass.lower_ops)
     e.grad_slots = tuple(grad_in)        # per target; None = none
+    # Per target with a gradient: its place among the backward's outputs.
+    e.out_position = dict(
+        (k, n) for n, k in enumerate(
+            k for k, b in enumerate(grad_in) if b is not None))
     e.grad_targets = tuple(grad_targets)  # outer input positions
     e.target_position = dict((t, k) for k, t in enumerate(grad_targets))
     e.grad_out_mask = tuple(b is not None for b in grad_out_bids)
@@ -438,4 +444,45 @@ def sum_chains(bops, sum_ids, grad_in):
             first, b = i, bops[i].inputs[0]
         if first is not None:
             out[k] = (b, first)
+    return out
+
+
+def late_sums(bops, grad_in, chains, bufs, groups, handed_out, into=True):
+    """{target position: (its gradient buffer, index in bops of the op
+    after which that buffer is complete, may the sum be written into it,
+    (array type, shape, dtype, device) of the gradient)}
+    for targets outside ``chains`` whose gradient an op makes. Given the
+    gradient such a target held before, define-by-run adds it as soon as
+    the backward step that made the contribution has run
+    (``_backprop_utils.backprop_step``: ``earlier + contribution``), not
+    after the whole call's backward: so does the replay
+    (``Entry.accumulating_backward``). The sum may go into the
+    contribution's own memory (same bits, no new array) where nothing
+    else can see it: a temporary of its own memory, not static, handed
+    out once, as this target's gradient only; ``into=False``
+    (``plan_memory=False``): never."""
+    producer, last = {}, {}
+    for i, op in enumerate(bops):
+        for b in op.outputs:
+            producer[b] = i
+            last[b] = i
+        for b in op.inputs:
+            last[b] = i
+    times = {}
+    for b in grad_in:
+        times[b] = times.get(b, 0) + 1
+    out = {}
+    for k, b in enumerate(grad_in):
+        if b is None or k in chains or b not in producer:
+            continue
+        buf = bufs[b]
+        a = buf.storage
+        ok = into and times[b] == 1 and buf.role == ir.TEMP and \
+            not buf.static and buf.view_of is None and \
+            b not in handed_out and arrayutil.is_array(a) and \
+            arrayutil.root_of(a) is a and \
+            groups.get(id(a)) == [b]
+        if arrayutil.is_array(a):
+            out[k] = (b, last[b], ok, (a.__class__, buf.shape, buf.dtype,
+                                       signature.device_tag(a)))
     return out

@@ -125,9 +125,24 @@ class Entry(object):
         bufs = self.backward.buffers
         ops = [op.copy() for op in (self.plain_backward_ops if plain
                                     else self.backward.ops)]
-        before = {}
+        before, after = {}, {}
         extra = []
+        outputs = list(self.backward.outputs)
         for k in sorted(ks):
+            if k not in self.sum_chains:
+                # One contribution: the earlier gradient added to it once
+                # it is complete (late_sums).
+                b, i, into, _ = self.late_sums[k]
+                g = ir.add_buffer(bufs, bufs[b], ir.GRAD_OUT,
+                                  'earlier gradient')
+                s = ir.add_buffer(bufs, bufs[b], ir.TEMP)
+                extra.append(g)
+                after.setdefault(i, []).append(ir.Op(
+                    'Add', (g, b), (s,), None, ops[i].source,
+                    _add_into_kernel if into and not plain else
+                    _add_kernel))
+                outputs[self.out_position[k]] = s
+                continue
             first, i = self.sum_chains[k]
             g = ir.add_buffer(bufs, bufs[first], ir.GRAD_OUT,
                               'earlier gradient')
@@ -136,12 +151,19 @@ class Entry(object):
             before[i] = ir.Op('Add', (g, first), (s,), None, ops[i].source,
                               _add_kernel)
             ops[i].inputs = (s,) + ops[i].inputs[1:]
-        sums = [x for i, is_sum in enumerate(self.plain_sums)
-                for x in ((True, is_sum) if i in before else (is_sum,))]
-        ops = [o for i, op in enumerate(ops)
-               for o in ((before[i], op) if i in before else (op,))]
+        sums, new_ops = [], []
+        for i, (op, is_sum) in enumerate(zip(ops, self.plain_sums)):
+            if i in before:
+                sums.append(True)
+                new_ops.append(before[i])
+            sums.append(is_sum)
+            new_ops.append(op)
+            for add in after.get(i, ()):
+                sums.append(True)
+                new_ops.append(add)
+        ops = new_ops
         inputs = tuple(self.backward.inputs) + tuple(extra)
-        outputs = self.backward.outputs
+        outputs = tuple(outputs)
         name = 'backward (accumulating)' if ks else 'backward'
         if absent:
             missing = [self.grad_out_bids[i] for i in absent]
@@ -154,9 +176,22 @@ class Entry(object):
             name += ' without gradients for outputs %s' % ', '.join(
                 map(str, sorted(absent)))
         sched = ir.Schedule(name, bufs, ops, inputs, outputs)
-        sched.verify()
+        sched.verify(preset=self._forward_defined())
         run = self.accumulating[key] = self.backward_runner(sched)
         return run
+
+    def adds_late(self, k, g):
+        """Does the backward add ``g``, the gradient target ``k`` held
+        before, to the target's one contribution (build.late_sums)? Where
+        it is an array of that contribution's type, shape, dtype and
+        device; anything else Chainer adds after the backward
+        (``nodes.accumulate``), raising where define-by-run raises."""
+        late = self.late_sums.get(k)
+        if late is None:
+            return False
+        cls, shape, dtype, device = late[3]
+        return g.__class__ is cls and g.shape == shape and \
+            g.dtype == dtype and signature.device_tag(g) == device
 
     def plain_backward(self):
         """The backward schedule with every op's own node kernel: no kernel
@@ -215,11 +250,16 @@ class Entry(object):
                                                 alignment=alignment)
         return self._plan
 
+    def _forward_defined(self):
+        """The buffers the forward defines, which a backward reads
+        (static buffers among them) without their being its inputs."""
+        return set(self.forward.inputs) | set(
+            b for op in self.forward.ops for b in op.outputs)
+
     def verify(self):
         self.forward.verify()
         if self.backward is not None:
-            self.backward.verify(preset=set(self.forward.inputs) | set(
-                b for op in self.forward.ops for b in op.outputs))
+            self.backward.verify(preset=self._forward_defined())
         return True
 
     # -- replay -----------------------------------------------------------------
@@ -289,3 +329,19 @@ class Entry(object):
 
 def _add_kernel(a):
     return (chainer.utils.force_array(a[0] + a[1]),)
+
+
+def _add_into_kernel(a):
+    """``earlier + contribution`` (``_add_kernel``'s bits) written into
+    the contribution, a result of this very backward that nothing else
+    sees (build.late_sums), where it is memory of its own in the earlier
+    gradient's layout; else a new array."""
+    g, x = a
+    if x.base is None and g.__class__ is x.__class__ and \
+            g.shape == x.shape and g.dtype == x.dtype and \
+            g.strides == x.strides and x.ndim and \
+            getattr(x.flags, 'writeable', True) and \
+            getattr(g, 'device', None) == getattr(x, 'device', None):
+        chainer.backend.get_array_module(x).add(g, x, out=x)
+        return (x,)
+    return _add_kernel(a)

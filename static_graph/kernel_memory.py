@@ -66,6 +66,13 @@ def _relu_grad(node, xs):
     return xs[-1].size      # the mask ``b > 0``, one byte an element
 
 
+def _embed_id_grad(node, xs):
+    # Indices as intp, the mask and its selections, a copy of gy's rows
+    # (of a broadcast gy, or selected), the flat indices.
+    x, gy = xs[0], xs[1]
+    return x.size * 17 + 2 * gy.nbytes + gy.size * 8
+
+
 BOUNDS = {
     'LinearFunction': _linear,
     'LinearGradData': _linear,
@@ -86,6 +93,7 @@ BOUNDS = {
     'FixedBatchNormalization': _zero,
     'BatchNormalizationGrad': _first(2),
     'SoftmaxCrossEntropy': _first(2),
+    'EmbedIDGrad': _embed_id_grad,
 }
 
 

@@ -174,8 +174,17 @@ def lower(schedule, keep, donate=True, groups=None):
             kernel_checks.defer_check_into(fast, outs)
             _choose(op, rop, fast)
         elif fast is not None:
-            _probe(op, rop, fast, donated[i],
+            _probe(op, rop, fast, _writes(fast, donated[i]),
                    lowering.fallback(rop, ins, donated[i]))
+
+
+def _writes(kernel, donated):
+    """The inputs ``kernel`` may write into: those donated to it where it
+    is a kernel that writes into inputs (lowering.DONATING's say which
+    results are inputs, ``aliases``), none for the others. A check copies
+    those first, which it cannot for a broadcast view (EmbedIDGrad's gy,
+    from a Sum's backward): the kernel would be refused for nothing."""
+    return donated if getattr(kernel, 'aliases', None) is not None else ()
 
 
 def _choose(op, rop, kernel):
@@ -221,7 +230,7 @@ def lower_ops(schedule):
                 continue
             # A donating kernel writes into its inputs: check on copies.
             check = kernel_checks.same_results
-            mine = kernel_checks.layout_copies(ins, donated)
+            mine = kernel_checks.layout_copies(ins, _writes(fast, donated))
             if mine is not None and check(fast, mine, outs):
                 _choose(op, rop, fast)
                 continue

@@ -169,6 +169,43 @@ def _same_code(kernel):
     return kernel
 
 
+# Rows below which Chainer's own loop costs no more than one add.at.
+_EMBED_LOOP_ROWS = 64
+
+
+def _embed_id_grad(rop, node, xs):
+    """Chainer's CPU EmbedIDGrad adds gy's rows into gW one by one in a
+    Python loop (``gW[ix] += igy``, skipping ``ignore_label``).
+    ``numpy.add.at`` over gW's elements (flat indices ``ix * n + j``, row
+    after row) makes the very same additions: each element gets the same
+    operands in the same order (``gW + gy``, by rows), in one call."""
+    if not _plain_cpu(xs) or len(xs) != 2:
+        return None
+    x, gy = xs
+    w_shape, ignore = tuple(node.w_shape), node.ignore_label
+    if x.size < _EMBED_LOOP_ROWS or len(w_shape) != 2 or \
+            x.dtype.kind not in 'iu' or \
+            gy.size != x.size * w_shape[1] or \
+            gy.shape[:x.ndim] != x.shape:
+        return None
+    n = w_shape[1]
+    cols = numpy.arange(n, dtype=numpy.intp)
+    zeros, add_at = numpy.zeros, numpy.add.at
+
+    def kernel(a):
+        x, gy = a
+        gW = zeros(w_shape, dtype=gy.dtype)
+        ix = x.reshape(-1).astype(numpy.intp)
+        rows = gy.reshape(x.size, n)
+        if ignore is not None:
+            keep = ix != ignore
+            ix, rows = ix[keep], rows[keep]
+        add_at(gW.reshape(-1), (ix[:, None] * n + cols).reshape(-1),
+               rows.reshape(-1))
+        return gW,
+    return kernel
+
+
 def _sum(rop, node, xs):
     if _plain_cpu(xs):
         axis, keepdims, asarray = node.axis, node.keepdims, numpy.asarray
@@ -186,6 +223,7 @@ FAST = {
     'LinearGradData': _linear_grad_data,
     'LinearGradWeight': _linear_grad_weight,
     'Sum': _sum,
+    'EmbedIDGrad': _embed_id_grad,
     'Deconvolution2DFunction': _deconvolution_2d,
     'Convolution2DFunction': _convolution_2d,
     'Convolution2DGradW': _convolution_2d_grad_w,

@@ -177,7 +177,7 @@ class _Replayed(object):
             for i, g in zip(indexes, earlier):
                 if g is not None:
                     k = entry.target_position[i]
-                    if k in entry.sum_chains:
+                    if k in entry.sum_chains or entry.adds_late(k, raw(g)):
                         held[k] = raw(g)
             if absent:
                 run = entry.accumulating_backward(

@@ -463,6 +463,52 @@ def test_gradient_accumulation_with_a_weight_used_several_times():
     assert cache(models[1]).replays == 3
 
 
+def test_gradient_added_where_define_by_run_adds_it_never_into_one_held():
+    """Without cleargrads a gradient is added where define-by-run adds it,
+    in the backward right after the op that made the contribution
+    (build.late_sums), into that contribution's own memory: never into
+    the gradient a parameter or input held before (the user may keep it,
+    as ``old = W.grad``), nor into one handed out by an earlier call of
+    the same backward (two calls per iteration), and bit for bit."""
+    def body(self, x):
+        return F.sum(F.tanh(self.l2(F.relu(self.l1(x)))) ** 2)
+
+    models = make_twins(body)
+    for m in models:
+        m.cleargrads()
+    held = {m: [] for m in models}
+    for i in range(5):
+        x1, x2 = data(4, 3), data(4, 3)
+        vs = []
+        for m in models:
+            kept = [(p.grad, p.grad.copy()) for _, p in
+                    sorted(m.namedparams()) if p.grad is not None]
+            v = chainer.Variable(x1.copy())
+            if i > 2:   # an input's gradient accumulated too
+                v.grad = x2 * 3
+            old_v = (v.grad, None if v.grad is None else v.grad.copy())
+            (m(v) + 2 * m(x2)).backward()
+            held[m].append(kept)
+            vs.append(v.grad)
+            if old_v[0] is not None:
+                assert old_v[0] is not v.grad
+                assert numpy.array_equal(old_v[0], old_v[1])
+            for g, copy in kept:
+                assert numpy.array_equal(g, copy), 'a held gradient changed'
+        compare_chains(*models, rtol=0, atol=0)
+        assert vs[0].tobytes() == vs[1].tobytes()
+    e = list(cache(models[1]).entries.values())[0]
+    assert cache(models[1]).replays >= 8
+    # The parameters' gradients (one contribution each) are added in the
+    # backward, into the contribution's memory.
+    assert len(e.late_sums) == 5 and all(
+        into for _, _, into, _ in e.late_sums.values())
+    kernels = [op.fn for run in e.accumulating.values() if run is not None
+               for op in run.schedule.ops]
+    from static_graph import entry
+    assert entry._add_into_kernel in kernels
+
+
 def test_instance_attribute_shadowing_a_class_default():
     """``model.temperature = 2.0`` where ``temperature`` was a class
     attribute (L.Classifier's ``compute_accuracy``): the instance dict had

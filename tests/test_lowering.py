@@ -556,3 +556,68 @@ def test_linear_gradients_of_the_nodes_own_expression_are_not_probed():
         for (_, p), (_, q) in zip(sorted(a.namedparams()),
                                   sorted(b.namedparams())):
             numpy.testing.assert_array_equal(p.array, q.array)
+
+
+@pytest.mark.parametrize('dtype', [numpy.float16, numpy.float32])
+@pytest.mark.parametrize('ignore_label', [None, -1, 3])
+def test_embed_id_grad_kernel_is_chainers_loop_bit_for_bit(dtype,
+                                                            ignore_label):
+    """EmbedIDGrad's CPU backward adds gy's rows into gW one by one in a
+    Python loop; the lowered kernel makes the same additions in one
+    ``numpy.add.at``: the same bits, for a broadcast gy (a Sum's backward
+    gives one), many repeated indices, ignored labels and negative
+    indices (which the loop wraps)."""
+    from chainer.functions.connection.embed_id import EmbedIDGrad
+    from static_graph import lowering
+
+    class Rop(object):
+        kind, state, nones, rebind = 'EmbedIDGrad', (), (), ()
+
+    rs = numpy.random.RandomState(2)
+    x = rs.randint(-2, 7, (10, 12, 5)).astype(numpy.int32)
+    x[:, :, 3:] = 0
+    if ignore_label == -1:
+        x[x == -2] = 0
+    gy = numpy.broadcast_to(
+        rs.standard_normal((10, 12, 1, 6)).astype(dtype) * 1e3,
+        (10, 12, 5, 6))
+    for g in (gy, numpy.ascontiguousarray(gy)):
+        rop = Rop()
+        rop.node = EmbedIDGrad((7, 6), ignore_label)
+        want = rop.node.forward((x, g))[0]
+        kernel = lowering.propose(rop, [x, g])
+        assert kernel is not None
+        got = kernel((x, g))[0]
+        assert got.dtype == want.dtype and got.strides == want.strides
+        assert got.tobytes() == want.tobytes()
+
+
+def test_embed_id_grad_of_a_broadcast_gradient_replays_lowered():
+    """The bag-of-words encoder of Chainer's memnn example (``F.sum`` over
+    embedded words): EmbedIDGrad's gy is a broadcast view that dies there.
+    A kernel that writes into no input is checked on the inputs as they
+    are (no copy of a donated input, which a broadcast view cannot have),
+    and replaces the node's loop."""
+    class Bow(chainer.Chain):
+        def __init__(self):
+            super(Bow, self).__init__()
+            with self.init_scope():
+                self.embed = chainer.links.EmbedID(30, 8)
+
+        def forward(self, x):
+            return F.sum(F.sum(self.embed(x), axis=-2) ** 2)
+
+    StaticBow = type('StaticBow', (Bow,),
+                     {'forward': static_graph(Bow.forward)})
+    rs = numpy.random.RandomState(3)
+    numpy.random.seed(0)
+    a = Bow()
+    b = StaticBow()
+    b.copyparams(a)
+    for i in range(4):
+        x = rs.randint(0, 30, (16, 10, 6)).astype(numpy.int32)
+        for m in (a, b):
+            m.cleargrads()
+            m(x).backward()
+        assert a.embed.W.grad.tobytes() == b.embed.W.grad.tobytes()
+    assert dict(kernels(b))['EmbedIDGrad'] == 'numpy_EmbedIDGrad'

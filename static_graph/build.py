@@ -107,8 +107,10 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     backward = grad_targets is not None
 
     # Stage 1: the recorded applications as IR ops.
-    fops = ir_ops(rec, rec.forward_ops)
-    bops = ir_ops(rec, rec.backward_ops) if backward else None
+    # (The views ir_ops marks static own no memory: the roots stay.)
+    roots = stable_roots(bufs)
+    fops = ir_ops(rec, rec.forward_ops, roots)
+    bops = ir_ops(rec, rec.backward_ops, roots) if backward else None
     forward_defined = set(f_inputs) | set(b for op in fops
                                           for b in op.outputs)
     # Stage 2: what the backward reads of the forward is saved for it...
@@ -281,12 +283,14 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
                bufs[b].storage.size == 0 for b in out_bids) else ()
 
 
-def ir_ops(rec, rops):
+def ir_ops(rec, rops, roots=None):
     """The IR ops of the recorded applications ``rops`` (forward or
-    backward)."""
+    backward); ``roots``: stable_roots of the recording's buffers, if
+    known."""
     ops = []
     bufs = rec.buffers
-    roots = stable_roots(bufs)
+    if roots is None:
+        roots = stable_roots(bufs)
     sums = set()     # ids of rops no backward() applied (the sums of
     #                  gradient contributions backprop makes)
     if rops is rec.backward_ops:

@@ -24,6 +24,8 @@ buffer that is.
 import functools
 import weakref
 
+import numpy
+
 from schedules import ir
 from schedules import liveness
 from schedules import placement
@@ -61,22 +63,40 @@ def memory_facts(bufs, keep, used=None, returned=()):
     they share memory with one of them; ``returned``: what the schedule
     returns (its executor keeps those anyway)."""
     roots, unknown = {}, []
+    ndarray, is_array, root_of = numpy.ndarray, arrayutil.is_array, \
+        arrayutil.root_of
     for b, buf in bufs.items():
         a = buf.storage
-        if arrayutil.is_array(a):
-            r = arrayutil.root_of(a)
-            roots.setdefault(id(r), (r, []))[1].append(b)
-        elif used is None or b in used:
-            unknown.append(b)
+        if type(a) is ndarray and a.base is None:
+            r = a         # (most: an array that owns its memory)
+        elif is_array(a):
+            r = root_of(a)
+        else:
+            if used is None or b in used:
+                unknown.append(b)
+            continue
+        k = id(r)
+        if k in roots:
+            roots[k][1].append(b)
+        else:
+            roots[k] = (r, [b])
     groups = []
     seen = set(bufs) if used is None else set(used)
     for r, ids in roots.values():
-        if used is not None and not used.intersection(ids):
-            continue
+        if used is not None:
+            if len(ids) == 1:
+                if ids[0] not in used:
+                    continue
+            elif not used.intersection(ids):
+                continue
         seen.update(ids)
         # (CuPy's flags say nothing of writeable: its arrays are)
-        dense = getattr(r.flags, 'writeable', True) and \
-            placement.one_block(r.shape, r.strides, r.itemsize)
+        flags = r.flags
+        dense = getattr(flags, 'writeable', True) and (
+            # C order over one block (of at least one element) is one
+            # block; any other order is asked.
+            (type(r) is ndarray and flags.c_contiguous and r.size > 0) or
+            placement.one_block(r.shape, r.strides, r.itemsize))
         if len(ids) > 1 or not dense or r.nbytes != bufs[ids[0]].nbytes:
             groups.append((ids, r.nbytes, dense))
     keep = seen.intersection(keep).difference(returned)

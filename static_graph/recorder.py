@@ -364,7 +364,8 @@ class Recording(object):
         if side_effects:
             self.add_reason('%s declares side effects '
                             '(static_graph_side_effects = True)' % kind)
-        inputs = tuple(inputs)
+        if type(inputs) is not tuple:
+            inputs = tuple(inputs)
         in_arrays = []
         sources = []
         TracedArray = traced.TracedArray
@@ -454,7 +455,10 @@ class Recording(object):
         out_ids = [new_buffer(a, _TEMP) for a in out_arrays]
         # The attributes the forward set or replaced, in the node's order.
         changed = post.keys() - APPLY_KEYS
-        if changed:
+        if len(changed) == 1:     # (most often: one constructor argument)
+            k, = changed
+            changed = [k] if pre.get(k, MISSING) is not post[k] else []
+        elif changed:
             changed = [k for k in post if k in changed and
                        pre.get(k, MISSING) is not post[k]]
         state = []

@@ -175,8 +175,18 @@ def lower(schedule, keep, donate=True, groups=None):
                     _probe(op, rop, fast, donated[i],
                            lowering.fallback(rop, ins, donated[i]))
             continue
-        if sum(getattr(a, 'nbytes', 0) for a in ins + outs) <= \
-                _DEFER_LOWERING_BYTES:
+        small = sum(getattr(a, 'nbytes', 0) for a in ins + outs) <= \
+            _DEFER_LOWERING_BYTES
+        fast = None
+        if not small or lowering.same_code_kind(rop.kind):
+            fast = lowering.propose(rop, ins, donated[i])
+        if fast is not None and getattr(fast, 'same_code', False):
+            # (The node's own expression: nothing to compare, not on the
+            # first replay, which ran each such large op twice, nor at
+            # compile. Its ``into`` is checked at its first use.)
+            kernel_checks.defer_check_into(fast, outs)
+            _choose(op, rop, fast)
+        elif small:
             # Proposed and checked at compile, not while recording; copies
             # now (in the same layout) of what may change before then: the
             # optimizer updates parameters in place.
@@ -185,14 +195,6 @@ def lower(schedule, keep, donate=True, groups=None):
                 for b in op.inputs])
             if ins is not None:
                 op.lower_from = (rop, ins, outs, donated[i])
-            continue
-        fast = lowering.propose(rop, ins, donated[i])
-        if fast is not None and getattr(fast, 'same_code', False):
-            # (The node's own expression: no first-replay comparison,
-            # which ran each such large op twice. Its ``into`` is checked
-            # at its first use.)
-            kernel_checks.defer_check_into(fast, outs)
-            _choose(op, rop, fast)
         elif fast is not None:
             _probe(op, rop, fast, donated[i],
                    lowering.fallback(rop, ins, donated[i]))

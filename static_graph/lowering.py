@@ -177,6 +177,11 @@ def _sum(rop, node, xs):
         return lambda a: (asarray(a[0].sum(axis=axis, keepdims=keepdims)),)
 
 
+# Their kernels, where proposed, are the nodes' own expressions.
+for _factory in (_linear, _linear_grad_data, _linear_grad_weight):
+    _factory.same_code = True
+del _factory
+
 # Of these, kinds whose factory takes a node built with arrays (inputs
 # after the node's own, ``rop.rebind``).
 REBINDING = frozenset(('ReLUGrad2',))
@@ -450,6 +455,13 @@ def candidate(rop):
     if rop.state:
         return rop.kind in STATEFUL
     return rop.kind in FAST or rop.kind in DONATING
+
+
+def same_code_kind(kind):
+    """Is every kernel proposed for ``kind`` its node's own expression
+    (``_same_code``: nothing to compare)?"""
+    return kind not in DONATING and kind not in STATEFUL and \
+        getattr(FAST.get(kind), 'same_code', False)
 
 
 def propose(rop, in_arrays, donated=()):

@@ -138,12 +138,13 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     # Which buffers share memory: the same for both schedules (built
     # over one set of buffers, none added from here on).
     groups = lower_pass.memory_groups(bufs)
+    roots = lower_pass.array_roots(bufs)
     _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
-                  handed_out, groups)
+                  handed_out, groups, roots)
     if backward:
         _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
                        grad_targets, grad_out_bids, param_bids, handed_out,
-                       groups)
+                       groups, roots)
     if TRACE:
         e.passes.append(('lowered', _text(e.forward, e.backward)))
 
@@ -195,7 +196,7 @@ def _saved_for_backward(bufs, bops, grad_in, forward_defined, param_bids):
 
 
 def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
-                  handed_out, groups):
+                  handed_out, groups, roots=None):
     """Lower the forward schedule and wrap it in its runners."""
     bufs = rec.buffers
     e.out_copy = tuple(e.reused(bufs, b) or
@@ -213,7 +214,7 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
                       for k in getattr(link, '_persistent', ()))
             if arrayutil.is_array(v)]
     lower_pass.lower(e.forward, handed_out | set(e.saved),
-                     donate=e.plan_memory, groups=groups)
+                     donate=e.plan_memory, groups=groups, roots=roots)
     e.run_forward = executor.TieredSchedule(
         e.forward, copyto, before_compile=lower_pass.lower_ops,
         free=e.plan_memory, copy=arrayutil.copy_exact,
@@ -237,7 +238,7 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
 
 def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
                    grad_targets, grad_out_bids, param_bids, handed_out,
-                   groups):
+                   groups, roots=None):
     """Make, lower and wrap the backward schedule, and what a backward
     that accumulates into held gradients needs."""
     bufs = rec.buffers
@@ -266,7 +267,7 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
     e.grad_out_bids = tuple(grad_out_bids)
     e.plain_backward_run = None
     lower_pass.lower(e.backward, handed_out | set(grad_bids),
-                     donate=e.plan_memory, groups=groups)
+                     donate=e.plan_memory, groups=groups, roots=roots)
     e.backward_copies = set(
         b for b in grad_bids if e.reused(bufs, b) or
         bufs[b].role in ESCAPE_ROLES)

@@ -40,6 +40,8 @@ _DEFER_LOWERING_BYTES = 1 << 16
 # Chainer's backward): never written.
 _FOREIGN_ROLES = (ir.INPUT, ir.PARAM, ir.PERSIST, ir.CONST, ir.STATE,
                   ir.GRAD_OUT)
+# Roles whose arrays an optimizer may update in place.
+_UPDATED_ROLES = (ir.PARAM, ir.PERSIST)
 
 
 def attrs_with_kernel(node, name):
@@ -55,14 +57,12 @@ def memory_groups(bufs):
     return groups
 
 
-def memory_facts(bufs, keep, used=None, returned=()):
-    """``placement.Facts`` of buffers whose recorded arrays are still
-    held: which share memory, how large and C-contiguous that memory is;
-    ``keep``: buffers something outside the schedule may see; ``used``:
-    the schedule's buffers (default: all), the others matter only where
-    they share memory with one of them; ``returned``: what the schedule
-    returns (its executor keeps those anyway)."""
-    roots, unknown = {}, []
+def array_roots(bufs):
+    """The memory of buffers whose recorded arrays are still held:
+    ({id(root array): [root, buffer ids over it, None]}, ids of the
+    buffers with no array), for memory_facts (which fills the third item:
+    is the root one dense block?)."""
+    roots, no_array = {}, []
     ndarray, is_array, root_of = numpy.ndarray, arrayutil.is_array, \
         arrayutil.root_of
     for b, buf in bufs.items():
@@ -72,17 +72,42 @@ def memory_facts(bufs, keep, used=None, returned=()):
         elif is_array(a):
             r = root_of(a)
         else:
-            if used is None or b in used:
-                unknown.append(b)
+            no_array.append(b)
             continue
         k = id(r)
         if k in roots:
             roots[k][1].append(b)
         else:
-            roots[k] = (r, [b])
+            roots[k] = [r, [b], None]
+    return roots, no_array
+
+
+def _dense(r):
+    """Is root array ``r`` writable memory laid out as one block?"""
+    # (CuPy's flags say nothing of writeable: its arrays are)
+    flags = r.flags
+    return bool(getattr(flags, 'writeable', True) and (
+        # C order over one block (of at least one element) is one block;
+        # any other order is asked.
+        (type(r) is numpy.ndarray and flags.c_contiguous and r.size > 0) or
+        placement.one_block(r.shape, r.strides, r.itemsize)))
+
+
+def memory_facts(bufs, keep, used=None, returned=(), roots=None):
+    """``placement.Facts`` of buffers whose recorded arrays are still
+    held: which share memory, how large and C-contiguous that memory is;
+    ``keep``: buffers something outside the schedule may see; ``used``:
+    the schedule's buffers (default: all), the others matter only where
+    they share memory with one of them; ``returned``: what the schedule
+    returns (its executor keeps those anyway); ``roots``: array_roots of
+    ``bufs``, if known (the schedules of one recording share them)."""
+    roots, no_array = array_roots(bufs) if roots is None else roots
+    unknown = no_array if used is None else \
+        [b for b in no_array if b in used]
     groups = []
     seen = set(bufs) if used is None else set(used)
-    for r, ids in roots.values():
+    for root in roots.values():
+        r, ids, dense = root
         if used is not None:
             if len(ids) == 1:
                 if ids[0] not in used:
@@ -90,14 +115,15 @@ def memory_facts(bufs, keep, used=None, returned=()):
             elif not used.intersection(ids):
                 continue
         seen.update(ids)
-        # (CuPy's flags say nothing of writeable: its arrays are)
-        flags = r.flags
-        dense = getattr(flags, 'writeable', True) and (
-            # C order over one block (of at least one element) is one
-            # block; any other order is asked.
-            (type(r) is ndarray and flags.c_contiguous and r.size > 0) or
-            placement.one_block(r.shape, r.strides, r.itemsize))
-        if len(ids) > 1 or not dense or r.nbytes != bufs[ids[0]].nbytes:
+        if dense is None:
+            dense = root[2] = _dense(r)
+        if len(ids) > 1 or not dense:
+            groups.append((ids, r.nbytes, dense))
+            continue
+        buf = bufs[ids[0]]
+        # (its own array, as recorded: the same size)
+        if (buf.shape != r.shape or buf.dtype != r.dtype) and \
+                r.nbytes != buf.nbytes:
             groups.append((ids, r.nbytes, dense))
     keep = seen.intersection(keep).difference(returned)
     return placement.Facts(groups, keep, unknown)
@@ -138,12 +164,13 @@ def donations(schedule, keep, groups=None):
     return out
 
 
-def lower(schedule, keep, donate=True, groups=None):
+def lower(schedule, keep, donate=True, groups=None, roots=None):
     """Give the ops marked by ``_ir_ops`` (``op.lower_from`` holds their
     RecordedOp) a cheaper kernel where one is proposed: checked at compile
     for small ops (``lower_ops``), on the first replay for large ones.
     donate: may kernels write into inputs that die with them? groups:
-    memory_groups of the schedule's buffers, if known."""
+    memory_groups of the schedule's buffers, if known; roots: their
+    array_roots, if known."""
     bufs = schedule.buffers
     if donate:
         # (Placing results into dead memory is memory reuse too.) Only
@@ -153,8 +180,9 @@ def lower(schedule, keep, donate=True, groups=None):
             used.update(op.inputs)
             used.update(op.outputs)
         schedule.memory = memory_facts(bufs, keep, used, set(
-            schedule.outputs) | set(schedule.keep))
+            schedule.outputs) | set(schedule.keep), roots)
     donated = None
+    ndarray = numpy.ndarray
     for i, op in enumerate(schedule.ops):
         rop = op.lower_from
         if rop is None:
@@ -175,8 +203,11 @@ def lower(schedule, keep, donate=True, groups=None):
                     _probe(op, rop, fast, donated[i],
                            lowering.fallback(rop, ins, donated[i]))
             continue
-        small = sum(getattr(a, 'nbytes', 0) for a in ins + outs) <= \
-            _DEFER_LOWERING_BYTES
+        nbytes = 0
+        for a in ins + outs:
+            nbytes += a.nbytes if type(a) is ndarray else \
+                getattr(a, 'nbytes', 0)
+        small = nbytes <= _DEFER_LOWERING_BYTES
         fast = None
         if not small or lowering.same_code_kind(rop.kind):
             fast = lowering.propose(rop, ins, donated[i])
@@ -191,7 +222,7 @@ def lower(schedule, keep, donate=True, groups=None):
             # now (in the same layout) of what may change before then: the
             # optimizer updates parameters in place.
             ins = kernel_checks.layout_copies(ins, [
-                bufs[b].role in (ir.PARAM, ir.PERSIST) or bufs[b].static
+                bufs[b].role in _UPDATED_ROLES or bufs[b].static
                 for b in op.inputs])
             if ins is not None:
                 op.lower_from = (rop, ins, outs, donated[i])

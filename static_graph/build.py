@@ -321,7 +321,7 @@ def ir_ops(rec, rops, roots=None):
         if isinstance(rop, recorder.BackwardStep):
             ops.append(kernels.rerun_op(rop, by_node[id(rop.node)]))
             continue
-        if _view_once(rop, bufs, roots):
+        if rop.kind in VIEW_KINDS and _view_once(rop, bufs, roots):
             for b in rop.outputs:
                 bufs[b].static = True
                 bufs[b].view_of = roots[id(arrayutil.root_of(bufs[b].storage))]
@@ -330,8 +330,9 @@ def ir_ops(rec, rops, roots=None):
                              rop.source, None, rop.select))
             continue
         static_attrs = [(k, bufs[b].storage) for k, b in rop.state
-                        if bufs[b].static]
-        op = ir.Op(rop.kind, rop.inputs + tuple(b for _, b in rop.rebind),
+                        if bufs[b].static] if rop.state else ()
+        op = ir.Op(rop.kind, rop.inputs + tuple([b for _, b in rop.rebind])
+                   if rop.rebind else rop.inputs,
                    rop.outputs,
                    functools.partial(describe.describe, rop.node),
                    rop.source, kernels.make_kernel(rop, static_attrs), rop.select)

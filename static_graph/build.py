@@ -381,9 +381,10 @@ def release_recording(rec):
     rec.steps = []
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
-        d = recorder.attrs(node)
-        for k, _ in rop.rebind:
-            d[k] = None
+        if rop.rebind:
+            d = recorder.attrs(node)
+            for k, _ in rop.rebind:
+                d[k] = None
         if node.__dict__.get('_retained_output_data') is not None:
             node._retained_output_data = None
         for vn in node.inputs or ():

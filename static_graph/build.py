@@ -118,13 +118,16 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
                                 param_bids) if backward else []
     _trace(e, 'recorded', bufs, fops, bops, f_inputs, out_bids, saved)
     # ... unless it is cheap to compute again there.
+    groups = None
     if saved and recompute and plan_memory:
+        groups = lower_pass.memory_groups(bufs)
         recipes = recompute_rules.recipes(
             rec, saved, param_bids,
-            set(out_bids) | set(e.expose) | set(grad_in), bops)
+            set(out_bids) | set(e.expose) | set(grad_in), bops, groups)
         if recipes:
             fops, bops, saved = schedule_recompute.rematerialize(
                 bufs, fops, bops, saved, recipes, live=param_bids)
+            groups = None     # (it adds buffers over recorded memory)
             _trace(e, 'rematerialize', bufs, fops, bops, f_inputs, out_bids,
                    saved)
     e.saved = tuple(saved)
@@ -137,7 +140,8 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     handed_out = set(out_bids) | set(e.expose) | rec.held
     # Which buffers share memory: the same for both schedules (built
     # over one set of buffers, none added from here on).
-    groups = lower_pass.memory_groups(bufs)
+    if groups is None:
+        groups = lower_pass.memory_groups(bufs)
     roots = lower_pass.array_roots(bufs)
     _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
                   handed_out, groups, roots)

@@ -166,6 +166,8 @@ def recipes(rec, saved, available, exclude, backward_ops, groups=None):
     producer = _main_outputs(rec)
     candidates = [b for b in saved if b in producer and
                   producer[b].kind in RULES]
+    if not candidates:
+        return {}
     cand = set(candidates)
     if groups is None:
         groups = lower_pass.memory_groups(bufs)

@@ -219,6 +219,8 @@ def forward_scalars(rec):
     that a backward node may have been built with."""
     out = {}
     for op in rec.forward_ops:
+        if not op.restore:      # (it set nothing)
+            continue
         d = recorder.attrs(op.node)
         for k in _scalar_keys(op):
             out.setdefault(id(d[k]), (op, k))

@@ -145,15 +145,19 @@ def donations(schedule, keep, groups=None):
             buf.role in _FOREIGN_ROLES or last.get(b, -1) > i
 
     out = []
+    temp, root_of = ir.TEMP, arrayutil.root_of
     for i, op in enumerate(schedule.ops):
         flags = []
         for b in op.inputs:
             buf = bufs[b]
-            ok = buf.role == ir.TEMP and last.get(b) == i and \
+            # (untouchable(b, i), where b is a temporary last read here)
+            ok = buf.role == temp and last.get(b) == i and \
                 op.inputs.count(b) == 1 and buf.storage is not None and \
-                not untouchable(b, i)
+                b not in keep and not buf.static and buf.view_of is None
             if ok:
-                for o in groups[id(arrayutil.root_of(buf.storage))]:
+                a = buf.storage
+                for o in groups[id(a if getattr(a, 'base', None) is None
+                                   else root_of(a))]:
                     # Memory another buffer shows: it must be dead too, and
                     # not read by this very op.
                     if o != b and (untouchable(o, i) or o in op.inputs):

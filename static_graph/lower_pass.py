@@ -4,9 +4,13 @@ known.
 An op that ``lowering.py`` has a cheaper kernel for gets it only where that
 kernel gives the node's own results bit for bit, in the same memory layout:
 
-* small ops get their kernel proposed and checked when their schedule
-  compiles (its third run), on their recorded arrays (held until then,
-  parameters copied: an optimizer updates them in place meanwhile);
+* ops whose kernel is the node's own expression (Linear and its
+  gradients, ``lowering.same_code_kind``) get it when the schedule is
+  built, whatever their size: there is nothing to compare (their ``into``
+  is checked at its first use);
+* other small ops get their kernel proposed and checked when their
+  schedule compiles (its third run), on their recorded arrays (held until
+  then, parameters copied: an optimizer updates them in place meanwhile);
 * larger ones (a convolution) on the first replay's own arrays: no large
   recorded array outlives the recording, and the recording iteration does
   not pay for the check;

@@ -30,6 +30,7 @@ _PER_CALL_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
 _SKIP_TYPES = (type, type(numpy), type(len), chainer.Link)
 # Attribute values that hold no array, node or number of interest.
 _ATOMIC = frozenset((type(None), bool, int, str, bytes))
+_NOTHING = frozenset()
 
 
 def _own_attrs(d):
@@ -218,6 +219,8 @@ def forward_scalars(rec):
     that a backward node may have been built with."""
     out = {}
     for op in rec.forward_ops:
+        if not op.restore:      # (it set nothing)
+            continue
         d = recorder.attrs(op.node)
         for k in _scalar_keys(op):
             out.setdefault(id(d[k]), (op, k))
@@ -286,10 +289,11 @@ def mark_captured(rec, chain_map):
         # What the forward itself sets (self.x = x) is refreshed by every
         # replay; what the node was constructed with (ctor arguments) is a
         # reference that must see current values, even to its own input.
-        set_by_forward = {k for k, _ in op.restore}
+        set_by_forward = {k for k, _ in op.restore} if op.restore else \
+            _NOTHING
         arrays, nodes = [], []
         d = recorder.attrs(op.node)
-        for k, pre in list(op.restore):
+        for k, pre in list(op.restore) if op.restore else ():
             # What the node was built with and its forward replaced
             # (GroupNormalization's _XHatGrad takes ``x_hat`` and sets it
             # to None): every replay restores it before the forward, so it
@@ -305,7 +309,7 @@ def mark_captured(rec, chain_map):
             _scan(pre, _SCAN_DEPTH, found, nodes)
             arrays.extend((a, False) for a in found)
         own_attrs = _own_attrs(d)
-        if i < n_forward:
+        if i < n_forward and own_attrs:
             forward_numbers.update([
                 id(v) for k, v in own_attrs
                 if isinstance(v, numpy.generic) and k not in set_by_forward])
@@ -427,10 +431,12 @@ def mark_captured(rec, chain_map):
     forward_made = set(b for op in rec.forward_ops for b in op.outputs)
     made_ids = set(id(rec.buffers[b].storage) for b in forward_made)
     for step in rec.steps:
-        if step.raw is not None and not any(
-                id(getattr(g, 'raw_array', None)) in made_ids
-                for g in step.raw[1]):
-            continue   # returned no array the forward made
+        if step.raw is not None:
+            for g in step.raw[1]:
+                if id(getattr(g, 'raw_array', None)) in made_ids:
+                    break
+            else:
+                continue   # returned no array the forward made
         if not step.resolve(rec.by_id):
             continue
         made = set(b for op in rec.backward_ops[step.start:step.end]

@@ -17,8 +17,10 @@ def is_array(v):
 
 
 def root_of(a):
-    while getattr(a, 'base', None) is not None and is_array(a.base):
-        a = a.base
+    base = getattr(a, 'base', None)
+    while base is not None and is_array(base):
+        a = base
+        base = getattr(a, 'base', None)
     return a
 
 

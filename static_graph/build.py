@@ -107,8 +107,10 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     backward = grad_targets is not None
 
     # Stage 1: the recorded applications as IR ops.
-    fops = ir_ops(rec, rec.forward_ops)
-    bops = ir_ops(rec, rec.backward_ops) if backward else None
+    # (The views ir_ops marks static own no memory: the roots stay.)
+    roots = stable_roots(bufs)
+    fops = ir_ops(rec, rec.forward_ops, roots)
+    bops = ir_ops(rec, rec.backward_ops, roots) if backward else None
     forward_defined = set(f_inputs) | set(b for op in fops
                                           for b in op.outputs)
     # Stage 2: what the backward reads of the forward is saved for it...
@@ -116,13 +118,16 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
                                 param_bids) if backward else []
     _trace(e, 'recorded', bufs, fops, bops, f_inputs, out_bids, saved)
     # ... unless it is cheap to compute again there.
+    groups = None
     if saved and recompute and plan_memory:
+        groups = lower_pass.memory_groups(bufs)
         recipes = recompute_rules.recipes(
             rec, saved, param_bids,
-            set(out_bids) | set(e.expose) | set(grad_in), bops)
+            set(out_bids) | set(e.expose) | set(grad_in), bops, groups)
         if recipes:
             fops, bops, saved = schedule_recompute.rematerialize(
                 bufs, fops, bops, saved, recipes, live=param_bids)
+            groups = None     # (it adds buffers over recorded memory)
             _trace(e, 'rematerialize', bufs, fops, bops, f_inputs, out_bids,
                    saved)
     e.saved = tuple(saved)
@@ -135,13 +140,15 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     handed_out = set(out_bids) | set(e.expose) | rec.held
     # Which buffers share memory: the same for both schedules (built
     # over one set of buffers, none added from here on).
-    groups = lower_pass.memory_groups(bufs)
+    if groups is None:
+        groups = lower_pass.memory_groups(bufs)
+    roots = lower_pass.array_roots(bufs)
     _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
-                  handed_out, groups)
+                  handed_out, groups, roots)
     if backward:
         _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
                        grad_targets, grad_out_bids, param_bids, handed_out,
-                       groups)
+                       groups, roots)
     if TRACE:
         e.passes.append(('lowered', _text(e.forward, e.backward)))
 
@@ -193,7 +200,7 @@ def _saved_for_backward(bufs, bops, grad_in, forward_defined, param_bids):
 
 
 def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
-                  handed_out, groups):
+                  handed_out, groups, roots=None):
     """Lower the forward schedule and wrap it in its runners."""
     bufs = rec.buffers
     e.out_copy = tuple(e.reused(bufs, b) or
@@ -211,7 +218,7 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
                       for k in getattr(link, '_persistent', ()))
             if arrayutil.is_array(v)]
     lower_pass.lower(e.forward, handed_out | set(e.saved),
-                     donate=e.plan_memory, groups=groups)
+                     donate=e.plan_memory, groups=groups, roots=roots)
     e.run_forward = executor.TieredSchedule(
         e.forward, copyto, before_compile=lower_pass.lower_ops,
         free=e.plan_memory, copy=arrayutil.copy_exact,
@@ -235,7 +242,7 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
 
 def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
                    grad_targets, grad_out_bids, param_bids, handed_out,
-                   groups):
+                   groups, roots=None):
     """Make, lower and wrap the backward schedule, and what a backward
     that accumulates into held gradients needs."""
     bufs = rec.buffers
@@ -266,7 +273,7 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
     e.grad_out_bids = tuple(grad_out_bids)
     e.plain_backward_run = None
     lower_pass.lower(e.backward, handed_out | set(grad_bids),
-                     donate=e.plan_memory, groups=groups)
+                     donate=e.plan_memory, groups=groups, roots=roots)
     e.backward_copies = set(
         b for b in grad_bids if e.reused(bufs, b) or
         bufs[b].role in ESCAPE_ROLES)
@@ -287,12 +294,14 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
                bufs[b].storage.size == 0 for b in out_bids) else ()
 
 
-def ir_ops(rec, rops):
+def ir_ops(rec, rops, roots=None):
     """The IR ops of the recorded applications ``rops`` (forward or
-    backward)."""
+    backward); ``roots``: stable_roots of the recording's buffers, if
+    known."""
     ops = []
     bufs = rec.buffers
-    roots = stable_roots(bufs)
+    if roots is None:
+        roots = stable_roots(bufs)
     sums = set()     # ids of rops no backward() applied (the sums of
     #                  gradient contributions backprop makes)
     if rops is rec.backward_ops:
@@ -322,7 +331,7 @@ def ir_ops(rec, rops):
         if isinstance(rop, recorder.BackwardStep):
             ops.append(kernels.rerun_op(rop, by_node[id(rop.node)]))
             continue
-        if _view_once(rop, bufs, roots):
+        if rop.kind in VIEW_KINDS and _view_once(rop, bufs, roots):
             for b in rop.outputs:
                 bufs[b].static = True
                 bufs[b].view_of = roots[id(arrayutil.root_of(bufs[b].storage))]
@@ -331,8 +340,9 @@ def ir_ops(rec, rops):
                              rop.source, None, rop.select))
             continue
         static_attrs = [(k, bufs[b].storage) for k, b in rop.state
-                        if bufs[b].static]
-        op = ir.Op(rop.kind, rop.inputs + tuple(b for _, b in rop.rebind),
+                        if bufs[b].static] if rop.state else ()
+        op = ir.Op(rop.kind, rop.inputs + tuple([b for _, b in rop.rebind])
+                   if rop.rebind else rop.inputs,
                    rop.outputs,
                    functools.partial(describe.describe, rop.node),
                    rop.source, kernels.make_kernel(rop, static_attrs), rop.select)
@@ -381,9 +391,10 @@ def release_recording(rec):
     rec.steps = []
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
-        d = recorder.attrs(node)
-        for k, _ in rop.rebind:
-            d[k] = None
+        if rop.rebind:
+            d = recorder.attrs(node)
+            for k, _ in rop.rebind:
+                d[k] = None
         if node.__dict__.get('_retained_output_data') is not None:
             node._retained_output_data = None
         for vn in node.inputs or ():

@@ -105,7 +105,10 @@ def layout_copies(arrays, which):
     """``arrays`` with those flagged in ``which`` (shorter: the rest
     unflagged) replaced by layout copies; None if one cannot be made."""
     if not any(which):
-        return None if any(a is None for a in arrays) else tuple(arrays)
+        for a in arrays:
+            if a is None:
+                return None
+        return tuple(arrays)
     out = tuple(layout_copy(a) if w else a for a, w in zip(
         arrays, tuple(which) + (False,) * len(arrays)))
     return None if any(a is None for a in out) else out

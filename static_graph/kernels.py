@@ -28,11 +28,11 @@ def make_kernel(rop, static_attrs):
 
 def _state_kernel(rop, static_attrs):
     forward = rop.node.forward
-    restore = tuple(rop.restore)
-    state_keys = tuple(k for k, _ in rop.state)
-    d = recorder.attrs(rop.node)
-    if not restore and not state_keys:
+    if not rop.restore and not rop.state:
         return forward
+    restore = tuple(rop.restore)
+    state_keys = tuple([k for k, _ in rop.state])
+    d = recorder.attrs(rop.node)
     missing = arrayutil.MISSING
 
     def kernel(inputs):

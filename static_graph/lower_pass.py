@@ -4,9 +4,13 @@ known.
 An op that ``lowering.py`` has a cheaper kernel for gets it only where that
 kernel gives the node's own results bit for bit, in the same memory layout:
 
-* small ops get their kernel proposed and checked when their schedule
-  compiles (its third run), on their recorded arrays (held until then,
-  parameters copied: an optimizer updates them in place meanwhile);
+* ops whose kernel is the node's own expression (Linear and its
+  gradients, ``lowering.same_code_kind``) get it when the schedule is
+  built, whatever their size: there is nothing to compare (their ``into``
+  is checked at its first use);
+* other small ops get their kernel proposed and checked when their
+  schedule compiles (its third run), on their recorded arrays (held until
+  then, parameters copied: an optimizer updates them in place meanwhile);
 * larger ones (a convolution) on the first replay's own arrays: no large
   recorded array outlives the recording, and the recording iteration does
   not pay for the check;
@@ -24,6 +28,8 @@ buffer that is.
 import functools
 import weakref
 
+import numpy
+
 from schedules import ir
 from schedules import liveness
 from schedules import placement
@@ -38,6 +44,8 @@ _DEFER_LOWERING_BYTES = 1 << 16
 # Chainer's backward): never written.
 _FOREIGN_ROLES = (ir.INPUT, ir.PARAM, ir.PERSIST, ir.CONST, ir.STATE,
                   ir.GRAD_OUT)
+# Roles whose arrays an optimizer may update in place.
+_UPDATED_ROLES = (ir.PARAM, ir.PERSIST)
 
 
 def attrs_with_kernel(node, name):
@@ -53,31 +61,73 @@ def memory_groups(bufs):
     return groups
 
 
-def memory_facts(bufs, keep, used=None, returned=()):
+def array_roots(bufs):
+    """The memory of buffers whose recorded arrays are still held:
+    ({id(root array): [root, buffer ids over it, None]}, ids of the
+    buffers with no array), for memory_facts (which fills the third item:
+    is the root one dense block?)."""
+    roots, no_array = {}, []
+    ndarray, is_array, root_of = numpy.ndarray, arrayutil.is_array, \
+        arrayutil.root_of
+    for b, buf in bufs.items():
+        a = buf.storage
+        if type(a) is ndarray and a.base is None:
+            r = a         # (most: an array that owns its memory)
+        elif is_array(a):
+            r = root_of(a)
+        else:
+            no_array.append(b)
+            continue
+        k = id(r)
+        if k in roots:
+            roots[k][1].append(b)
+        else:
+            roots[k] = [r, [b], None]
+    return roots, no_array
+
+
+def _dense(r):
+    """Is root array ``r`` writable memory laid out as one block?"""
+    # (CuPy's flags say nothing of writeable: its arrays are)
+    flags = r.flags
+    return bool(getattr(flags, 'writeable', True) and (
+        # C order over one block (of at least one element) is one block;
+        # any other order is asked.
+        (type(r) is numpy.ndarray and flags.c_contiguous and r.size > 0) or
+        placement.one_block(r.shape, r.strides, r.itemsize)))
+
+
+def memory_facts(bufs, keep, used=None, returned=(), roots=None):
     """``placement.Facts`` of buffers whose recorded arrays are still
     held: which share memory, how large and C-contiguous that memory is;
     ``keep``: buffers something outside the schedule may see; ``used``:
     the schedule's buffers (default: all), the others matter only where
     they share memory with one of them; ``returned``: what the schedule
-    returns (its executor keeps those anyway)."""
-    roots, unknown = {}, []
-    for b, buf in bufs.items():
-        a = buf.storage
-        if arrayutil.is_array(a):
-            r = arrayutil.root_of(a)
-            roots.setdefault(id(r), (r, []))[1].append(b)
-        elif used is None or b in used:
-            unknown.append(b)
+    returns (its executor keeps those anyway); ``roots``: array_roots of
+    ``bufs``, if known (the schedules of one recording share them)."""
+    roots, no_array = array_roots(bufs) if roots is None else roots
+    unknown = no_array if used is None else \
+        [b for b in no_array if b in used]
     groups = []
     seen = set(bufs) if used is None else set(used)
-    for r, ids in roots.values():
-        if used is not None and not used.intersection(ids):
-            continue
+    for root in roots.values():
+        r, ids, dense = root
+        if used is not None:
+            if len(ids) == 1:
+                if ids[0] not in used:
+                    continue
+            elif not used.intersection(ids):
+                continue
         seen.update(ids)
-        # (CuPy's flags say nothing of writeable: its arrays are)
-        dense = getattr(r.flags, 'writeable', True) and \
-            placement.one_block(r.shape, r.strides, r.itemsize)
-        if len(ids) > 1 or not dense or r.nbytes != bufs[ids[0]].nbytes:
+        if dense is None:
+            dense = root[2] = _dense(r)
+        if len(ids) > 1 or not dense:
+            groups.append((ids, r.nbytes, dense))
+            continue
+        buf = bufs[ids[0]]
+        # (its own array, as recorded: the same size)
+        if (buf.shape != r.shape or buf.dtype != r.dtype) and \
+                r.nbytes != buf.nbytes:
             groups.append((ids, r.nbytes, dense))
     keep = seen.intersection(keep).difference(returned)
     return placement.Facts(groups, keep, unknown)
@@ -99,15 +149,19 @@ def donations(schedule, keep, groups=None):
             buf.role in _FOREIGN_ROLES or last.get(b, -1) > i
 
     out = []
+    temp, root_of = ir.TEMP, arrayutil.root_of
     for i, op in enumerate(schedule.ops):
         flags = []
         for b in op.inputs:
             buf = bufs[b]
-            ok = buf.role == ir.TEMP and last.get(b) == i and \
+            # (untouchable(b, i), where b is a temporary last read here)
+            ok = buf.role == temp and last.get(b) == i and \
                 op.inputs.count(b) == 1 and buf.storage is not None and \
-                not untouchable(b, i)
+                b not in keep and not buf.static and buf.view_of is None
             if ok:
-                for o in groups[id(arrayutil.root_of(buf.storage))]:
+                a = buf.storage
+                for o in groups[id(a if getattr(a, 'base', None) is None
+                                   else root_of(a))]:
                     # Memory another buffer shows: it must be dead too, and
                     # not read by this very op.
                     if o != b and (untouchable(o, i) or o in op.inputs):
@@ -118,12 +172,13 @@ def donations(schedule, keep, groups=None):
     return out
 
 
-def lower(schedule, keep, donate=True, groups=None):
+def lower(schedule, keep, donate=True, groups=None, roots=None):
     """Give the ops marked by ``_ir_ops`` (``op.lower_from`` holds their
     RecordedOp) a cheaper kernel where one is proposed: checked at compile
     for small ops (``lower_ops``), on the first replay for large ones.
     donate: may kernels write into inputs that die with them? groups:
-    memory_groups of the schedule's buffers, if known."""
+    memory_groups of the schedule's buffers, if known; roots: their
+    array_roots, if known."""
     bufs = schedule.buffers
     if donate:
         # (Placing results into dead memory is memory reuse too.) Only
@@ -133,8 +188,9 @@ def lower(schedule, keep, donate=True, groups=None):
             used.update(op.inputs)
             used.update(op.outputs)
         schedule.memory = memory_facts(bufs, keep, used, set(
-            schedule.outputs) | set(schedule.keep))
+            schedule.outputs) | set(schedule.keep), roots)
     donated = None
+    ndarray = numpy.ndarray
     for i, op in enumerate(schedule.ops):
         rop = op.lower_from
         if rop is None:
@@ -155,24 +211,29 @@ def lower(schedule, keep, donate=True, groups=None):
                     _probe(op, rop, fast, donated[i],
                            lowering.fallback(rop, ins, donated[i]))
             continue
-        if sum(getattr(a, 'nbytes', 0) for a in ins + outs) <= \
-                _DEFER_LOWERING_BYTES:
+        nbytes = 0
+        for a in ins + outs:
+            nbytes += a.nbytes if type(a) is ndarray else \
+                getattr(a, 'nbytes', 0)
+        small = nbytes <= _DEFER_LOWERING_BYTES
+        fast = None
+        if not small or lowering.same_code_kind(rop.kind):
+            fast = lowering.propose(rop, ins, donated[i])
+        if fast is not None and getattr(fast, 'same_code', False):
+            # (The node's own expression: nothing to compare, not on the
+            # first replay, which ran each such large op twice, nor at
+            # compile. Its ``into`` is checked at its first use.)
+            kernel_checks.defer_check_into(fast, outs)
+            _choose(op, rop, fast)
+        elif small:
             # Proposed and checked at compile, not while recording; copies
             # now (in the same layout) of what may change before then: the
             # optimizer updates parameters in place.
             ins = kernel_checks.layout_copies(ins, [
-                bufs[b].role in (ir.PARAM, ir.PERSIST) or bufs[b].static
+                bufs[b].role in _UPDATED_ROLES or bufs[b].static
                 for b in op.inputs])
             if ins is not None:
                 op.lower_from = (rop, ins, outs, donated[i])
-            continue
-        fast = lowering.propose(rop, ins, donated[i])
-        if fast is not None and getattr(fast, 'same_code', False):
-            # (The node's own expression: no first-replay comparison,
-            # which ran each such large op twice. Its ``into`` is checked
-            # at its first use.)
-            kernel_checks.defer_check_into(fast, outs)
-            _choose(op, rop, fast)
         elif fast is not None:
             _probe(op, rop, fast, _writes(fast, donated[i]),
                    lowering.fallback(rop, ins, donated[i]))

@@ -134,7 +134,7 @@ def _linear(rop, node, xs):
         if len(a) > 2:
             y += a[2]
         return y,
-    return _with_into(kernel, into)
+    return _same_code(_with_into(kernel, into))
 
 
 def _linear_grad_data(rop, node, xs):
@@ -158,11 +158,13 @@ def _linear_grad_weight(rop, node, xs):
 
 def _same_code(kernel):
     """``kernel`` computes its result with the very expression of the
-    node's own forward on the same arrays (Chainer's LinearGradData:
-    ``gy.dot(W).astype(gy.dtype, copy=False)``, LinearGradWeight:
-    ``gy.T.dot(x).astype(w_dtype, copy=False)``; the casts are no-ops
-    under the conditions checked here, and the copy Chainer makes of a
-    strided gy with a unit axis is excluded by ``_blas_ready``): the same
+    node's own forward on the same arrays (Chainer's LinearFunction, its
+    operands of one dtype: ``y = empty(...)``, ``dot(x, W.T, out=y)``,
+    ``y += b``; LinearGradData: ``gy.dot(W).astype(gy.dtype, copy=False)``,
+    LinearGradWeight: ``gy.T.dot(x).astype(w_dtype, copy=False)``; the
+    casts are no-ops under the conditions checked here, and the copy
+    Chainer makes of a strided x or gy with a unit axis is excluded by
+    ``_blas_ready``): the same
     result by construction, so nothing runs it twice to compare
     (lower_pass.lower). Its ``into`` is still checked at first use."""
     kernel.same_code = True
@@ -211,6 +213,11 @@ def _sum(rop, node, xs):
         axis, keepdims, asarray = node.axis, node.keepdims, numpy.asarray
         return lambda a: (asarray(a[0].sum(axis=axis, keepdims=keepdims)),)
 
+
+# Their kernels, where proposed, are the nodes' own expressions.
+for _factory in (_linear, _linear_grad_data, _linear_grad_weight):
+    _factory.same_code = True
+del _factory
 
 # Of these, kinds whose factory takes a node built with arrays (inputs
 # after the node's own, ``rop.rebind``).
@@ -486,6 +493,13 @@ def candidate(rop):
     if rop.state:
         return rop.kind in STATEFUL
     return rop.kind in FAST or rop.kind in DONATING
+
+
+def same_code_kind(kind):
+    """Is every kernel proposed for ``kind`` its node's own expression
+    (``_same_code``: nothing to compare)?"""
+    return kind not in DONATING and kind not in STATEFUL and \
+        getattr(FAST.get(kind), 'same_code', False)
 
 
 def propose(rop, in_arrays, donated=()):

@@ -112,7 +112,7 @@ def _patched_get_array(self):
     f = sys._getframe(1)
     while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
         f = f.f_back
-    if f is None or f.f_code.co_filename.startswith(traced.INTERNAL_DIRS):
+    if f is None or traced.internal_file(f.f_code.co_filename):
         return a
     return rec.trace(a)
 

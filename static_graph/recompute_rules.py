@@ -152,20 +152,25 @@ def _kernel(flat):
     return kernel
 
 
-def recipes(rec, saved, available, exclude, backward_ops):
+def recipes(rec, saved, available, exclude, backward_ops, groups=None):
     """{saved buffer id: recompute.Recipe} for the saved buffers of a
     recording that the backward schedule may compute again.
 
     available: buffer ids the backward schedule has besides ``saved``
     (parameters); exclude: buffers that must stay as they are (outputs,
     what is handed out); backward_ops: the backward schedule's ops (a
-    buffer read by an op that runs nothing, a view made once, is kept)."""
+    buffer read by an op that runs nothing, a view made once, is kept);
+    groups: lower_pass.memory_groups of the recording's buffers, if
+    known."""
     bufs = rec.buffers
     producer = _main_outputs(rec)
     candidates = [b for b in saved if b in producer and
                   producer[b].kind in RULES]
+    if not candidates:
+        return {}
     cand = set(candidates)
-    groups = lower_pass.memory_groups(bufs)
+    if groups is None:
+        groups = lower_pass.memory_groups(bufs)
 
     def private(x):
         """Is x's memory written by replay alone? Not if it is (or is a

@@ -364,7 +364,8 @@ class Recording(object):
         if side_effects:
             self.add_reason('%s declares side effects '
                             '(static_graph_side_effects = True)' % kind)
-        inputs = tuple(inputs)
+        if type(inputs) is not tuple:
+            inputs = tuple(inputs)
         in_arrays = []
         sources = []
         TracedArray = traced.TracedArray
@@ -449,12 +450,25 @@ class Recording(object):
                 input_sources[b] = {v}
             else:
                 known.add(v)
-        new_buffer = self.new_buffer
         out_arrays = [y._data[0] for y in outs]
-        out_ids = [new_buffer(a, _TEMP) for a in out_arrays]
+        out_ids = []
+        buffers, arrays = self.buffers, self.arrays
+        for a in out_arrays:
+            if type(a) is _ndarray:     # (new_buffer's, inline)
+                bid = len(buffers)
+                buffers[bid] = _Buffer(bid, a.shape, a.dtype, _TEMP, None,
+                                       False, a)
+                by_id[id(a)] = bid
+                arrays.append(a)
+                out_ids.append(bid)
+            else:
+                out_ids.append(self.new_buffer(a, _TEMP))
         # The attributes the forward set or replaced, in the node's order.
         changed = post.keys() - APPLY_KEYS
-        if changed:
+        if len(changed) == 1:     # (most often: one constructor argument)
+            k, = changed
+            changed = [k] if pre.get(k, MISSING) is not post[k] else []
+        elif changed:
             changed = [k for k in post if k in changed and
                        pre.get(k, MISSING) is not post[k]]
         state = []
@@ -481,10 +495,13 @@ class Recording(object):
             for k in pre:
                 if k not in post and k not in APPLY_KEYS:
                     restore.append((k, pre[k]))
+        # (_source, inline)
+        forward = self.phase == 'forward'
         op = RecordedOp(node, kind, tuple(in_ids), tuple(out_ids), select,
-                        state, restore, self._source(), None)
+                        state, restore, traced.user_location(2) if forward
+                        else self.backward_label, None)
         op.nones = nones
-        if self.phase == 'forward':
+        if forward:
             self.forward_ops.append(op)
         else:
             self.backward_ops.append(op)

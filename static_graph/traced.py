@@ -54,10 +54,30 @@ def active_recording():
         else None
 
 
+_internal_files = {}   # file name -> is it in INTERNAL_DIRS?
+
+
+def internal_file(name):
+    """Is file ``name`` in INTERNAL_DIRS? (Remembered per name.)"""
+    inside = _internal_files.get(name)
+    if inside is None:
+        if len(_internal_files) > 4096:     # (files made on the fly)
+            _internal_files.clear()
+        inside = _internal_files[name] = name.startswith(INTERNAL_DIRS)
+    return inside
+
+
 def user_frame(depth=2):
     """The innermost frame outside Chainer, NumPy, CuPy and this package."""
     f = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(INTERNAL_DIRS):
+    internal = _internal_files
+    while f is not None:
+        name = f.f_code.co_filename
+        inside = internal.get(name)
+        if inside is None:
+            inside = internal_file(name)
+        if not inside:
+            break
         f = f.f_back
     return f
 

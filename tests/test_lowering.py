@@ -516,7 +516,8 @@ def test_running_statistics_are_part_of_the_check(monkeypatch):
 
 
 def test_linear_gradients_of_the_nodes_own_expression_are_not_probed():
-    """LinearGradData and LinearGradWeight's kernels are the nodes' own
+    """LinearFunction, LinearGradData and LinearGradWeight's kernels are the
+    nodes' own
     expressions: large ones are chosen when the schedule is built, with no
     first-replay comparison (which ran each twice), and train bit for bit
     like define-by-run."""
@@ -552,6 +553,11 @@ def test_linear_gradients_of_the_nodes_own_expression_are_not_probed():
             names = [getattr(op.fn, '__name__', '') for op in e.backward.ops
                      if op.kind in ('LinearGradData', 'LinearGradWeight')]
             assert 'numpy_LinearGradWeight' in names and not any(
+                n.startswith('probe_') for n in names), names
+            # So is the forward's: l1's (large) chosen, not probed.
+            names = [getattr(op.fn, '__name__', '') for op in e.forward.ops
+                     if op.kind == 'LinearFunction']
+            assert 'numpy_LinearFunction' in names and not any(
                 n.startswith('probe_') for n in names), names
         for (_, p), (_, q) in zip(sorted(a.namedparams()),
                                   sorted(b.namedparams())):

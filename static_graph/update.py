@@ -193,11 +193,15 @@ def _class_reason(cls):
 class _SplitChoice(object):
     """Whether a step splits its work across the threads: measured. Split
     and unsplit give the same bits (an element-wise op computes each
-    element alone), so the faster is kept: PROBES steps of each,
+    element alone), so the faster is kept: up to PROBES steps of each,
     alternating, then the one of lower median time, checked again every
-    REPROBE steps (another process may have taken the other core)."""
+    REPROBE steps (another process may have taken the other core). Where
+    after EARLY steps of each every time of one is below every time of
+    the other, that one is kept at once (each probe of the slower costs a
+    step)."""
 
     PROBES = 4
+    EARLY = 2
     REPROBE = 500
 
     def __init__(self, threads):
@@ -214,7 +218,11 @@ class _SplitChoice(object):
             self.left -= 1
             return self.choice, False
         t = self.times
-        if len(t[True]) + len(t[False]) < 2 * self.PROBES:
+        n = len(t[True]) + len(t[False])
+        if n < 2 * self.PROBES and not (
+                len(t[True]) == len(t[False]) >= self.EARLY and (
+                    max(t[True]) < min(t[False]) or
+                    max(t[False]) < min(t[True]))):
             return len(t[True]) <= len(t[False]), True
         self.medians = (numpy.median(t[True]), numpy.median(t[False]))
         self.choice = bool(self.medians[0] <= self.medians[1])

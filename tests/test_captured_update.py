@@ -522,25 +522,30 @@ def test_threads_default_is_the_affinity():
 
 def test_split_or_not_is_measured_and_the_faster_kept():
     """Split and whole give the same bits, so the captured update keeps
-    whichever ran faster over its first steps (4 of each, alternating),
-    and measures again every 500 steps."""
+    whichever ran faster over its first steps (up to 4 of each,
+    alternating; 2 of each where every time of one is below every time of
+    the other), and measures again every 500 steps."""
     from static_graph.update import _SplitChoice
     c = _SplitChoice(2)
     seen = []
+    times = {True: [1.0, 2.5, 1.2, 1.1], False: [2.0, 1.5, 2.2, 2.1]}
     for _ in range(8):
         pool, measuring = c.use_pool()
         assert measuring
         seen.append(pool)
-        c.took(pool, 1.0 if pool else 2.0)    # split is faster
+        c.took(pool, times[pool][len(c.times[pool])])   # overlapping
     assert seen == [True, False] * 4
     assert c.use_pool() == (True, False) and c.choice is True
     for _ in range(_SplitChoice.REPROBE):
         assert c.use_pool() == (True, False)
     pool, measuring = c.use_pool()          # measuring again
     assert measuring
-    for _ in range(8):
-        c.took(pool, 1.0 if not pool else 3.0)   # now whole is faster
+    seen = [pool]
+    while measuring:
+        c.took(pool, 1.0 if not pool else 3.0)   # now whole is clearly faster
         pool, measuring = c.use_pool()
+        seen.append(pool)
+    assert seen == [True, False, True, False, False]   # decided after 2+2
     assert c.choice is False and not pool
     assert _SplitChoice(1).use_pool() == (False, False)
     assert 'not split' in c.describe()

@@ -140,6 +140,14 @@ def _walk(obj, path, found):
     if isinstance(obj, _SCALARS):
         return (type(obj), obj)
     if isinstance(obj, (tuple, list)):
+        if all([type(o) is numpy.ndarray for o in obj]):
+            # A list of NumPy arrays (sequences of an NStep RNN): no call
+            # per element.
+            leaves.extend(obj)
+            paths.extend([(path, i) for i in range(len(obj))])
+            return (type(obj), tuple([
+                ('A', o.shape, o.dtype.str, -1,
+                 'C' if o.flags.c_contiguous else layout(o)) for o in obj]))
         return (type(obj),
                 tuple([_walk(o, (path, i), found)
                        for i, o in enumerate(obj)]))

@@ -135,21 +135,23 @@ def test_warn_retrace_repeats_at_doubling_counts():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         for n in range(1, 21):
-            step(b, data(n, 3))    # a new batch size: records each time
+            for _ in range(4):       # a new batch size records, then
+                step(b, data(n, 3))  # replays (keys that do repeat)
     ours = [str(w.message) for w in caught
             if issubclass(w.category, StaticGraphWarning)]
     counts = [int(m.split('recorded ')[1].split(' ')[0])
               for m in ours if 'has recorded' in m]
-    assert counts == [2, 4, 8], counts
-    # Then it stops recording (keys that never repeat: see below).
-    assert sum('keys do not repeat' in m for m in ours) == 1
+    assert counts == [2, 4, 8, 16], counts
+    assert not any('keys do not repeat' in m for m in ours)
 
 
 def test_keys_that_do_not_repeat_stop_recording():
-    """After 8 recordings of new keys with fewer than 3 replays each, a
+    """After 4 recordings of new keys with fewer than 3 replays each, a
     new key runs define-by-run (at its speed, with its numbers) until its
     third call, which records: warned once and shown by explain(). A
     method whose keys repeat keeps recording new keys at once."""
+    from static_graph.cache import RECORDING_WINDOW
+    assert RECORDING_WINDOW == 4
     a, b = make_twins(mlp)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
@@ -160,9 +162,10 @@ def test_keys_that_do_not_repeat_stop_recording():
             compare_chains(a, b, rtol=0, atol=0)
     c = cache(b)
     assert (c.recordings, c.replays, c.fallback_calls) == \
-        (8, 0, 22)
+        (4, 0, 26)
     gave_up = [w for w in caught if 'keys do not repeat' in str(w.message)]
     assert len(gave_up) == 1
+    assert 'the last 4 new keys' in str(gave_up[0].message)
     assert 'keys do not repeat' in static_graph.explain(b)
     # A key that does repeat records at its third call, then replays.
     x = data(40, 3)
@@ -170,15 +173,15 @@ def test_keys_that_do_not_repeat_stop_recording():
         step(a, x)
         step(b, x)
         compare_chains(a, b, rtol=0, atol=0)
-    assert (c.recordings, c.replays, c.fallback_calls) == (9, 2, 24)
+    assert (c.recordings, c.replays, c.fallback_calls) == (5, 2, 28)
 
-    # 8 shapes, each used 4 times: 24 replays in the first window; then
+    # 4 shapes, each used 4 times: 12 replays in the first window; then
     # new keys record at once.
     a, b = make_twins(mlp)
-    for n in list(range(1, 9)) * 4 + list(range(9, 17)):
+    for n in list(range(1, 5)) * 4 + list(range(5, 9)):
         step(b, data(n, 3))
     c = cache(b)
-    assert c.probation is None and (c.recordings, c.replays) == (16, 24)
+    assert c.probation is None and (c.recordings, c.replays) == (8, 12)
 
 
 def test_warn_retrace_names_a_changed_config_flag():

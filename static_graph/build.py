@@ -69,17 +69,20 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
           params, persists, grad_in=None, grad_targets=None,
           grad_out_bids=None, attr_writes=(), reports=(),
           link_values=None, recompute=True, plan_memory=True,
-          cuda_graph=True):
+          cuda_graph=True, threads=None):
     """Turn a finished recording into compiled schedules. recompute:
     let the backward compute cheap activations again instead of saving
     them (recompute_rules.py); plan_memory=False: no memory reuse at
     all (no early frees, no kernel writing into a dying input, nothing
     recomputed), for comparison; cuda_graph: on CuPy, replay each
-    schedule as one CUDA graph launch once it has run (graphs.py).
+    schedule as one CUDA graph launch once it has run (graphs.py);
+    threads: how many threads a large in-place element-wise kernel may
+    be split across (split_kernels.py; None: the cores).
     With ``TRACE`` on, ``e.passes`` holds each stage's schedules as
     text, [(stage, text)]."""
     e.plan_memory = plan_memory
     e.cuda_graph = cuda_graph
+    e.threads = threads
     e.passes = [] if TRACE else None
     bufs = rec.buffers
     e.n_leaves = n_leaves
@@ -218,7 +221,8 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
                       for k in getattr(link, '_persistent', ()))
             if arrayutil.is_array(v)]
     lower_pass.lower(e.forward, handed_out | set(e.saved),
-                     donate=e.plan_memory, groups=groups, roots=roots)
+                     donate=e.plan_memory, groups=groups, roots=roots,
+                     threads=e.threads)
     e.run_forward = executor.TieredSchedule(
         e.forward, copyto, before_compile=lower_pass.lower_ops,
         free=e.plan_memory, copy=arrayutil.copy_exact,
@@ -273,7 +277,8 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
     e.grad_out_bids = tuple(grad_out_bids)
     e.plain_backward_run = None
     lower_pass.lower(e.backward, handed_out | set(grad_bids),
-                     donate=e.plan_memory, groups=groups, roots=roots)
+                     donate=e.plan_memory, groups=groups, roots=roots,
+                     threads=e.threads)
     e.backward_copies = set(
         b for b in grad_bids if e.reused(bufs, b) or
         bufs[b].role in ESCAPE_ROLES)

@@ -38,8 +38,9 @@ class Cache(object):
     """The entries of one method of one chain, least recently used first."""
 
     def __init__(self, owner_name, size, warn_retrace, recompute=True,
-                 plan_memory=True, cuda_graph=True):
+                 plan_memory=True, cuda_graph=True, threads=None):
         self.owner_name = owner_name
+        self.threads = threads
         self.size = size
         self.warn_retrace = warn_retrace
         self.recompute = recompute
@@ -244,7 +245,7 @@ def cache_for(chain, name, options):
             cache = Cache('%s.%s' % (type(chain).__name__, name),
                           options['cache_size'], options['warn_retrace'],
                           options['recompute'], options['plan_memory'],
-                          options['cuda_graph'])
+                          options['cuda_graph'], options.get('threads'))
             per_chain[name] = cache
         return cache
 

@@ -324,7 +324,8 @@ class Capture(object):
                 reports=self.reports, link_values=self.watch,
                 recompute=self.cache.recompute,
                 plan_memory=self.cache.plan_memory,
-                cuda_graph=self.cache.cuda_graph, **backward)
+                cuda_graph=self.cache.cuda_graph,
+                threads=self.cache.threads, **backward)
             self.entry.verify()
         except Unreplayable as err:
             self.fall_back(str(err))

@@ -49,20 +49,29 @@ def static_graph(method=None, **options):
     cuda_graph: on CuPy, replay the forward and the backward each as one
         CUDA graph launch once they have run a few times, where the capture
         is faithful (default True; see ``explain``).
+    threads: how many threads a large element-wise kernel that writes in
+        place (ReLU, its gradient, Add) may be split across, where that
+        measures faster (default None: the cores this process may use; 1:
+        never split; see split_kernels.py).
     """
     unknown = set(options) - {'cache_size', 'warn_retrace', 'recompute',
-                              'plan_memory', 'cuda_graph'}
+                              'plan_memory', 'cuda_graph', 'threads'}
     if unknown:
         raise TypeError('static_graph got unknown option(s): %s'
                         % ', '.join(sorted(unknown)))
     opts = {'cache_size': DEFAULT_CACHE_SIZE,
             'warn_retrace': DEFAULT_WARN_RETRACE, 'recompute': True,
-            'plan_memory': True, 'cuda_graph': True}
+            'plan_memory': True, 'cuda_graph': True, 'threads': None}
     opts.update(options)
     for flag in ('recompute', 'plan_memory', 'cuda_graph'):
         if not isinstance(opts[flag], bool):
             raise TypeError('%s must be True or False, got %r'
                             % (flag, opts[flag]))
+    t = opts['threads']
+    if t is not None and (isinstance(t, bool) or not isinstance(t, int) or
+                          t < 1):
+        raise ValueError('threads must be None or a positive int, got %r'
+                         % (t,))
     if not isinstance(opts['cache_size'], int) or opts['cache_size'] < 1:
         raise ValueError('cache_size must be a positive int, got %r'
                          % (opts['cache_size'],))

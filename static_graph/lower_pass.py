@@ -172,13 +172,15 @@ def donations(schedule, keep, groups=None):
     return out
 
 
-def lower(schedule, keep, donate=True, groups=None, roots=None):
+def lower(schedule, keep, donate=True, groups=None, roots=None,
+          threads=None):
     """Give the ops marked by ``_ir_ops`` (``op.lower_from`` holds their
     RecordedOp) a cheaper kernel where one is proposed: checked at compile
     for small ops (``lower_ops``), on the first replay for large ones.
     donate: may kernels write into inputs that die with them? groups:
     memory_groups of the schedule's buffers, if known; roots: their
-    array_roots, if known."""
+    array_roots, if known; threads: how many threads a large in-place
+    element-wise kernel may be split across (split_kernels.py)."""
     bufs = schedule.buffers
     if donate:
         # (Placing results into dead memory is memory reuse too.) Only
@@ -218,7 +220,7 @@ def lower(schedule, keep, donate=True, groups=None, roots=None):
         small = nbytes <= _DEFER_LOWERING_BYTES
         fast = None
         if not small or lowering.same_code_kind(rop.kind):
-            fast = lowering.propose(rop, ins, donated[i])
+            fast = lowering.propose(rop, ins, donated[i], threads)
         if fast is not None and getattr(fast, 'same_code', False):
             # (The node's own expression: nothing to compare, not on the
             # first replay, which ran each such large op twice, nor at

@@ -13,6 +13,7 @@ import numpy
 
 from static_graph import elementwise_kernels as ew
 from static_graph import kernel_memory
+from static_graph import split_kernels
 from static_graph.elementwise_kernels import out_like
 from static_graph.elementwise_kernels import plain_cpu as _plain_cpu
 from static_graph.elementwise_kernels import with_into as _with_into
@@ -502,11 +503,13 @@ def same_code_kind(kind):
         getattr(FAST.get(kind), 'same_code', False)
 
 
-def propose(rop, in_arrays, donated=()):
+def propose(rop, in_arrays, donated=(), threads=1):
     """A cheaper kernel for ``rop`` given its recorded inputs (types,
     shapes, attributes) and which of them it may overwrite, not yet
     checked; or None. The kernel bypasses the node: an op with hidden
-    state gets one only from STATEFUL, which returns that state too."""
+    state gets one only from STATEFUL, which returns that state too. A
+    large in-place element-wise one may be split across ``threads``
+    threads (split_kernels.py; None: the cores)."""
     if not candidate(rop):
         return None
     if rop.state:
@@ -525,6 +528,8 @@ def propose(rop, in_arrays, donated=()):
         prefix = 'numpy_'
     if kernel is not None and kernel.__name__ in ('<lambda>', 'kernel'):
         kernel.__name__ = prefix + rop.kind   # for printouts
+    if kernel is not None and prefix == 'numpy_inplace_':
+        kernel = split_kernels.split(kernel, rop.kind, in_arrays, threads)
     if kernel is not None:
         kernel.workspace = kernel_memory.workspace(rop.kind, rop.node,
                                                    in_arrays)

@@ -190,60 +190,6 @@ def _class_reason(cls):
     return None
 
 
-class _SplitChoice(object):
-    """Whether a step splits its work across the threads: measured. Split
-    and unsplit give the same bits (an element-wise op computes each
-    element alone), so the faster is kept: up to PROBES steps of each,
-    alternating, then the one of lower median time, checked again every
-    REPROBE steps (another process may have taken the other core). Where
-    after EARLY steps of each every time of one is below every time of
-    the other, that one is kept at once (each probe of the slower costs a
-    step)."""
-
-    PROBES = 4
-    EARLY = 2
-    REPROBE = 500
-
-    def __init__(self, threads):
-        self.threads = threads
-        self.times = {True: [], False: []}
-        self.choice = None
-        self.left = 0                # steps until the next probing
-
-    def use_pool(self):
-        """(split this step?, is it a measuring step?)"""
-        if self.threads <= 1:
-            return False, False
-        if self.choice is not None and self.left > 0:
-            self.left -= 1
-            return self.choice, False
-        t = self.times
-        n = len(t[True]) + len(t[False])
-        if n < 2 * self.PROBES and not (
-                len(t[True]) == len(t[False]) >= self.EARLY and (
-                    max(t[True]) < min(t[False]) or
-                    max(t[False]) < min(t[True]))):
-            return len(t[True]) <= len(t[False]), True
-        self.medians = (numpy.median(t[True]), numpy.median(t[False]))
-        self.choice = bool(self.medians[0] <= self.medians[1])
-        t[True], t[False] = [], []
-        self.left = self.REPROBE
-        return self.choice, False
-
-    def took(self, pooled, seconds):
-        self.times[pooled].append(seconds)
-
-    def describe(self):
-        if self.threads <= 1:
-            return ''
-        if self.choice is None:
-            return '; measuring split against whole'
-        return '; %s (median %.3g ms split, %.3g ms whole, measured)' % (
-            'split across threads' if self.choice else
-            'not split: one thread was faster here',
-            self.medians[0] * 1e3, self.medians[1] * 1e3)
-
-
 class _Capture(object):
 
     def __init__(self, threads, min_split, block, quiet_blas):
@@ -258,7 +204,7 @@ class _Capture(object):
         self.reasons = collections.OrderedDict()
         self.last = None             # (structure, variant)
         self._class_reasons = {}
-        self.split = _SplitChoice(threads)
+        self.split = parallel.SplitChoice(threads)
 
     def __deepcopy__(self, memo):
         return _Capture(self.threads, self.min_split, self.block,

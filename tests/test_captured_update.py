@@ -525,7 +525,7 @@ def test_split_or_not_is_measured_and_the_faster_kept():
     whichever ran faster over its first steps (up to 4 of each,
     alternating; 2 of each where every time of one is below every time of
     the other), and measures again every 500 steps."""
-    from static_graph.update import _SplitChoice
+    from schedules.parallel import SplitChoice as _SplitChoice
     c = _SplitChoice(2)
     seen = []
     times = {True: [1.0, 2.5, 1.2, 1.1], False: [2.0, 1.5, 2.2, 2.1]}

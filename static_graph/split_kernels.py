@@ -1,0 +1,97 @@
+"""Large element-wise kernels that write in place, split across threads.
+
+A kernel of lowering.DONATING that computes each element of its result
+from the same element of its operands (ReLU, ReLUGrad2, Add of two arrays
+of one shape) and writes it into one of them gives the same bits run on
+slices: each thread takes a contiguous range along one axis of every
+operand (views, whatever their memory layout), NumPy's loops release the
+GIL, and the result is the input it wrote into, as unsplit. Whether a
+kernel splits is measured per kernel (``schedules.parallel.SplitChoice``:
+split and whole alternate over its first calls, the faster is kept and
+measured again every few hundred calls), because another process may hold
+the other core, or BLAS threads spin on it (``blas_idle``).
+
+Used by ``lowering.propose`` for ops of at least MIN_ELEMENTS elements
+where ``@static_graph(threads=...)`` allows more than one thread.
+"""
+import time
+
+import numpy
+
+from schedules import parallel
+
+MIN_ELEMENTS = 1 << 17
+SPLITTABLE = frozenset(('ReLU', 'ReLUGrad2', 'Add'))
+_DEFAULT_ERR = numpy.geterr()
+
+
+def threads_of(threads):
+    """The threads a schedule may use: the option, or the cores."""
+    return parallel.default_threads() if threads is None else int(threads)
+
+
+def split(kernel, kind, in_arrays, threads):
+    """``kernel`` (an in-place element-wise kernel of ``kind`` over
+    ``in_arrays`` as recorded), run across ``threads`` threads where that
+    is possible and may pay; else ``kernel`` itself."""
+    if kernel is None or kind not in SPLITTABLE:
+        return kernel
+    threads = threads_of(threads)
+    if threads < 2:
+        return kernel
+    shape = in_arrays[kernel.aliases[0]].shape
+    if any(type(a) is not numpy.ndarray or a.shape != shape
+           for a in in_arrays) or numpy.prod(shape) < MIN_ELEMENTS:
+        return kernel
+    axis = next((i for i, n in enumerate(shape) if n >= threads), None)
+    if axis is None:
+        return kernel
+    return _Split(kernel, kernel.aliases[0], axis, shape[axis], threads)
+
+
+class _Split(object):
+    """The kernel, split along ``axis`` into ``threads`` contiguous
+    ranges where its measured choice says so."""
+
+    def __init__(self, kernel, alias, axis, n, threads):
+        self.kernel = kernel
+        self.aliases = kernel.aliases
+        self.workspace = getattr(kernel, 'workspace', None)
+        self.__name__ = getattr(kernel, '__name__', 'kernel') + \
+            '_split%d' % threads
+        self.alias = alias
+        self.threads = threads
+        lead = (slice(None),) * axis
+        bounds = [n * w // threads for w in range(threads + 1)]
+        self.slices = [lead + (slice(lo, hi),)
+                       for lo, hi in zip(bounds, bounds[1:])]
+        self.choice = parallel.SplitChoice(threads)
+
+    def __call__(self, a):
+        pooled, measuring = self.choice.use_pool()
+        runner = None
+        if pooled:
+            runner = parallel.pool(self.threads)
+            if not runner.lock.acquire(blocking=False):
+                runner = None        # busy (another thread's kernel)
+        t0 = time.perf_counter()
+        try:
+            if runner is None:
+                out = self.kernel(a)
+            else:
+                kernel = self.kernel
+                parts = [[(kernel, ([x[s] for x in a],))]
+                         for s in self.slices]
+                err = numpy.geterr()
+                runner.run(parts, None if err == _DEFAULT_ERR else err)
+                out = (a[self.alias],)
+        finally:
+            if runner is not None:
+                runner.lock.release()
+        if measuring:
+            self.choice.took(runner is not None, time.perf_counter() - t0)
+        return out
+
+    def describe(self):
+        return 'split in %d along an axis%s' % (self.threads,
+                                                 self.choice.describe())

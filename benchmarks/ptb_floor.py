@@ -102,19 +102,11 @@ def gemm_window(n_units, batch=20, n_vocab=500, bptt=35, rounds=7):
     return out
 
 
-def step(model, opt, batch, times):
-    xs, ts, new_epoch = batch
+def step(case, model, opt, batch, times):
+    """The kit's training step (case.step), timed."""
     t0 = perf()
-    loss = 0
-    for x, t in zip(xs, ts):
-        loss += model(chainer.Variable(x), chainer.Variable(t))
-    model.cleargrads()
-    loss.backward()
-    loss.unchain_backward()
-    opt.update()
+    case.step(model, [opt], batch)
     times.append(perf() - t0)
-    if new_epoch:
-        model.predictor.reset_state()
 
 
 def measure(n_units, steps, warmup=3):
@@ -139,7 +131,7 @@ def measure(n_units, steps, warmup=3):
             numpy.random.seed(1000 + i)
             for k in _SPENT:
                 _SPENT[k] = 0.0
-            step(model, opt, common.copy_batch(batch), T[name])
+            step(case, model, opt, common.copy_batch(batch), T[name])
             if name == 'replay':
                 run = _SPENT['run']
                 ours.append(_SPENT['forward call'] +
@@ -157,7 +149,7 @@ def measure(n_units, steps, warmup=3):
             rng = numpy.random.get_state()
             _NULL[0] = True
             try:
-                step(model, opt, common.copy_batch(batch), T['outside'])
+                step(case, model, opt, common.copy_batch(batch), T['outside'])
             finally:
                 _NULL[0] = False
             for p, a in saved:

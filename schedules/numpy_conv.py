@@ -10,10 +10,15 @@ written only where a tap falls on the padding; none beyond a transpose for
 same bits in the same memory layout.
 
 Grouped convolutions build ``(C, kh, kw, N, oh, ow)`` the same way and make
-the same ``matmul`` call. No dilation, no ``cover_all``.
+the same ``matmul`` call. No dilation, no ``cover_all``. Given a
+``parallel.Ranges`` over the batch, the im2col taps and col2im's sums are
+made for parts of the batch on several threads: copies, and each pixel's
+terms added in the same order, so the same bits.
 """
 import numpy
 from numpy.lib.stride_tricks import as_strided
+
+from schedules import parallel
 
 
 def out_size(size, k, s, p):
@@ -134,9 +139,11 @@ def _padded(x, ph, pw):
     return img
 
 
-def col_rows(x, kh, kw, sy, sx, ph, pw):
+def col_rows(x, kh, kw, sy, sx, ph, pw, ranges=None):
     """The im2col matrix of x as ``tensordot`` lays it out: C-contiguous
-    ``(N*oh*ow, C*kh*kw)``, row (n, y, x), column (c, ky, kx)."""
+    ``(N*oh*ow, C*kh*kw)``, row (n, y, x), column (c, ky, kx). ranges: a
+    ``parallel.Ranges`` over N that may fill the taps of parts of the
+    batch on several threads (copies: the same matrix)."""
     n, c, h, w = x.shape
     oh, ow = out_size(h, kh, sy, ph), out_size(w, kw, sx, pw)
     if kh == 1 and kw == 1 and not ph and not pw:
@@ -152,14 +159,17 @@ def col_rows(x, kh, kw, sy, sx, ph, pw):
                        (s[0], s[2] * sy, s[3] * sx, s[1], s[2], s[3]))
         return numpy.ascontiguousarray(v).reshape(n * oh * ow, c * kh * kw)
     buf = numpy.empty((n, oh, ow, c, kh, kw), dtype=x.dtype)
-    for j in range(kh):
-        for i in range(kw):
-            _fill_tap(buf[:, :, :, :, j, i].transpose(0, 3, 1, 2), x, j, i,
-                      sy, sx, ph, pw)
+
+    def taps(lo, hi):
+        for j in range(kh):
+            for i in range(kw):
+                _fill_tap(buf[lo:hi, :, :, :, j, i].transpose(0, 3, 1, 2),
+                          x[lo:hi], j, i, sy, sx, ph, pw)
+    parallel.run_ranges(ranges, taps, n)
     return buf.reshape(n * oh * ow, c * kh * kw)
 
 
-def conv2d(x, W, b, sy, sx, ph, pw, out=None):
+def conv2d(x, W, b, sy, sx, ph, pw, out=None, ranges=None):
     """y = conv(x, W) + b as ``(N, oc, oh, ow)``, a view of a contiguous
     ``(N, oh, ow, oc)`` array (the layout Chainer's CPU path returns).
     out: a C-contiguous array of y's size and dtype whose memory that
@@ -167,7 +177,7 @@ def conv2d(x, W, b, sy, sx, ph, pw, out=None):
     n, _, h, w = x.shape
     oc, c, kh, kw = W.shape
     oh, ow = out_size(h, kh, sy, ph), out_size(w, kw, sx, pw)
-    at = col_rows(x, kh, kw, sy, sx, ph, pw)
+    at = col_rows(x, kh, kw, sy, sx, ph, pw, ranges)
     bt = W.transpose(1, 2, 3, 0).reshape(c * kh * kw, oc)
     if out is not None and out.dtype == at.dtype == bt.dtype and \
             out.flags.c_contiguous and out.size == n * oh * ow * oc:
@@ -180,7 +190,7 @@ def conv2d(x, W, b, sy, sx, ph, pw, out=None):
     return numpy.rollaxis(y, 3, 1)
 
 
-def conv2d_grad_w(x, gy, kh, kw, sy, sx, ph, pw, w_dtype):
+def conv2d_grad_w(x, gy, kh, kw, sy, sx, ph, pw, w_dtype, ranges=None):
     """dL/dW of conv2d from its input x and output gradient gy."""
     oc = gy.shape[1]
     c = x.shape[1]
@@ -188,7 +198,7 @@ def conv2d_grad_w(x, gy, kh, kw, sy, sx, ph, pw, w_dtype):
             1 in gy.shape:
         gy = numpy.ascontiguousarray(gy)   # as Chainer does (numpy#2744)
     at = gy.transpose(1, 0, 2, 3).reshape(oc, -1)
-    bt = col_rows(x, kh, kw, sy, sx, ph, pw)
+    bt = col_rows(x, kh, kw, sy, sx, ph, pw, ranges)
     return numpy.dot(at, bt).reshape(oc, c, kh, kw).astype(w_dtype,
                                                            copy=False)
 
@@ -200,7 +210,7 @@ def deconv_fills(k, sy, sx, ph, pw):
     return tuple(k) == (1, 1) and (sy, sx, ph, pw) == (1, 1, 0, 0)
 
 
-def _col2im(col, sy, sx, ph, pw, h, w, out=None):
+def _col2im(col, sy, sx, ph, pw, h, w, out=None, ranges=None):
     n, c, kh, kw, oh, ow = col.shape
     if (kh, kw, sy, sx, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, w):
         # Every pixel gets exactly one term: 0 + v, without the zero fill.
@@ -213,19 +223,26 @@ def _col2im(col, sy, sx, ph, pw, h, w, out=None):
         return img
     img = numpy.zeros((n, c, h + 2 * ph + sy - 1, w + 2 * pw + sx - 1),
                       dtype=col.dtype)
-    for j in range(kh):
-        for i in range(kw):
-            img[:, :, j:j + sy * oh:sy, i:i + sx * ow:sx] += col[:, :, j, i]
+
+    def add_taps(lo, hi):
+        # Each pixel's terms in the same order (tap after tap) whatever
+        # part of the batch a thread takes.
+        for j in range(kh):
+            for i in range(kw):
+                img[lo:hi, :, j:j + sy * oh:sy, i:i + sx * ow:sx] += \
+                    col[lo:hi, :, j, i]
+    parallel.run_ranges(ranges, add_taps, n)
     return img[:, :, ph:h + ph, pw:w + pw]
 
 
-def deconv2d(x, W, sy, sx, ph, pw, outh, outw, out=None):
+def deconv2d(x, W, sy, sx, ph, pw, outh, outw, out=None, ranges=None):
     """Transposed convolution (the input gradient of conv2d) without bias:
     the same tensordot and the same accumulation order as Chainer's CPU
     path; a 1x1, stride-1 one skips the zero fill (and writes into
     ``out`` where given, see ``deconv_fills``)."""
     gcol = numpy.tensordot(W, x, (0, 1)).astype(x.dtype, copy=False)
-    return _col2im(numpy.rollaxis(gcol, 3), sy, sx, ph, pw, outh, outw, out)
+    return _col2im(numpy.rollaxis(gcol, 3), sy, sx, ph, pw, outh, outw, out,
+                   ranges)
 
 
 def col_groups(x, kh, kw, sy, sx, ph, pw):

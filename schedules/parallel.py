@@ -12,10 +12,12 @@ for the others once (one barrier per phase, not one per op).
 import os
 import queue
 import threading
+import time
 
 import numpy
 
 ALIGN = 16   # chunk boundaries fall on multiples of this many elements
+_DEFAULT_ERR = numpy.geterr()
 
 
 def default_threads():
@@ -280,3 +282,48 @@ class SplitChoice(object):
             'split across threads' if self.choice else
             'not split: one thread was faster here',
             self.medians[0] * 1e3, self.medians[1] * 1e3)
+
+
+class Ranges(object):
+    """Runs ``fn(lo, hi)`` over ``[0, n)``: whole, or as ``threads``
+    contiguous ranges on the shared pool, whichever measures faster
+    (``SplitChoice``). For work whose every element is computed alone
+    (copies, element-wise sums in a fixed order per element), so that the
+    split changes no bit."""
+
+    def __init__(self, threads, n):
+        self.threads = threads
+        self.n = n
+        bounds = [n * w // threads for w in range(threads + 1)]
+        self.parts = list(zip(bounds, bounds[1:]))
+        self.choice = SplitChoice(threads)
+
+    def __call__(self, fn):
+        pooled, measuring = self.choice.use_pool()
+        runner = None
+        if pooled:
+            runner = pool(self.threads)
+            if not runner.lock.acquire(blocking=False):
+                runner = None        # busy with another split
+        t0 = time.perf_counter()
+        try:
+            if runner is None:
+                fn(0, self.n)
+            else:
+                err = numpy.geterr()
+                runner.run([[(fn, part)] for part in self.parts],
+                           None if err == _DEFAULT_ERR else err)
+        finally:
+            if runner is not None:
+                runner.lock.release()
+        if measuring:
+            self.choice.took(runner is not None, time.perf_counter() - t0)
+
+
+def run_ranges(ranges, fn, n):
+    """``ranges(fn)`` where given (a ``Ranges`` over ``n``), else
+    ``fn(0, n)``."""
+    if ranges is None or ranges.n != n:
+        fn(0, n)
+    else:
+        ranges(fn)

@@ -39,7 +39,19 @@ def _same_col_layout(node, x, kh, kw, oh, ow):
     return numpy_conv.matches_tensordot(n, c, kh, kw, oh, ow, node.groups)
 
 
-def _convolution_2d(rop, node, xs):
+def _batch_ranges(threads, x, col_elements):
+    """A ``parallel.Ranges`` over x's batch for a convolution whose im2col
+    (or col2im) array has ``col_elements`` elements, where it may be split
+    across threads; else None."""
+    from schedules import parallel
+    threads = split_kernels.threads_of(threads)
+    if threads < 2 or x.shape[0] < threads or \
+            col_elements < split_kernels.MIN_ELEMENTS:
+        return None
+    return parallel.Ranges(threads, x.shape[0])
+
+
+def _convolution_2d(rop, node, xs, threads=1):
     from schedules import numpy_conv
     if not _plain_conv(node, xs) or xs[1].dtype != xs[0].dtype:
         return None
@@ -56,18 +68,22 @@ def _convolution_2d(rop, node, xs):
             return lambda a: (grouped(a[0], a[1], None, g, sy, sx, ph, pw),)
         return lambda a: (grouped(a[0], a[1], a[2], g, sy, sx, ph, pw),)
     conv2d = numpy_conv.conv2d
+    n, c = xs[0].shape[:2]
+    r = _batch_ranges(threads, xs[0], n * c * kh * kw * oh * ow)
 
     def into(a, o):
         return conv2d(a[0], a[1], a[2] if len(a) > 2 else None,
-                      sy, sx, ph, pw, out=o[0]),
+                      sy, sx, ph, pw, out=o[0], ranges=r),
     if len(xs) == 2:
         return _with_into(
-            lambda a: (conv2d(a[0], a[1], None, sy, sx, ph, pw),), into)
+            lambda a: (conv2d(a[0], a[1], None, sy, sx, ph, pw, ranges=r),),
+            into)
     return _with_into(
-        lambda a: (conv2d(a[0], a[1], a[2], sy, sx, ph, pw),), into)
+        lambda a: (conv2d(a[0], a[1], a[2], sy, sx, ph, pw, ranges=r),),
+        into)
 
 
-def _convolution_2d_grad_w(rop, node, xs):
+def _convolution_2d_grad_w(rop, node, xs, threads=1):
     from schedules import numpy_conv
     if not _plain_conv(node, xs) or node.w_layout is not None or \
             not _same_col_layout(node, xs[0], node.kh, node.kw,
@@ -80,23 +96,30 @@ def _convolution_2d_grad_w(rop, node, xs):
         args = (node.groups,) + args
         return lambda a: (grouped(a[0], a[1], *args),)
     grad_w = numpy_conv.conv2d_grad_w
-    return lambda a: (grad_w(a[0], a[1], *args),)
+    n, c = xs[0].shape[:2]
+    r = _batch_ranges(threads, xs[0],
+                      n * c * node.kh * node.kw * xs[1].shape[2] *
+                      xs[1].shape[3])
+    return lambda a: (grad_w(a[0], a[1], *args, ranges=r),)
 
 
-def _deconvolution_2d(rop, node, xs):
+def _deconvolution_2d(rop, node, xs, threads=1):
     from schedules import numpy_conv
     if len(xs) != 2 or not _plain_conv(node, xs) or node.groups != 1 or \
             xs[1].dtype != xs[0].dtype or node.outh is None:
         return None
     args = (node.sy, node.sx, node.ph, node.pw, node.outh, node.outw)
     deconv2d = numpy_conv.deconv2d
-    kernel = lambda a: (deconv2d(a[0], a[1], *args),)  # NOQA
+    # (its col2im array: W's in-channels, kh, kw and x's N, h, w)
+    r = _batch_ranges(threads, xs[0], xs[0].shape[0] * xs[0].shape[2] *
+                      xs[0].shape[3] * xs[1][0].size)
+    kernel = lambda a: (deconv2d(a[0], a[1], *args, ranges=r),)  # NOQA
     if not numpy_conv.deconv_fills(xs[1].shape[2:], *args[:4]) or \
             tuple(xs[0].shape[2:]) != args[4:]:
         return kernel    # its result is a view into a padded array
 
     def into(a, o):
-        return deconv2d(a[0], a[1], *args, out=o[0]),
+        return deconv2d(a[0], a[1], *args, out=o[0], ranges=r),
     return _with_into(kernel, into)
 
 
@@ -242,6 +265,13 @@ FAST = {
     'Tanh': ew.for_tanh,
     'TanhGrad': ew.for_tanh_grad,
 }
+
+
+# FAST factories that take the threads a kernel may split its batch across
+# (numpy_conv's im2col taps and col2im sums).
+for _factory in (_convolution_2d, _convolution_2d_grad_w, _deconvolution_2d):
+    _factory.batch_split = True
+del _factory
 
 
 # Kernels that write their result into an input that dies with the op
@@ -524,7 +554,11 @@ def propose(rop, in_arrays, donated=(), threads=1):
         prefix = 'numpy_inplace_'
     if kernel is None and rop.kind in FAST and (
             not rop.rebind or rop.kind in REBINDING):
-        kernel = FAST[rop.kind](rop, rop.node, in_arrays)
+        factory = FAST[rop.kind]
+        if getattr(factory, 'batch_split', False):
+            kernel = factory(rop, rop.node, in_arrays, threads)
+        else:
+            kernel = factory(rop, rop.node, in_arrays)
         prefix = 'numpy_'
     if kernel is not None and kernel.__name__ in ('<lambda>', 'kernel'):
         kernel.__name__ = prefix + rop.kind   # for printouts

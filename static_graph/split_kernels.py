@@ -14,15 +14,12 @@ the other core, or BLAS threads spin on it (``blas_idle``).
 Used by ``lowering.propose`` for ops of at least MIN_ELEMENTS elements
 where ``@static_graph(threads=...)`` allows more than one thread.
 """
-import time
-
 import numpy
 
 from schedules import parallel
 
 MIN_ELEMENTS = 1 << 17
 SPLITTABLE = frozenset(('ReLU', 'ReLUGrad2', 'Add'))
-_DEFAULT_ERR = numpy.geterr()
 
 
 def threads_of(threads):
@@ -51,7 +48,7 @@ def split(kernel, kind, in_arrays, threads):
 
 class _Split(object):
     """The kernel, split along ``axis`` into ``threads`` contiguous
-    ranges where its measured choice says so."""
+    ranges where its measured choice says so (``parallel.Ranges``)."""
 
     def __init__(self, kernel, alias, axis, n, threads):
         self.kernel = kernel
@@ -60,38 +57,18 @@ class _Split(object):
         self.__name__ = getattr(kernel, '__name__', 'kernel') + \
             '_split%d' % threads
         self.alias = alias
-        self.threads = threads
-        lead = (slice(None),) * axis
-        bounds = [n * w // threads for w in range(threads + 1)]
-        self.slices = [lead + (slice(lo, hi),)
-                       for lo, hi in zip(bounds, bounds[1:])]
-        self.choice = parallel.SplitChoice(threads)
+        self.lead = (slice(None),) * axis
+        self.ranges = parallel.Ranges(threads, n)
+
+    @property
+    def choice(self):
+        return self.ranges.choice
 
     def __call__(self, a):
-        pooled, measuring = self.choice.use_pool()
-        runner = None
-        if pooled:
-            runner = parallel.pool(self.threads)
-            if not runner.lock.acquire(blocking=False):
-                runner = None        # busy (another thread's kernel)
-        t0 = time.perf_counter()
-        try:
-            if runner is None:
-                out = self.kernel(a)
-            else:
-                kernel = self.kernel
-                parts = [[(kernel, ([x[s] for x in a],))]
-                         for s in self.slices]
-                err = numpy.geterr()
-                runner.run(parts, None if err == _DEFAULT_ERR else err)
-                out = (a[self.alias],)
-        finally:
-            if runner is not None:
-                runner.lock.release()
-        if measuring:
-            self.choice.took(runner is not None, time.perf_counter() - t0)
-        return out
+        kernel, lead = self.kernel, self.lead
 
-    def describe(self):
-        return 'split in %d along an axis%s' % (self.threads,
-                                                 self.choice.describe())
+        def part(lo, hi):
+            s = lead + (slice(lo, hi),)
+            kernel([x[s] for x in a])
+        self.ranges(part)
+        return (a[self.alias],)

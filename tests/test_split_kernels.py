@@ -1,6 +1,7 @@
-"""Large in-place element-wise kernels split across threads
-(static_graph/split_kernels.py): the same bits with 1, 2 and 4 threads,
-split or not, as define-by-run."""
+"""Large in-place element-wise kernels, and convolutions' im2col and
+col2im, split across threads (static_graph/split_kernels.py,
+schedules/numpy_conv.py): the same bits with 1, 2 and 4 threads, split or
+not, as define-by-run."""
 import numpy
 import pytest
 
@@ -26,7 +27,7 @@ class Block(chainer.Chain):
     def forward(self, x):
         h = F.relu(self.c1(x))
         h = F.relu(self.c2(h) + h)
-        return F.sum(h * h)
+        return F.mean(h * h)
 
 
 def _splits(chain):
@@ -42,16 +43,24 @@ def _splits(chain):
 @pytest.fixture
 def always_split(monkeypatch):
     """Every split kernel takes the split path on every call (not only
-    where it measured faster)."""
+    where it measured faster); returns the names of the functions run
+    split."""
     monkeypatch.setattr(parallel.SplitChoice, 'use_pool',
                         lambda self: (self.threads > 1, False))
+    ran = set()
+    call = parallel.Ranges.__call__
+
+    def recording_call(self, fn):
+        ran.add(fn.__name__)
+        return call(self, fn)
+    monkeypatch.setattr(parallel.Ranges, '__call__', recording_call)
+    return ran
 
 
 @pytest.mark.parametrize('threads', [1, 2, 4])
 @pytest.mark.parametrize('forced', [False, True])
 def test_split_kernels_give_define_by_runs_bits(threads, forced, request):
-    if forced:
-        request.getfixturevalue('always_split')
+    ran = request.getfixturevalue('always_split') if forced else None
     a, b = static_twins(Block, threads=threads)
     oa, ob = chainer.optimizers.SGD(0.01), chainer.optimizers.SGD(0.01)
     oa.setup(a)
@@ -65,7 +74,18 @@ def test_split_kernels_give_define_by_runs_bits(threads, forced, request):
             loss.backward()
             o.update()
         compare_chains(a, b, rtol=0, atol=0, grads=True)
+        # (a live network: the backward's kernels get nonzero gradients)
+        assert numpy.count_nonzero(b.c1.W.grad) == b.c1.W.size
     assert stats(b).replays == 7
+    # The NumPy convolution kernels passed their first-replay check (a
+    # split that changed a bit would leave the node's own kernel).
+    entry = next(iter(stats(b).entries.values()))
+    kernels = dict((op.kind, getattr(op.fn, '__name__', None))
+                   for run in (entry.run_forward, entry.run_backward)
+                   for op in run.schedule.ops)
+    for kind in ('Convolution2DFunction', 'Convolution2DGradW',
+                 'Deconvolution2DFunction'):
+        assert kernels[kind] == 'numpy_' + kind, kernels
     splits = _splits(b)
     if threads == 1:
         assert splits == []
@@ -77,6 +97,9 @@ def test_split_kernels_give_define_by_runs_bits(threads, forced, request):
         if forced:   # each ran split, and took the pool
             assert all(s.choice.times == {True: [], False: []}
                        for s in splits)
+            # the element-wise kernels, the im2col taps of the second
+            # convolution (16 channels) and its input gradient's col2im
+            assert ran == {'part', 'taps', 'add_taps'}, ran
 
 
 def test_small_or_broadcast_kernels_are_not_split():

@@ -60,6 +60,12 @@ def parse_args(argv=None):
                    help='capture CUDA graphs (or, on NumPy, the stand-in '
                         'of tests/fake_cuda_graph.py) at the first compiled '
                         'run, so that short call patterns reach them')
+    p.add_argument('--split-all', action='store_true',
+                   help='split every kernel that can be split across '
+                        'threads (static_graph/split_kernels.py), however '
+                        'small, on every call (not only where it measures '
+                        'faster); small ops then get their kernels when '
+                        'built, as large ones do')
     p.add_argument('--quiet', action='store_true',
                    help='print only the summary and the minimal examples')
     return p.parse_args(argv)
@@ -106,6 +112,14 @@ def main(argv=None):
         if args.device is None:
             from tests import fake_cuda_graph
             graphs.set_backend(fake_cuda_graph.FakeBackend())
+    if args.split_all:
+        from schedules import parallel
+        from static_graph import lower_pass
+        from static_graph import split_kernels
+        split_kernels.MIN_ELEMENTS = 0
+        lower_pass._DEFER_LOWERING_BYTES = -1
+        parallel.SplitChoice.use_pool = \
+            lambda self: (self.threads > 1, False)
     if args.device is not None:
         import chainer
         chainer.get_device(args.device).use()

@@ -25,7 +25,7 @@ DEFAULT_WARN_RETRACE = 8
 # Every RECORDING_WINDOW recordings of new keys, a method that replayed
 # fewer than REPLAYS_PER_RECORDING times per such recording in that window
 # records a new key only at its SIGHTINGS-th call (Cache.must_repeat).
-RECORDING_WINDOW = 4
+RECORDING_WINDOW = 8
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
 

@@ -146,12 +146,10 @@ def test_warn_retrace_repeats_at_doubling_counts():
 
 
 def test_keys_that_do_not_repeat_stop_recording():
-    """After 4 recordings of new keys with fewer than 3 replays each, a
+    """After 8 recordings of new keys with fewer than 3 replays each, a
     new key runs define-by-run (at its speed, with its numbers) until its
     third call, which records: warned once and shown by explain(). A
     method whose keys repeat keeps recording new keys at once."""
-    from static_graph.cache import RECORDING_WINDOW
-    assert RECORDING_WINDOW == 4
     a, b = make_twins(mlp)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
@@ -162,10 +160,9 @@ def test_keys_that_do_not_repeat_stop_recording():
             compare_chains(a, b, rtol=0, atol=0)
     c = cache(b)
     assert (c.recordings, c.replays, c.fallback_calls) == \
-        (4, 0, 26)
+        (8, 0, 22)
     gave_up = [w for w in caught if 'keys do not repeat' in str(w.message)]
     assert len(gave_up) == 1
-    assert 'the last 4 new keys' in str(gave_up[0].message)
     assert 'keys do not repeat' in static_graph.explain(b)
     # A key that does repeat records at its third call, then replays.
     x = data(40, 3)
@@ -173,15 +170,15 @@ def test_keys_that_do_not_repeat_stop_recording():
         step(a, x)
         step(b, x)
         compare_chains(a, b, rtol=0, atol=0)
-    assert (c.recordings, c.replays, c.fallback_calls) == (5, 2, 28)
+    assert (c.recordings, c.replays, c.fallback_calls) == (9, 2, 24)
 
-    # 4 shapes, each used 4 times: 12 replays in the first window; then
+    # 8 shapes, each used 4 times: 24 replays in the first window; then
     # new keys record at once.
     a, b = make_twins(mlp)
-    for n in list(range(1, 5)) * 4 + list(range(5, 9)):
+    for n in list(range(1, 9)) * 4 + list(range(9, 17)):
         step(b, data(n, 3))
     c = cache(b)
-    assert c.probation is None and (c.recordings, c.replays) == (8, 12)
+    assert c.probation is None and (c.recordings, c.replays) == (16, 24)
 
 
 def test_warn_retrace_names_a_changed_config_flag():
@@ -846,3 +843,37 @@ def test_a_call_let_go_once_records_again_and_replays():
         compare_chains(a, b, rtol=0, atol=0)
     c = cache(b)
     assert (c.recordings, c.replays, c.fallback_calls) == (2, 2, 0)
+
+
+@pytest.mark.xfail(strict=True, reason='known bug, open: a parameter\'s '
+                   'gradient summed over a recording call (its one node) and '
+                   'a define-by-run call of the same backward, on top of a '
+                   'gradient it already held, is summed in another order '
+                   'than define-by-run sums it (last bit)')
+def test_recording_and_define_by_run_calls_in_one_backward(monkeypatch):
+    """Found by the differential fuzzer (benchmarks/fuzz.py --exact, seed
+    11, with new keys put on probation after 4 recordings): a method that
+    reads a value (so each recording falls back), called twice per
+    backward ``(l1 + 2 * l2).backward()`` over two micro-batches. Under
+    probation the third call of the new key records while the fourth runs
+    define-by-run; W's gradient is then (old + g4) + g3 where
+    define-by-run makes (old + g3) + g4: the recording call is one node
+    of the lowest rank, so Chainer reaches it after the other call's
+    Linear."""
+    from static_graph import cache as cache_module
+    from tests import fuzz_grammar as G
+    monkeypatch.setattr(cache_module, 'RECORDING_WINDOW', 4)
+    monkeypatch.setattr(G, 'EXACT', True)
+    prog = G.Program(
+        'float32', (2,), 'ce', 2, ['self.out1 = L.Linear(2, 2)'],
+        ['h = chainer.as_variable(h)', 'if float(F.sum(h).array) > 0:',
+         '    h = F.relu(h)', 'else:', '    h = h * -0.5',
+         'y = self.out1(h)', 'loss = F.softmax_cross_entropy(y, t)'],
+        'loss,', ['linear'], 6)
+    S = G.Step
+    seq = [S('forward_only', 2, 1, False, None, None, 'array', False),
+           S('train', 2, 1, True, None, None, 'array', True),
+           S('eval', 2, 1, False, None, None, 'array', False),
+           S('train', 2, 1, False, 'sum', None, 'var', True),
+           S('train', 2, 2, False, 'sum', None, 'var_nograd', True)]
+    G.check_example(prog, seq, 0)

@@ -845,11 +845,12 @@ def test_a_call_let_go_once_records_again_and_replays():
     assert (c.recordings, c.replays, c.fallback_calls) == (2, 2, 0)
 
 
-@pytest.mark.xfail(strict=True, reason='known bug, open: a parameter\'s '
-                   'gradient summed over a recording call (its one node) and '
-                   'a define-by-run call of the same backward, on top of a '
-                   'gradient it already held, is summed in another order '
-                   'than define-by-run sums it (last bit)')
+@pytest.mark.xfail(strict=True, reason='design limit (docs/fallbacks.md, '
+                   'gradient sums whose order the caller decides): a '
+                   'parameter\'s gradient summed over a recording call (its '
+                   'one node) and a define-by-run call of the same backward, '
+                   'on top of a gradient it already held, is summed in '
+                   'another order than define-by-run sums it (last bit)')
 def test_recording_and_define_by_run_calls_in_one_backward(monkeypatch):
     """Found by the differential fuzzer (benchmarks/fuzz.py --exact, seed
     11, with new keys put on probation after 4 recordings): a method that

@@ -49,10 +49,11 @@ def static_graph(method=None, **options):
     cuda_graph: on CuPy, replay the forward and the backward each as one
         CUDA graph launch once they have run a few times, where the capture
         is faithful (default True; see ``explain``).
-    threads: how many threads a large element-wise kernel that writes in
-        place (ReLU, its gradient, Add) may be split across, where that
-        measures faster (default None: the cores this process may use; 1:
-        never split; see split_kernels.py).
+    threads: how many threads a large kernel may be split across, where
+        that measures faster: an element-wise one that writes in place
+        (ReLU, its gradient, Add), a convolution's im2col and col2im (by
+        batch). Default None: the cores this process may use; 1: never
+        split (split_kernels.py).
     """
     unknown = set(options) - {'cache_size', 'warn_retrace', 'recompute',
                               'plan_memory', 'cuda_graph', 'threads'}

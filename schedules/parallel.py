@@ -230,15 +230,14 @@ class Phases(object):
 
 
 class SplitChoice(object):
-    """Whether a step (of a captured update, or one element-wise kernel)
+    """Whether a step (of a captured update, or of one split kernel)
     splits its work across the threads: measured. Split and unsplit give
-    the same bits (an element-wise op computes each element alone), so the
-    faster is kept: up to PROBES steps of each,
-    alternating, then the one of lower median time, checked again every
-    REPROBE steps (another process may have taken the other core). Where
-    after EARLY steps of each every time of one is below every time of
-    the other, that one is kept at once (each probe of the slower costs a
-    step)."""
+    the same bits (each element is computed alone), so the faster is kept:
+    up to PROBES steps of each, alternating, then the one of lower median
+    time, checked again every REPROBE steps (another process may have
+    taken the other core). Where after EARLY steps of each every time of
+    one is below every time of the other, that one is kept at once (each
+    probe of the slower costs a step)."""
 
     PROBES = 4
     EARLY = 2

@@ -20,6 +20,13 @@ ALIGN = 16   # chunk boundaries fall on multiples of this many elements
 _DEFAULT_ERR = numpy.geterr()
 
 
+def caller_errstate():
+    """The calling thread's ``numpy.geterr()`` where it differs from the
+    default (for the workers to use too), else None."""
+    err = numpy.geterr()
+    return None if err == _DEFAULT_ERR else err
+
+
 def default_threads():
     """The cores this process may run on."""
     try:
@@ -272,6 +279,29 @@ class SplitChoice(object):
     def took(self, pooled, seconds):
         self.times[pooled].append(seconds)
 
+    def run(self, work, before_split=None):
+        """``work(runner)``, runner the shared pool (held for this call)
+        on a split step, None on a whole one (or where another split holds
+        the pool); timed where the step measures. ``before_split``: called
+        first on a split step. Returns what ``work`` returns."""
+        pooled, measuring = self.use_pool()
+        runner = None
+        if pooled:
+            if before_split is not None:
+                before_split()
+            runner = pool(self.threads)
+            if not runner.lock.acquire(blocking=False):
+                runner = None        # busy with another split: run alone
+        try:
+            t0 = time.perf_counter()
+            result = work(runner)
+            if measuring:
+                self.took(runner is not None, time.perf_counter() - t0)
+        finally:
+            if runner is not None:
+                runner.lock.release()
+        return result
+
     def describe(self):
         if self.threads <= 1:
             return ''
@@ -298,25 +328,13 @@ class Ranges(object):
         self.choice = SplitChoice(threads)
 
     def __call__(self, fn):
-        pooled, measuring = self.choice.use_pool()
-        runner = None
-        if pooled:
-            runner = pool(self.threads)
-            if not runner.lock.acquire(blocking=False):
-                runner = None        # busy with another split
-        t0 = time.perf_counter()
-        try:
+        def work(runner):
             if runner is None:
                 fn(0, self.n)
             else:
-                err = numpy.geterr()
                 runner.run([[(fn, part)] for part in self.parts],
-                           None if err == _DEFAULT_ERR else err)
-        finally:
-            if runner is not None:
-                runner.lock.release()
-        if measuring:
-            self.choice.took(runner is not None, time.perf_counter() - t0)
+                           caller_errstate())
+        self.choice.run(work)
 
 
 def run_ranges(ranges, fn, n):

@@ -29,7 +29,6 @@ give the plain Chainer optimizer.
 """
 import collections
 import itertools
-import time
 import threading
 
 import numpy
@@ -50,7 +49,6 @@ BLOCK = None           # a thread's whole chunk in one go (see capture_update)
 
 _KEY = '_static_graph_update'
 _uids = itertools.count()
-_DEFAULT_ERR = numpy.geterr()
 
 
 def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
@@ -422,26 +420,12 @@ class _Capture(object):
 
     def _run(self, opt, step):
         st, variant, whole, flat, scalars, news = step
-        runner = None
-        use_pool, measuring = self.split.use_pool()
-        if use_pool:
-            if self.quiet_blas:
-                blas_idle.quiet()
-            runner = parallel.pool(self.threads)
-            if not runner.lock.acquire(blocking=False):
-                runner = None        # busy with another update: run alone
-        try:
-            err = numpy.geterr()
-            errstate = None if err == _DEFAULT_ERR else err
-            opt.t += 1
-            t0 = time.perf_counter()
-            variant.run(whole, flat, scalars, runner, errstate)
-            if measuring:
-                self.split.took(runner is not None,
-                                time.perf_counter() - t0)
-        finally:
-            if runner is not None:
-                runner.lock.release()
+        errstate = parallel.caller_errstate()
+        opt.t += 1
+        self.split.run(
+            lambda runner: variant.run(whole, flat, scalars, runner,
+                                       errstate),
+            blas_idle.quiet if self.quiet_blas else None)
         for p, pnew in news:         # use_fp32_update: a new array
             p.array = pnew
         opt.update_loss_scale()

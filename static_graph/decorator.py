@@ -12,6 +12,7 @@ if compat.UNSUPPORTED is None:
     # the pass-through decorator below and never import it.
     from static_graph import capture
     from static_graph import entry as entry_module
+    from static_graph import nstep_loop
     from static_graph import recorder
     from static_graph import replay
     from static_graph import signature
@@ -112,7 +113,7 @@ def static_graph(method=None, **options):
         cache = cache_module.cache_for(self, name, opts)
         if cache.define_by_run is not None:
             cache.fallback_calls += 1
-            return method(self, *args, **kwargs)
+            return _define_by_run(method, self, args, kwargs)
         try:
             _check_backends()
             spec, leaves, paths = signature.flatten(arg_names, args, kwargs)
@@ -121,7 +122,7 @@ def static_graph(method=None, **options):
                 (type(self), name, str(e)),
                 '%s.%s runs define-by-run: %s' % (type(self).__name__, name,
                                                   e))
-            return method(self, *args, **kwargs)
+            return _define_by_run(method, self, args, kwargs)
         if cache.state_slots:
             # Recurrent state the links hold: its presence and shape decide
             # which ops run (L.LSTM after reset_state() has no h).
@@ -132,25 +133,25 @@ def static_graph(method=None, **options):
         if e is None:
             if cache.family_fallback(key) is not None:
                 cache.fallback_calls += 1
-                return method(self, *args, **kwargs)
+                return _define_by_run(method, self, args, kwargs)
             if cache.forward_only and key in cache.forward_only:
                 diagnostics.warn_once(
                     (type(self), name, 'forward only', key),
                     '%s.%s runs define-by-run for this call signature: %s'
                     % (type(self).__name__, name, cache.forward_only[key]))
                 cache.fallback_calls += 1
-                return method(self, *args, **kwargs)
+                return _define_by_run(method, self, args, kwargs)
             if cache.must_repeat(key) is not None:
                 diagnostics.warn_once(
                     (type(self), name, 'must repeat'),
                     '%s.%s: %s' % (type(self).__name__, name,
                                    cache.probation))
                 cache.fallback_calls += 1
-                return method(self, *args, **kwargs)
+                return _define_by_run(method, self, args, kwargs)
         else:
             if e.state == entry_module.FALLBACK:
                 cache.fallback_calls += 1
-                return method(self, *args, **kwargs)
+                return _define_by_run(method, self, args, kwargs)
             if e.state == entry_module.COMPLETE:
                 if e.recheck is None and e.matches(self):
                     cache.replays += 1
@@ -179,6 +180,13 @@ def static_graph(method=None, **options):
 
     wrapper.__static_graph__ = True
     return wrapper
+
+
+def _define_by_run(method, self, args, kwargs):
+    """A call the library runs define-by-run: as written, except that an
+    NStep LSTM it calls runs as one node (nstep_loop: the same bits)."""
+    with nstep_loop.fused():
+        return method(self, *args, **kwargs)
 
 
 def _check_backends():

@@ -1,0 +1,480 @@
+"""An NStep LSTM run as one node: Chainer's unrolled loop, without the graph.
+
+Chainer's CPU ``n_step_lstm`` unrolls the recurrence into about a dozen
+FunctionNodes per layer and time step (the gate weights stacked again at
+every step, two linears, an add, the LSTM cell, a split and a concat where
+the batch shrinks), and its backward walks all of them. The op list follows
+the lengths of the batch, so a schedule recorded for one batch does not
+replay another; but the loop itself is the same for every batch.
+``NStepLSTMLoop`` is that loop as one FunctionNode: its forward runs the
+same NumPy operations on the same operands in the same order as the
+unrolled graph, and its backward the same gradient operations, adding
+each weight's contributions in the order Chainer's backward would reach
+the unrolled steps (highest rank first, then the order they joined its
+heap; the node computes the ranks those nodes would have), so the results
+are the same bits.
+
+Used for the define-by-run calls of a decorated method (``fused()``): a
+method whose keys do not repeat (sentences of new lengths in every batch)
+runs define-by-run, and its NStep LSTMs then cost one node each. Not where
+one node cannot give define-by-run's order: weights used twice before one
+backward (the first use of a link is only watched), a second-order
+gradient (raises), GRUs and plain RNNs (not built), CuPy.
+"""
+import contextlib
+import threading
+import warnings
+import weakref
+
+import numpy
+
+import chainer
+from chainer import function_node
+from chainer.functions.noise import dropout as dropout_module
+from chainer.functions.rnn import lstm as lstm_module
+from chainer.functions.rnn import n_step_lstm as n_step_lstm_module
+from chainer.functions.rnn import n_step_rnn as n_step_rnn_module
+
+from static_graph import diagnostics
+from static_graph import recorder
+
+_state = threading.local()
+_original_impl = n_step_rnn_module.n_step_rnn_impl
+_original_backprop = chainer._backprop._backprop_to_all
+_backwards = [0]     # backward passes run since the patches went in
+# Per NStep link, by id of its first weight (Parameters are unhashable):
+# [backward count at its last use, uses that came after a backward, whether
+# it was used twice before one, a weak reference to the weight]
+_uses = {}
+_GATE_ORDER = (2, 0, 1, 3)     # n_step_lstm._lstm's stacking of the gates
+
+
+def _stacked(ws):
+    """``_stack_weight``'s array: stack on axis 1, merge the first two
+    axes (a copy, then a view)."""
+    w = numpy.stack(ws, axis=1)
+    return w.reshape((w.shape[0] * w.shape[1],) + w.shape[2:])
+
+
+def _linear(x, w, b):
+    """LinearFunction's forward on these operands (its own calls)."""
+    if not (x.flags.c_contiguous or x.flags.f_contiguous) and 1 in x.shape:
+        x = numpy.ascontiguousarray(x)
+    y = numpy.empty((x.shape[0], w.shape[0]), dtype=x.dtype)
+    numpy.dot(x, w.T, out=y)
+    y += b
+    return y
+
+
+def _add(a, b):
+    """Chainer's sum of two gradients (``F.add``) where both exist."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+class _Loop(object):
+    """One direction of one layer: its stacked weights and, per step, what
+    its backward reads."""
+
+    def __init__(self, w):
+        self.xw = _stacked([w[i] for i in _GATE_ORDER])
+        self.hw = _stacked([w[4 + i] for i in _GATE_ORDER])
+        self.steps = []
+
+    def run(self, xs, h, c, xb, hb, x_ranks, h_rank, c_rank):
+        """``_one_directional_loop``'s forward; the h of every step, the
+        final h and c, and the ranks the unrolled graph's nodes would
+        have (``FunctionNode.rank``: one more than its inputs' highest)
+        for the h of every step."""
+        out, out_ranks = [], []
+        self.x_path_ranks = []
+        cell = lstm_module.LSTM()
+        for x, x_rank in zip(xs, x_ranks):
+            batch = len(x)
+            rest = len(h) - batch
+            if rest > 0:
+                h, h_rest = h[:batch], h[batch:]
+                c, c_rest = c[:batch], c[batch:]
+                h_rank += 1
+                c_rank += 1
+            gates = _linear(x, self.xw, xb) + _linear(h, self.hw, hb)
+            c_new, h_new = cell.forward((c, gates))
+            self.steps.append((x, h, c, gates, c_new, rest))
+            # (the stacked weights: Stack rank 1, Reshape rank 2)
+            x_path = max(x_rank, 2) + 1
+            self.x_path_ranks.append(x_path)
+            cell_rank = max(c_rank, max(x_path, max(h_rank, 2) + 1) + 1) + 1
+            out.append(h_new)
+            out_ranks.append(cell_rank)
+            if rest > 0:
+                h = numpy.concatenate([h_new, h_rest], axis=0)
+                c = numpy.concatenate([c_new, c_rest], axis=0)
+                h_rank = max(cell_rank, h_rank) + 1
+                c_rank = max(cell_rank, c_rank) + 1
+            else:
+                h, c = h_new, c_new
+                h_rank = c_rank = cell_rank
+        return out, h, c, out_ranks
+
+    def x_path_order(self, contributions):
+        """The steps' contributions to the input-side weights in the order
+        Chainer's backward reaches the steps' input Linears: highest rank
+        first, equal ranks latest step first (the order their Adds, whose
+        ranks rise with the steps, put them on its heap). ``contributions``
+        come latest step first."""
+        ranks = self.x_path_ranks
+        return sorted(contributions, key=lambda c: (-ranks[c[0]], -c[0]))
+
+    def backward(self, g_out, gh, gc, want_x, want_h0, want_w):
+        """Gradients of the loop's inputs from those of its outputs
+        (``g_out[k]``: of step k's h, None where none came; ``gh``, ``gc``:
+        of the final h and c, or None). Returns the gradients of the
+        steps' x (None where not wanted or none came), of the initial h
+        and c, and the weight contributions of the steps in the order
+        define-by-run reaches them (the last step first)."""
+        n = len(self.steps)
+        gxs = [None] * n
+        contributions = []
+        for k in range(n - 1, -1, -1):
+            x, h, c, gates, c_new, rest = self.steps[k]
+            batch = len(x)
+            if rest > 0:
+                # the step's Concat: its gradient split (views), if any
+                gh_rest = None if gh is None else gh[batch:]
+                gc_rest = None if gc is None else gc[batch:]
+                gh = None if gh is None else gh[:batch]
+                gc = None if gc is None else gc[:batch]
+            g_h_new = _add(g_out[k], gh)
+            gh_in = gc_in = None
+            if g_h_new is not None or gc is not None:
+                gc_in, g_gates = lstm_module.LSTMGrad().forward(
+                    (c, gates, c_new, gc, g_h_new))
+                if want_x:
+                    gxs[k] = g_gates.dot(self.xw).astype(
+                        g_gates.dtype, copy=False)
+                if k > 0 or want_h0:
+                    gh_in = g_gates.dot(self.hw).astype(
+                        g_gates.dtype, copy=False)
+                if want_w:
+                    # (each Linear sums its own bias gradient)
+                    contributions.append((
+                        k, g_gates.T.dot(x), g_gates.T.dot(h),
+                        numpy.asarray(g_gates.sum(axis=0)),
+                        numpy.asarray(g_gates.sum(axis=0))))
+            if rest > 0:
+                # the step's SplitAxis: zeros for a part with no gradient
+                gh = _joined(gh_in, gh_rest, h.shape, rest)
+                gc = _joined(gc_in, gc_rest, h.shape, rest)
+            else:
+                gh, gc = gh_in, gc_in
+        return gxs, gh, gc, contributions
+
+
+def _joined(g_head, g_rest, head_shape, rest):
+    if g_head is None and g_rest is None:
+        return None
+    if g_head is None:
+        g_head = numpy.zeros(head_shape, dtype=g_rest.dtype)
+    if g_rest is None:
+        g_rest = numpy.zeros((rest,) + head_shape[1:], dtype=g_head.dtype)
+    return numpy.concatenate([g_head, g_rest], axis=0)
+
+
+class NStepLSTMLoop(function_node.FunctionNode):
+    """``n_step_lstm``/``n_step_bilstm`` (Chainer's CPU path) as one node.
+    Inputs: hx, cx, the weights and biases of every layer and direction
+    (8 each, flat), then the time steps' inputs; outputs: hy, cy, then
+    the time steps' outputs."""
+
+    def __init__(self, n_layers, dropout_ratio, bi, train, ranks):
+        self.in_ranks = ranks      # hx's, cx's, and the steps' inputs'
+        self.n_layers = n_layers
+        self.dropout_ratio = dropout_ratio
+        self.bi = bi
+        self.train = train
+
+    @property
+    def label(self):
+        return 'NStepLSTMLoop'
+
+    def forward(self, inputs):
+        d = 2 if self.bi else 1
+        n = self.n_layers * d
+        hx, cx = inputs[0], inputs[1]
+        ws = [inputs[2 + 8 * i:10 + 8 * i] for i in range(n)]
+        bs = [inputs[2 + 8 * n + 8 * i:10 + 8 * n + 8 * i] for i in range(n)]
+        xs = inputs[2 + 16 * n:]
+        self._n_steps = len(xs)
+        self._loops = []
+        self._masks = []
+        hy, cy = [], []
+        xs_next = xs
+        hx_rank, cx_rank, ranks_next = self.in_ranks
+        for layer in range(self.n_layers):
+            layer_masks = []
+            for direction in range(d):
+                idx = d * layer + direction
+                in_ranks = ranks_next
+                if layer == 0:
+                    layer_in = xs_next
+                    layer_masks.append(None)
+                else:
+                    layer_in, masks = self._dropout(xs_next)
+                    layer_masks.append(masks)
+                    if masks is not None:
+                        in_ranks = [r + 1 for r in in_ranks]
+                if direction == 1:
+                    layer_in = layer_in[::-1]
+                    in_ranks = in_ranks[::-1]
+                b = bs[idx]
+                xb = _stacked([b[i] for i in _GATE_ORDER])
+                hb = _stacked([b[4 + i] for i in _GATE_ORDER])
+                loop = _Loop(ws[idx])
+                # (hx and cx reach the loops through Separate)
+                out, h, c, out_ranks = loop.run(
+                    layer_in, hx[idx], cx[idx], xb, hb, in_ranks,
+                    hx_rank + 1, cx_rank + 1)
+                self._loops.append(loop)
+                hy.append(h)
+                cy.append(c)
+                if direction == 0:
+                    h_forward, f_ranks = out, out_ranks
+                else:
+                    h_backward, b_ranks = out[::-1], out_ranks[::-1]
+            self._masks.append(layer_masks)
+            if self.bi:
+                xs_next = [numpy.concatenate([f, b], axis=1)
+                           for f, b in zip(h_forward, h_backward)]
+                ranks_next = [max(f, b) + 1 for f, b in zip(f_ranks, b_ranks)]
+            else:
+                xs_next, ranks_next = h_forward, f_ranks
+        self._widths = [h.shape[1] for h in hy]
+        return (numpy.stack(hy), numpy.stack(cy)) + tuple(xs_next)
+
+    def _dropout(self, xs):
+        """``_dropout_sequence``: a Dropout node per step while training
+        (its draws in the same order), the inputs themselves otherwise."""
+        if not self.train:
+            return list(xs), None
+        out, masks = [], []
+        for x in xs:
+            node = dropout_module.Dropout(self.dropout_ratio)
+            y, = node.forward((x,))
+            out.append(y)
+            masks.append(node.mask)
+        return out, masks
+
+    def backward_accumulate(self, target_input_indexes, grad_outputs,
+                            grad_inputs):
+        if chainer.config.enable_backprop:
+            raise NotImplementedError(
+                'a second-order gradient through an NStep LSTM that ran as '
+                'one NStepLSTMLoop node (static_graph fuses them in the '
+                'define-by-run calls of a decorated method): run the method '
+                "under chainer.using_config('use_static_graph', False)")
+        held = dict((i, g.array) for i, g in
+                    zip(target_input_indexes, grad_inputs) if g is not None)
+        grads = self._grads(target_input_indexes,
+                            [None if g is None else g.array
+                             for g in grad_outputs], held)
+        out = []
+        for i in target_input_indexes:
+            g = grads.get(i, held.get(i))
+            out.append(None if g is None else chainer.Variable(g))
+        return tuple(out)
+
+    def _grads(self, indexes, g_outputs, held):
+        """{input index: gradient} for ``indexes``; ``held``: gradients
+        the inputs held already, added where define-by-run adds them."""
+        d = 2 if self.bi else 1
+        n = self.n_layers * d
+        wanted = set(indexes)
+        ghy, gcy = g_outputs[0], g_outputs[1]
+        g_ys = g_outputs[2:]
+        first_x = 2 + 16 * n
+        want_xs = any(i >= first_x for i in wanted)
+        out = {}
+        h0 = [None] * n
+        c0 = [None] * n
+        # the gradient of each time step's output of the layer above
+        g_next = list(g_ys)
+        for layer in range(self.n_layers - 1, -1, -1):
+            g_in_layer = [None] * self._n_steps   # of the layer's inputs
+            for direction in range(d):
+                idx = d * layer + direction
+                loop = self._loops[idx]
+                if self.bi:
+                    w0 = self._widths[idx - direction]
+                    g_out = [None if g is None else
+                             (g[:, :w0] if direction == 0 else g[:, w0:])
+                             for g in g_next]
+                else:
+                    g_out = g_next
+                if direction == 1:
+                    g_out = g_out[::-1]
+                gxs, gh, gc, contributions = loop.backward(
+                    g_out, None if ghy is None else ghy[idx],
+                    None if gcy is None else gcy[idx],
+                    layer > 0 or want_xs, 0 in wanted, True)
+                h0[idx], c0[idx] = gh, gc
+                self._weight_grads(idx, contributions, out, held)
+                if direction == 1:
+                    gxs = gxs[::-1]
+                masks = self._masks[layer][direction]
+                for t, g in enumerate(gxs):
+                    if g is None:
+                        continue
+                    if masks is not None:
+                        g = g * masks[t]
+                    g_in_layer[t] = _add(g_in_layer[t], g)
+            g_next = g_in_layer
+        for t, g in enumerate(g_next):
+            i = first_x + t
+            if i in wanted and g is not None:
+                out[i] = g if i not in held else held[i] + g
+        for i, parts in ((0, h0), (1, c0)):
+            if i in wanted and any(g is not None for g in parts):
+                shape = self.inputs[i].shape[1:]
+                g = numpy.stack([
+                    numpy.zeros(shape, self.inputs[i].dtype) if g is None
+                    else g for g in parts])
+                out[i] = g if i not in held else held[i] + g
+        return out
+
+    def _weight_grads(self, idx, contributions, out, held):
+        """Each weight's and bias's gradient: its slice of the steps'
+        stacked gradients, added up the last step first (define-by-run's
+        order: the step nodes of one loop are reached latest first)."""
+        if not contributions:
+            return
+        n = self.n_layers * (2 if self.bi else 1)
+        w_base = 2 + 8 * idx
+        b_base = 2 + 8 * n + 8 * idx
+        x_order = self._loops[idx].x_path_order(contributions)
+        for part, base, offset, steps in (
+                (1, w_base, 0, x_order), (2, w_base, 4, contributions),
+                (3, b_base, 0, x_order), (4, b_base, 4, contributions)):
+            views = [_gate_views(c[part]) for c in steps]
+            for g, j in enumerate(_GATE_ORDER):
+                i = base + offset + j
+                total = held.get(i)
+                for v in views:
+                    total = v[g] if total is None else total + v[g]
+                out[i] = total
+
+
+def _gate_views(a):
+    """Stack's backward of ``_stack_weight``: the (4N, ...) gradient seen
+    as (N, 4, ...), one view per gate."""
+    v = a.reshape((a.shape[0] // 4, 4) + a.shape[1:])
+    return [v[:, g] for g in range(4)]
+
+
+def _usable(hx, cx, ws, bs, xs):
+    """Whether the loop node computes what the unrolled graph would here:
+    NumPy arrays of one float dtype, parameters that want gradients, the
+    lengths not increasing, no function hooks, no debug mode, no lazy
+    gradient sums, backprop as usual."""
+    if chainer.get_function_hooks() or chainer.is_debug() or \
+            getattr(chainer.config, 'lazy_grad_sum', False) or \
+            chainer.config.use_ideep != 'never':
+        return False
+    if hx is None or cx is None or not xs:
+        return False
+    flat = [v for group in ws for v in group] + \
+        [v for group in bs for v in group]
+    if any(not isinstance(v, chainer.Variable) or not v.requires_grad
+           for v in flat):
+        return False
+    arrays = [hx, cx] + flat + list(xs)
+    dtype = None
+    for a in arrays:
+        a = a.array if isinstance(a, chainer.Variable) else a
+        if type(a) is not numpy.ndarray or a.dtype.kind != 'f':
+            return False
+        if dtype is None:
+            dtype = a.dtype
+        elif a.dtype != dtype:
+            return False
+    sizes = [len(x) for x in xs]
+    return all(a >= b for a, b in zip(sizes, sizes[1:])) and \
+        sizes[0] <= hx.shape[1]
+
+
+def _rank(v):
+    return v.rank if isinstance(v, chainer.Variable) else 0
+
+
+def _once_per_backward(ws):
+    """Whether these NStep weights have been used once per backward so far
+    (at least once before, with a backward since each use), noting this
+    use. Weights used twice before one backward (a shared encoder, a
+    method called twice per loss) get contributions from two places,
+    which define-by-run adds step by step in an order one node per use
+    cannot give: their loops stay unrolled from then on."""
+    first = ws[0][0]
+    key = id(first)
+    use = _uses.get(key)
+    now = _backwards[0]
+    if use is None or use[3]() is not first:
+        _uses[key] = [now, 0, False, weakref.ref(
+            first, lambda _, key=key: _uses.pop(key, None))]
+        return False
+    if use[0] == now:
+        if not use[2] and use[1] > 0:
+            warnings.warn(
+                'static_graph: an NStep LSTM used once per backward until '
+                'now was used twice before one backward; the earlier use '
+                'ran as one node, so its weights\' gradients in this '
+                'backward can differ from define-by-run in the last bits. '
+                'Its loops stay unrolled from now on.',
+                diagnostics.StaticGraphWarning)
+        use[2] = True
+        return False
+    use[0] = now
+    use[1] += 1
+    return not use[2]
+
+
+def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
+    if f is not n_step_lstm_module._lstm:
+        return _original_impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
+                              use_bi_direction)
+    fuse = getattr(_state, 'active', False) and \
+        recorder.current() is None and _usable(hx, cx, ws, bs, xs)
+    if chainer.config.enable_backprop:
+        # (every use counts, fused or not)
+        fuse = _once_per_backward(ws) and fuse
+    if not fuse:
+        return _original_impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
+                              use_bi_direction)
+    node = NStepLSTMLoop(n_layers, dropout_ratio, use_bi_direction,
+                         bool(chainer.config.train),
+                         (_rank(hx), _rank(cx), [_rank(x) for x in xs]))
+    args = [hx, cx] + [v for group in ws for v in group] + \
+        [v for group in bs for v in group] + list(xs)
+    outs = node.apply(args)
+    return outs[0], outs[1], tuple(outs[2:])
+
+
+@contextlib.contextmanager
+def fused():
+    """NStep LSTMs called inside run as ``NStepLSTMLoop`` nodes (this
+    thread)."""
+    was = getattr(_state, 'active', False)
+    _state.active = True
+    if n_step_rnn_module.n_step_rnn_impl is not _impl:
+        n_step_rnn_module.n_step_rnn_impl = _impl
+        chainer._backprop._backprop_to_all = _counting_backprop
+    try:
+        yield
+    finally:
+        _state.active = was
+
+
+def _counting_backprop(*args, **kwargs):
+    _backwards[0] += 1
+    return _original_backprop(*args, **kwargs)

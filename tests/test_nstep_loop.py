@@ -1,0 +1,207 @@
+"""NStep LSTMs run as one node (static_graph/nstep_loop.py) in the
+define-by-run calls of decorated methods: the same bits as Chainer's
+unrolled loop, gradients included, in every configuration."""
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph import nstep_loop
+
+
+def _loop_node(hy):
+    node = hy.creator_node
+    while node is not None and type(node).__name__ == 'Permutate':
+        node = node.inputs[0].creator_node
+    return type(node).__name__ == 'NStepLSTMLoop'
+
+
+def _snapshot(a):
+    return None if a is None else (a.copy(), a.strides, a.dtype)
+
+
+def _same(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    return a[0].tobytes() == b[0].tobytes() and a[1:] == b[1:] and \
+        a[0].shape == b[0].shape
+
+
+def _train(cfg, seed, fused, steps=3):
+    n_layers, bi, lengths, outputs, hx_given, dropout, train, keep = cfg
+    numpy.random.seed(seed)
+    link = (L.NStepBiLSTM if bi else L.NStepLSTM)(n_layers, 5, 4, dropout)
+    emb = L.EmbedID(30, 5)
+    rs = numpy.random.RandomState(seed + 1)
+    numpy.random.seed(seed + 2)
+    seen, kinds = [], []
+    for s in range(steps):
+        if not keep or s == 0:
+            link.cleargrads()
+            emb.cleargrads()
+        xs = [rs.randint(0, 30, size=(n,)).astype(numpy.int32)
+              for n in lengths]
+        exs = [emb(x) for x in xs]
+        hx = None
+        if hx_given:
+            hx = chainer.Variable(rs.randn(
+                n_layers * (2 if bi else 1), len(lengths), 4).astype('f'))
+        with chainer.using_config('train', train):
+            if fused:
+                with nstep_loop.fused():
+                    hy, cy, ys = link(hx, hx, exs)
+            else:
+                hy, cy, ys = link(hx, hx, exs)
+        kinds.append(_loop_node(hy))
+        loss = 0
+        if 'h' in outputs:
+            loss = loss + F.sum(hy * hy)
+        if 'c' in outputs:
+            loss = loss + F.sum(cy * 0.5)
+        if 'y' in outputs:
+            loss = loss + F.sum(F.concat(ys, axis=0) ** 3)
+        loss.backward()
+        seen.append(_snapshot(loss.array))
+        if hx_given:
+            seen.append(_snapshot(hx.grad))
+        seen.extend(_snapshot(y.array) for y in ys)
+    seen.extend(_snapshot(p.grad) for p in link.params())
+    seen.extend(_snapshot(p.grad) for p in emb.params())
+    return seen, kinds
+
+
+def _configs(n):
+    rs = numpy.random.RandomState(0)
+    out = []
+    for _ in range(n):
+        lengths = list(rs.randint(1, 8, size=rs.randint(1, 6)))
+        outputs = [o for o in 'hcy' if rs.randint(2)] or ['h']
+        out.append((int(rs.randint(1, 4)), bool(rs.randint(2)),
+                    [int(v) for v in lengths], ''.join(outputs),
+                    bool(rs.randint(2)), float(rs.choice([0.0, 0.3])),
+                    bool(rs.randint(2)), bool(rs.randint(2))))
+    return out
+
+
+@pytest.mark.parametrize('cfg', _configs(24))
+def test_the_loop_node_gives_the_unrolled_loops_bits(cfg):
+    """Layers, both directions, lengths in any order (the link sorts
+    them), which outputs get gradients, given initial states, dropout
+    between layers, training or not, gradients accumulated over steps:
+    losses, outputs, every gradient (values, dtype and strides) equal."""
+    ours, kinds = _train(cfg, 3, True)
+    theirs, _ = _train(cfg, 3, False)
+    # The first use of a link is only noted; later ones run as one node.
+    assert kinds == [False, True, True]
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert _same(a, b), (cfg, i)
+
+
+def test_weights_used_twice_before_a_backward_stay_unrolled():
+    """A link used twice per loss (a shared encoder) gets contributions
+    from two places, which define-by-run interleaves step by step: its
+    loops stay unrolled, and the bits stay define-by-run's."""
+    def train(fused):
+        numpy.random.seed(0)
+        link = L.NStepLSTM(1, 3, 3, 0.0)
+        rs = numpy.random.RandomState(1)
+        kinds = []
+        for _ in range(3):
+            link.cleargrads()
+            a = [rs.randn(n, 3).astype('f') for n in (4, 2)]
+            b = [rs.randn(n, 3).astype('f') for n in (3, 3)]
+            if fused:
+                with nstep_loop.fused():
+                    ha, _, _ = link(None, None, a)
+                    hb, _, _ = link(None, None, b)
+            else:
+                ha, _, _ = link(None, None, a)
+                hb, _, _ = link(None, None, b)
+            kinds += [_loop_node(ha), _loop_node(hb)]
+            F.sum(ha * hb).backward()
+        return [p.grad.copy() for p in link.params()], kinds
+    ours, kinds = train(True)
+    theirs, _ = train(False)
+    assert not any(kinds)
+    for a, b in zip(ours, theirs):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_a_second_order_gradient_through_the_loop_node_says_how_to_avoid_it():
+    link = L.NStepLSTM(1, 3, 3, 0.0)
+    xs = [numpy.ones((2, 3), 'f')]
+    for _ in range(2):
+        with nstep_loop.fused():
+            hy, _, _ = link(None, None, xs)
+        loss = F.sum(hy * hy)
+        if not _loop_node(hy):
+            loss.backward()
+    assert _loop_node(hy)
+    with pytest.raises(NotImplementedError, match='use_static_graph'):
+        chainer.grad([loss], [link.ws[0][0]], enable_double_backprop=True)
+
+
+class _Classifier(chainer.Chain):
+
+    def __init__(self):
+        super(_Classifier, self).__init__()
+        with self.init_scope():
+            self.embed = L.EmbedID(40, 6)
+            self.rnn = L.NStepLSTM(1, 6, 5, 0.1)
+            self.out = L.Linear(5, 3)
+
+    def forward(self, xs, t):
+        sections = numpy.cumsum([len(x) for x in xs[:-1]])
+        exs = F.split_axis(self.embed(F.concat(xs, axis=0)), sections, 0)
+        exs = [F.dropout(e, 0.1) for e in exs]
+        hy, _, _ = self.rnn(None, None, exs)
+        return F.softmax_cross_entropy(self.out(hy[-1]), t)
+
+
+class _Decorated(_Classifier):
+
+    @static_graph.static_graph
+    def forward(self, xs, t):
+        return _Classifier.forward(self, xs, t)
+
+
+def test_a_decorated_method_with_new_lengths_in_every_batch(monkeypatch):
+    """Once the method's keys prove not to repeat, its calls run
+    define-by-run with the NStep LSTM as one node: trained next to an
+    undecorated twin, every loss and parameter is the same."""
+    calls = []
+    forward = nstep_loop.NStepLSTMLoop.forward
+    monkeypatch.setattr(nstep_loop.NStepLSTMLoop, 'forward',
+                        lambda self, inputs: calls.append(1) or
+                        forward(self, inputs))
+    numpy.random.seed(0)
+    ours = _Decorated()
+    numpy.random.seed(0)
+    theirs = _Classifier()
+    opts = []
+    for m in (ours, theirs):
+        opt = chainer.optimizers.Adam()
+        opt.setup(m)
+        opts.append(opt)
+    rs = numpy.random.RandomState(5)
+    for step in range(14):
+        xs = [rs.randint(0, 40, size=(n,)).astype(numpy.int32)
+              for n in rs.randint(2, 12, size=4)]
+        t = rs.randint(0, 3, size=4).astype(numpy.int32)
+        losses = []
+        for m, opt in zip((ours, theirs), opts):
+            numpy.random.seed(100 + step)
+            m.cleargrads()
+            loss = m(xs, t)
+            loss.backward()
+            opt.update()
+            losses.append(loss.array.copy())
+        assert losses[0].tobytes() == losses[1].tobytes(), step
+    for (name, a), (_, b) in zip(sorted(ours.namedparams()),
+                                 sorted(theirs.namedparams())):
+        assert a.array.tobytes() == b.array.tobytes(), name
+    assert calls, 'no call ran the loop node'

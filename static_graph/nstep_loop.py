@@ -1,4 +1,4 @@
-"""An NStep LSTM run as one node: Chainer's unrolled loop, without the graph.
+"""An NStep RNN run as one node: Chainer's unrolled loop, without the graph.
 
 Chainer's CPU ``n_step_lstm`` unrolls the recurrence into about a dozen
 FunctionNodes per layer and time step (the gate weights stacked again at
@@ -6,7 +6,7 @@ every step, two linears, an add, the LSTM cell, a split and a concat where
 the batch shrinks), and its backward walks all of them. The op list follows
 the lengths of the batch, so a schedule recorded for one batch does not
 replay another; but the loop itself is the same for every batch.
-``NStepLSTMLoop`` is that loop as one FunctionNode: its forward runs the
+``NStepLoop`` is that loop as one FunctionNode: its forward runs the
 same NumPy operations on the same operands in the same order as the
 unrolled graph, and its backward the same gradient operations, adding
 each weight's contributions in the order Chainer's backward would reach
@@ -16,10 +16,12 @@ are the same bits.
 
 Used for the define-by-run calls of a decorated method (``fused()``): a
 method whose keys do not repeat (sentences of new lengths in every batch)
-runs define-by-run, and its NStep LSTMs then cost one node each. Not where
-one node cannot give define-by-run's order: weights used twice before one
-backward (the first use of a link is only watched), a second-order
-gradient (raises), GRUs and plain RNNs (not built), CuPy.
+runs define-by-run, and its NStep LSTMs and RNNs (``n_step_lstm``,
+``n_step_rnn``, tanh or ReLU, and their bidirectional forms) then cost one
+node each. Not where one node cannot give define-by-run's order: weights
+used twice before one backward (the first use of a link is only
+watched), a second-order gradient (raises); not for GRUs (their step's
+ops and the order of its gradient sums are not written here), CuPy.
 """
 import contextlib
 import threading
@@ -30,6 +32,8 @@ import numpy
 
 import chainer
 from chainer import function_node
+from chainer.functions.activation import relu as relu_module
+from chainer.functions.activation import tanh as tanh_module
 from chainer.functions.noise import dropout as dropout_module
 from chainer.functions.rnn import lstm as lstm_module
 from chainer.functions.rnn import n_step_lstm as n_step_lstm_module
@@ -76,47 +80,73 @@ def _add(a, b):
 
 
 class _Loop(object):
-    """One direction of one layer: its stacked weights and, per step, what
-    its backward reads."""
+    """One direction of one layer: its weights as the steps use them and,
+    per step, what its backward reads. ``cell``: 'lstm' (the gate weights
+    stacked as ``_stack_weight`` stacks them, which Chainer does again at
+    every step: Stack rank 1, Reshape rank 2) or 'tanh'/'relu' (an
+    ``n_step_rnn``: the weights themselves, rank 0)."""
 
-    def __init__(self, w):
-        self.xw = _stacked([w[i] for i in _GATE_ORDER])
-        self.hw = _stacked([w[4 + i] for i in _GATE_ORDER])
+    def __init__(self, cell, w, b):
+        self.cell = cell
+        if cell == 'lstm':
+            self.xw = _stacked([w[i] for i in _GATE_ORDER])
+            self.hw = _stacked([w[4 + i] for i in _GATE_ORDER])
+            self.xb = _stacked([b[i] for i in _GATE_ORDER])
+            self.hb = _stacked([b[4 + i] for i in _GATE_ORDER])
+            self.w_rank = 2
+        else:
+            self.xw, self.hw = w
+            self.xb, self.hb = b
+            self.w_rank = 0
         self.steps = []
 
-    def run(self, xs, h, c, xb, hb, x_ranks, h_rank, c_rank):
-        """``_one_directional_loop``'s forward; the h of every step, the
-        final h and c, and the ranks the unrolled graph's nodes would
-        have (``FunctionNode.rank``: one more than its inputs' highest)
-        for the h of every step."""
+    def run(self, xs, h, c, x_ranks, h_rank, c_rank):
+        """``_one_directional_loop``'s forward: the h of every step, the
+        final h and c, and the ranks the unrolled graph's nodes would have
+        (``FunctionNode.rank``: one more than its inputs' highest) for the
+        h of every step."""
         out, out_ranks = [], []
         self.x_path_ranks = []
-        cell = lstm_module.LSTM()
+        lstm = self.cell == 'lstm'
+        if lstm:
+            cell = lstm_module.LSTM()
+        else:
+            act = (tanh_module.Tanh() if self.cell == 'tanh' else
+                   relu_module.ReLU())
+        w_rank = self.w_rank
         for x, x_rank in zip(xs, x_ranks):
             batch = len(x)
             rest = len(h) - batch
             if rest > 0:
                 h, h_rest = h[:batch], h[batch:]
-                c, c_rest = c[:batch], c[batch:]
                 h_rank += 1
-                c_rank += 1
-            gates = _linear(x, self.xw, xb) + _linear(h, self.hw, hb)
-            c_new, h_new = cell.forward((c, gates))
-            self.steps.append((x, h, c, gates, c_new, rest))
-            # (the stacked weights: Stack rank 1, Reshape rank 2)
-            x_path = max(x_rank, 2) + 1
+                if lstm:
+                    c, c_rest = c[:batch], c[batch:]
+                    c_rank += 1
+            gates = _linear(x, self.xw, self.xb) + \
+                _linear(h, self.hw, self.hb)
+            x_path = max(x_rank, w_rank) + 1
             self.x_path_ranks.append(x_path)
-            cell_rank = max(c_rank, max(x_path, max(h_rank, 2) + 1) + 1) + 1
+            summed = max(x_path, max(h_rank, w_rank) + 1) + 1
+            if lstm:
+                c_new, h_new = cell.forward((c, gates))
+                step_rank = max(c_rank, summed) + 1
+            else:
+                h_new, = act.forward((gates,))
+                c_new = None
+                step_rank = summed + 1
+            self.steps.append((x, h, c, gates, c_new, h_new, rest))
             out.append(h_new)
-            out_ranks.append(cell_rank)
+            out_ranks.append(step_rank)
             if rest > 0:
                 h = numpy.concatenate([h_new, h_rest], axis=0)
-                c = numpy.concatenate([c_new, c_rest], axis=0)
-                h_rank = max(cell_rank, h_rank) + 1
-                c_rank = max(cell_rank, c_rank) + 1
+                h_rank = max(step_rank, h_rank) + 1
+                if lstm:
+                    c = numpy.concatenate([c_new, c_rest], axis=0)
+                    c_rank = max(step_rank, c_rank) + 1
             else:
                 h, c = h_new, c_new
-                h_rank = c_rank = cell_rank
+                h_rank = c_rank = step_rank
         return out, h, c, out_ranks
 
     def x_path_order(self, contributions):
@@ -128,48 +158,59 @@ class _Loop(object):
         ranks = self.x_path_ranks
         return sorted(contributions, key=lambda c: (-ranks[c[0]], -c[0]))
 
-    def backward(self, g_out, gh, gc, want_x, want_h0, want_w):
+    def backward(self, g_out, gh, gc, want_x, want_h0):
         """Gradients of the loop's inputs from those of its outputs
         (``g_out[k]``: of step k's h, None where none came; ``gh``, ``gc``:
         of the final h and c, or None). Returns the gradients of the
         steps' x (None where not wanted or none came), of the initial h
-        and c, and the weight contributions of the steps in the order
-        define-by-run reaches them (the last step first)."""
+        and c, and per step that got a gradient, latest first, (step,
+        input weight, recurrent weight, input bias, recurrent bias)
+        gradients."""
         n = len(self.steps)
         gxs = [None] * n
         contributions = []
+        lstm = self.cell == 'lstm'
         for k in range(n - 1, -1, -1):
-            x, h, c, gates, c_new, rest = self.steps[k]
+            x, h, c, gates, c_new, h_new, rest = self.steps[k]
             batch = len(x)
             if rest > 0:
                 # the step's Concat: its gradient split (views), if any
                 gh_rest = None if gh is None else gh[batch:]
-                gc_rest = None if gc is None else gc[batch:]
                 gh = None if gh is None else gh[:batch]
-                gc = None if gc is None else gc[:batch]
+                if lstm:
+                    gc_rest = None if gc is None else gc[batch:]
+                    gc = None if gc is None else gc[:batch]
             g_h_new = _add(g_out[k], gh)
             gh_in = gc_in = None
-            if g_h_new is not None or gc is not None:
-                gc_in, g_gates = lstm_module.LSTMGrad().forward(
-                    (c, gates, c_new, gc, g_h_new))
+            if g_h_new is not None or (lstm and gc is not None):
+                if lstm:
+                    gc_in, g_gates = lstm_module.LSTMGrad().forward(
+                        (c, gates, c_new, gc, g_h_new))
+                elif self.cell == 'tanh':
+                    g_gates, = tanh_module.TanhGrad(None).forward(
+                        (h_new, g_h_new))
+                else:
+                    g_gates, = relu_module.ReLUGrad2(h_new).forward(
+                        (g_h_new,))
                 if want_x:
                     gxs[k] = g_gates.dot(self.xw).astype(
                         g_gates.dtype, copy=False)
                 if k > 0 or want_h0:
                     gh_in = g_gates.dot(self.hw).astype(
                         g_gates.dtype, copy=False)
-                if want_w:
-                    # (each Linear sums its own bias gradient)
-                    contributions.append((
-                        k, g_gates.T.dot(x), g_gates.T.dot(h),
-                        numpy.asarray(g_gates.sum(axis=0)),
-                        numpy.asarray(g_gates.sum(axis=0))))
+                # (each Linear sums its own bias gradient)
+                contributions.append((
+                    k, g_gates.T.dot(x), g_gates.T.dot(h),
+                    numpy.asarray(g_gates.sum(axis=0)),
+                    numpy.asarray(g_gates.sum(axis=0))))
             if rest > 0:
                 # the step's SplitAxis: zeros for a part with no gradient
                 gh = _joined(gh_in, gh_rest, h.shape, rest)
-                gc = _joined(gc_in, gc_rest, h.shape, rest)
+                if lstm:
+                    gc = _joined(gc_in, gc_rest, h.shape, rest)
             else:
-                gh, gc = gh_in, gc_in
+                gh = gh_in
+                gc = gc_in if lstm else None
         return gxs, gh, gc, contributions
 
 
@@ -183,13 +224,17 @@ def _joined(g_head, g_rest, head_shape, rest):
     return numpy.concatenate([g_head, g_rest], axis=0)
 
 
-class NStepLSTMLoop(function_node.FunctionNode):
-    """``n_step_lstm``/``n_step_bilstm`` (Chainer's CPU path) as one node.
-    Inputs: hx, cx, the weights and biases of every layer and direction
-    (8 each, flat), then the time steps' inputs; outputs: hy, cy, then
-    the time steps' outputs."""
+class NStepLoop(function_node.FunctionNode):
+    """``n_step_lstm``/``n_step_bilstm`` or ``n_step_rnn``/``n_step_birnn``
+    (Chainer's CPU path) as one node. Inputs: hx, cx (LSTM only), the
+    weights and biases of every layer and direction (8 each for an LSTM,
+    2 for an RNN; flat), then the time steps' inputs; outputs: hy, cy
+    (LSTM only), then the time steps' outputs."""
 
-    def __init__(self, n_layers, dropout_ratio, bi, train, ranks):
+    def __init__(self, cell, n_layers, dropout_ratio, bi, train, ranks):
+        self.cell = cell
+        self.n_w = 8 if cell == 'lstm' else 2
+        self.n_state = 2 if cell == 'lstm' else 1
         self.in_ranks = ranks      # hx's, cx's, and the steps' inputs'
         self.n_layers = n_layers
         self.dropout_ratio = dropout_ratio
@@ -198,15 +243,23 @@ class NStepLSTMLoop(function_node.FunctionNode):
 
     @property
     def label(self):
-        return 'NStepLSTMLoop'
+        return 'NStepLoop(%s)' % self.cell
+
+    def _layout(self):
+        n = self.n_layers * (2 if self.bi else 1)
+        w0 = self.n_state
+        b0 = w0 + self.n_w * n
+        return n, w0, b0, b0 + self.n_w * n
 
     def forward(self, inputs):
         d = 2 if self.bi else 1
-        n = self.n_layers * d
-        hx, cx = inputs[0], inputs[1]
-        ws = [inputs[2 + 8 * i:10 + 8 * i] for i in range(n)]
-        bs = [inputs[2 + 8 * n + 8 * i:10 + 8 * n + 8 * i] for i in range(n)]
-        xs = inputs[2 + 16 * n:]
+        n, w0, b0, x0 = self._layout()
+        k = self.n_w
+        hx = inputs[0]
+        cx = inputs[1] if self.n_state == 2 else None
+        ws = [inputs[w0 + k * i:w0 + k * i + k] for i in range(n)]
+        bs = [inputs[b0 + k * i:b0 + k * i + k] for i in range(n)]
+        xs = inputs[x0:]
         self._n_steps = len(xs)
         self._loops = []
         self._masks = []
@@ -229,14 +282,11 @@ class NStepLSTMLoop(function_node.FunctionNode):
                 if direction == 1:
                     layer_in = layer_in[::-1]
                     in_ranks = in_ranks[::-1]
-                b = bs[idx]
-                xb = _stacked([b[i] for i in _GATE_ORDER])
-                hb = _stacked([b[4 + i] for i in _GATE_ORDER])
-                loop = _Loop(ws[idx])
+                loop = _Loop(self.cell, ws[idx], bs[idx])
                 # (hx and cx reach the loops through Separate)
                 out, h, c, out_ranks = loop.run(
-                    layer_in, hx[idx], cx[idx], xb, hb, in_ranks,
-                    hx_rank + 1, cx_rank + 1)
+                    layer_in, hx[idx], None if cx is None else cx[idx],
+                    in_ranks, hx_rank + 1, cx_rank + 1)
                 self._loops.append(loop)
                 hy.append(h)
                 cy.append(c)
@@ -252,7 +302,10 @@ class NStepLSTMLoop(function_node.FunctionNode):
             else:
                 xs_next, ranks_next = h_forward, f_ranks
         self._widths = [h.shape[1] for h in hy]
-        return (numpy.stack(hy), numpy.stack(cy)) + tuple(xs_next)
+        states = (numpy.stack(hy),)
+        if cx is not None:
+            states += (numpy.stack(cy),)
+        return states + tuple(xs_next)
 
     def _dropout(self, xs):
         """``_dropout_sequence``: a Dropout node per step while training
@@ -271,8 +324,8 @@ class NStepLSTMLoop(function_node.FunctionNode):
                             grad_inputs):
         if chainer.config.enable_backprop:
             raise NotImplementedError(
-                'a second-order gradient through an NStep LSTM that ran as '
-                'one NStepLSTMLoop node (static_graph fuses them in the '
+                'a second-order gradient through an NStep RNN that ran as '
+                'one NStepLoop node (static_graph fuses them in the '
                 'define-by-run calls of a decorated method): run the method '
                 "under chainer.using_config('use_static_graph', False)")
         held = dict((i, g.array) for i, g in
@@ -290,11 +343,11 @@ class NStepLSTMLoop(function_node.FunctionNode):
         """{input index: gradient} for ``indexes``; ``held``: gradients
         the inputs held already, added where define-by-run adds them."""
         d = 2 if self.bi else 1
-        n = self.n_layers * d
+        n, w0, b0, first_x = self._layout()
         wanted = set(indexes)
-        ghy, gcy = g_outputs[0], g_outputs[1]
-        g_ys = g_outputs[2:]
-        first_x = 2 + 16 * n
+        ghy = g_outputs[0]
+        gcy = g_outputs[1] if self.n_state == 2 else None
+        g_ys = g_outputs[self.n_state:]
         want_xs = any(i >= first_x for i in wanted)
         out = {}
         h0 = [None] * n
@@ -307,9 +360,9 @@ class NStepLSTMLoop(function_node.FunctionNode):
                 idx = d * layer + direction
                 loop = self._loops[idx]
                 if self.bi:
-                    w0 = self._widths[idx - direction]
+                    w = self._widths[idx - direction]
                     g_out = [None if g is None else
-                             (g[:, :w0] if direction == 0 else g[:, w0:])
+                             (g[:, :w] if direction == 0 else g[:, w:])
                              for g in g_next]
                 else:
                     g_out = g_next
@@ -318,7 +371,7 @@ class NStepLSTMLoop(function_node.FunctionNode):
                 gxs, gh, gc, contributions = loop.backward(
                     g_out, None if ghy is None else ghy[idx],
                     None if gcy is None else gcy[idx],
-                    layer > 0 or want_xs, 0 in wanted, True)
+                    layer > 0 or want_xs, 0 in wanted)
                 h0[idx], c0[idx] = gh, gc
                 self._weight_grads(idx, contributions, out, held)
                 if direction == 1:
@@ -335,7 +388,8 @@ class NStepLSTMLoop(function_node.FunctionNode):
             i = first_x + t
             if i in wanted and g is not None:
                 out[i] = g if i not in held else held[i] + g
-        for i, parts in ((0, h0), (1, c0)):
+        states = ((0, h0), (1, c0)) if self.n_state == 2 else ((0, h0),)
+        for i, parts in states:
             if i in wanted and any(g is not None for g in parts):
                 shape = self.inputs[i].shape[1:]
                 g = numpy.stack([
@@ -345,21 +399,28 @@ class NStepLSTMLoop(function_node.FunctionNode):
         return out
 
     def _weight_grads(self, idx, contributions, out, held):
-        """Each weight's and bias's gradient: its slice of the steps'
-        stacked gradients, added up the last step first (define-by-run's
-        order: the step nodes of one loop are reached latest first)."""
+        """Each weight's and bias's gradient: its part of the steps'
+        gradients, added up in the order define-by-run reaches the steps
+        (input side: ``x_path_order``; recurrent side: the latest step
+        first, their ranks rising with the steps)."""
         if not contributions:
             return
-        n = self.n_layers * (2 if self.bi else 1)
-        w_base = 2 + 8 * idx
-        b_base = 2 + 8 * n + 8 * idx
+        n, w0, b0, _ = self._layout()
+        k = self.n_w
         x_order = self._loops[idx].x_path_order(contributions)
-        for part, base, offset, steps in (
-                (1, w_base, 0, x_order), (2, w_base, 4, contributions),
-                (3, b_base, 0, x_order), (4, b_base, 4, contributions)):
-            views = [_gate_views(c[part]) for c in steps]
-            for g, j in enumerate(_GATE_ORDER):
-                i = base + offset + j
+        half = k // 2
+        for part, base, steps in (
+                (1, w0 + k * idx, x_order),
+                (2, w0 + k * idx + half, contributions),
+                (3, b0 + k * idx, x_order),
+                (4, b0 + k * idx + half, contributions)):
+            if self.cell == 'lstm':
+                views = [_gate_views(c[part]) for c in steps]
+                slots = [(base + j, g) for g, j in enumerate(_GATE_ORDER)]
+            else:
+                views = [(c[part],) for c in steps]
+                slots = [(base, 0)]
+            for i, g in slots:
                 total = held.get(i)
                 for v in views:
                     total = v[g] if total is None else total + v[g]
@@ -382,14 +443,14 @@ def _usable(hx, cx, ws, bs, xs):
             getattr(chainer.config, 'lazy_grad_sum', False) or \
             chainer.config.use_ideep != 'never':
         return False
-    if hx is None or cx is None or not xs:
+    if hx is None or not xs:
         return False
     flat = [v for group in ws for v in group] + \
         [v for group in bs for v in group]
     if any(not isinstance(v, chainer.Variable) or not v.requires_grad
            for v in flat):
         return False
-    arrays = [hx, cx] + flat + list(xs)
+    arrays = [hx] + ([] if cx is None else [cx]) + flat + list(xs)
     dtype = None
     for a in arrays:
         a = a.array if isinstance(a, chainer.Variable) else a
@@ -406,6 +467,18 @@ def _usable(hx, cx, ws, bs, xs):
 
 def _rank(v):
     return v.rank if isinstance(v, chainer.Variable) else 0
+
+
+def _rnn_step_code():
+    """The code of ``n_step_rnn_base``'s step function (a closure)."""
+    for c in n_step_rnn_module.n_step_rnn_base.__code__.co_consts:
+        if getattr(c, 'co_name', None) == 'f' and \
+                c.co_freevars == ('activation',):
+            return c
+    return None
+
+
+_RNN_STEP = _rnn_step_code()
 
 
 def _once_per_backward(ws):
@@ -426,7 +499,7 @@ def _once_per_backward(ws):
     if use[0] == now:
         if not use[2] and use[1] > 0:
             warnings.warn(
-                'static_graph: an NStep LSTM used once per backward until '
+                'static_graph: an NStep RNN used once per backward until '
                 'now was used twice before one backward; the earlier use '
                 'ran as one node, so its weights\' gradients in this '
                 'backward can differ from define-by-run in the last bits. '
@@ -439,8 +512,22 @@ def _once_per_backward(ws):
     return not use[2]
 
 
+def _cell(f, cx):
+    """'lstm', 'tanh' or 'relu' for the step functions of Chainer's
+    ``n_step_lstm`` and ``n_step_rnn`` (a closure over its activation);
+    None for others (``n_step_gru``'s: not built)."""
+    if f is n_step_lstm_module._lstm:
+        return 'lstm' if cx is not None else None
+    code = getattr(f, '__code__', None)
+    if code is not _RNN_STEP or cx is not None:
+        return None
+    activation = f.__closure__[0].cell_contents
+    return activation if activation in ('tanh', 'relu') else None
+
+
 def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
-    if f is not n_step_lstm_module._lstm:
+    cell = _cell(f, cx)
+    if cell is None:
         return _original_impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
                               use_bi_direction)
     fuse = getattr(_state, 'active', False) and \
@@ -451,18 +538,21 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
     if not fuse:
         return _original_impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
                               use_bi_direction)
-    node = NStepLSTMLoop(n_layers, dropout_ratio, use_bi_direction,
-                         bool(chainer.config.train),
-                         (_rank(hx), _rank(cx), [_rank(x) for x in xs]))
-    args = [hx, cx] + [v for group in ws for v in group] + \
+    node = NStepLoop(cell, n_layers, dropout_ratio, use_bi_direction,
+                     bool(chainer.config.train),
+                     (_rank(hx), _rank(cx), [_rank(x) for x in xs]))
+    states = [hx] if cx is None else [hx, cx]
+    args = states + [v for group in ws for v in group] + \
         [v for group in bs for v in group] + list(xs)
     outs = node.apply(args)
+    if cx is None:
+        return outs[0], None, tuple(outs[1:])
     return outs[0], outs[1], tuple(outs[2:])
 
 
 @contextlib.contextmanager
 def fused():
-    """NStep LSTMs called inside run as ``NStepLSTMLoop`` nodes (this
+    """NStep LSTMs and RNNs called inside run as ``NStepLoop`` nodes (this
     thread)."""
     was = getattr(_state, 'active', False)
     _state.active = True

@@ -16,7 +16,7 @@ def _loop_node(hy):
     node = hy.creator_node
     while node is not None and type(node).__name__ == 'Permutate':
         node = node.inputs[0].creator_node
-    return type(node).__name__ == 'NStepLSTMLoop'
+    return type(node).__name__ == 'NStepLoop'
 
 
 def _snapshot(a):
@@ -30,10 +30,23 @@ def _same(a, b):
         a[0].shape == b[0].shape
 
 
+_LINKS = {('lstm', False): L.NStepLSTM, ('lstm', True): L.NStepBiLSTM,
+          ('tanh', False): L.NStepRNNTanh, ('tanh', True): L.NStepBiRNNTanh,
+          ('relu', False): L.NStepRNNReLU, ('relu', True): L.NStepBiRNNReLU}
+
+
+def _call(link, cell, hx, xs):
+    if cell == 'lstm':
+        return link(hx, hx, xs)
+    hy, ys = link(hx, xs)
+    return hy, None, ys
+
+
 def _train(cfg, seed, fused, steps=3):
-    n_layers, bi, lengths, outputs, hx_given, dropout, train, keep = cfg
+    cell, n_layers, bi, lengths, outputs, hx_given, dropout, train, keep = \
+        cfg
     numpy.random.seed(seed)
-    link = (L.NStepBiLSTM if bi else L.NStepLSTM)(n_layers, 5, 4, dropout)
+    link = _LINKS[cell, bi](n_layers, 5, 4, dropout)
     emb = L.EmbedID(30, 5)
     rs = numpy.random.RandomState(seed + 1)
     numpy.random.seed(seed + 2)
@@ -52,14 +65,14 @@ def _train(cfg, seed, fused, steps=3):
         with chainer.using_config('train', train):
             if fused:
                 with nstep_loop.fused():
-                    hy, cy, ys = link(hx, hx, exs)
+                    hy, cy, ys = _call(link, cell, hx, exs)
             else:
-                hy, cy, ys = link(hx, hx, exs)
+                hy, cy, ys = _call(link, cell, hx, exs)
         kinds.append(_loop_node(hy))
         loss = 0
         if 'h' in outputs:
             loss = loss + F.sum(hy * hy)
-        if 'c' in outputs:
+        if 'c' in outputs and cy is not None:
             loss = loss + F.sum(cy * 0.5)
         if 'y' in outputs:
             loss = loss + F.sum(F.concat(ys, axis=0) ** 3)
@@ -78,18 +91,21 @@ def _configs(n):
     out = []
     for _ in range(n):
         lengths = list(rs.randint(1, 8, size=rs.randint(1, 6)))
-        outputs = [o for o in 'hcy' if rs.randint(2)] or ['h']
-        out.append((int(rs.randint(1, 4)), bool(rs.randint(2)),
+        cell = str(rs.choice(['lstm', 'lstm', 'tanh', 'relu']))
+        outputs = [o for o in ('hcy' if cell == 'lstm' else 'hy')
+                   if rs.randint(2)] or ['h']
+        out.append((cell,
+                    int(rs.randint(1, 4)), bool(rs.randint(2)),
                     [int(v) for v in lengths], ''.join(outputs),
                     bool(rs.randint(2)), float(rs.choice([0.0, 0.3])),
                     bool(rs.randint(2)), bool(rs.randint(2))))
     return out
 
 
-@pytest.mark.parametrize('cfg', _configs(24))
+@pytest.mark.parametrize('cfg', _configs(36))
 def test_the_loop_node_gives_the_unrolled_loops_bits(cfg):
-    """Layers, both directions, lengths in any order (the link sorts
-    them), which outputs get gradients, given initial states, dropout
+    """LSTMs and tanh and ReLU RNNs, layers, both directions, lengths in
+    any order (the link sorts them), which outputs get gradients, given initial states, dropout
     between layers, training or not, gradients accumulated over steps:
     losses, outputs, every gradient (values, dtype and strides) equal."""
     ours, kinds = _train(cfg, 3, True)
@@ -174,8 +190,8 @@ def test_a_decorated_method_with_new_lengths_in_every_batch(monkeypatch):
     define-by-run with the NStep LSTM as one node: trained next to an
     undecorated twin, every loss and parameter is the same."""
     calls = []
-    forward = nstep_loop.NStepLSTMLoop.forward
-    monkeypatch.setattr(nstep_loop.NStepLSTMLoop, 'forward',
+    forward = nstep_loop.NStepLoop.forward
+    monkeypatch.setattr(nstep_loop.NStepLoop, 'forward',
                         lambda self, inputs: calls.append(1) or
                         forward(self, inputs))
     numpy.random.seed(0)
@@ -205,3 +221,13 @@ def test_a_decorated_method_with_new_lengths_in_every_batch(monkeypatch):
                                  sorted(theirs.namedparams())):
         assert a.array.tobytes() == b.array.tobytes(), name
     assert calls, 'no call ran the loop node'
+
+
+def test_a_gru_stays_unrolled():
+    link = L.NStepGRU(1, 3, 3, 0.0)
+    xs = [numpy.ones((2, 3), 'f')]
+    for _ in range(3):
+        with nstep_loop.fused():
+            hy, _ = link(None, xs)
+        assert not _loop_node(hy)
+        F.sum(hy).backward()

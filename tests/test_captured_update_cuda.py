@@ -71,7 +71,7 @@ def _rule_and_param(make, dtype, t):
     for p in model.params():
         p.array = p.array.astype(dtype)
         p.grad = numpy.full_like(p.array, 0.25)
-    opt = make().setup(model)
+    make().setup(model)
     p = model.W
     rule = p.update_rule
     rule._init_states(p)
@@ -123,7 +123,7 @@ def test_every_kernel_is_checked():
     seen = set()
     for make in SETTINGS.values():
         model = chainer.links.Linear(2, 2)
-        opt = make().setup(model)
+        make().setup(model)
         rule = model.W.update_rule
         rule.t = 1
         seen.add(G.RULES[type(rule)](rule, numpy.dtype('f'))[0])
@@ -319,7 +319,7 @@ def test_adam_reader_follows_t_and_hyperparameters():
     """alpha_t and the bounds are recomputed from t and the hyperparameters
     at every read (a learning-rate extension changes alpha)."""
     model = chainer.links.Linear(3, 2)
-    opt = Opt.Adam(alpha=0.01, adabound=True).setup(model)
+    Opt.Adam(alpha=0.01, adabound=True).setup(model)
     rule = model.W.update_rule
     seen = []
     for t, alpha in ((1, 0.01), (2, 0.01), (3, 0.005)):

@@ -220,8 +220,12 @@ def legacy_scalars(cupy):
     (``internal.to_float16(<float>val)``: two roundings); False where it
     packs the scalar with NumPy's assignment (``PyArray_Pack``, CuPy's
     newer ``CScalar``: one rounding, as ``numpy.float16(x)``)."""
-    from cupy._core import _scalar
-    return not hasattr(_scalar, 'numpy_dtype_from_pyscalar')
+    core = getattr(cupy, '_core', None)
+    scalar = getattr(core, '_scalar', None)
+    if scalar is None:
+        import importlib
+        scalar = importlib.import_module(cupy.__name__ + '._core._scalar')
+    return not hasattr(scalar, 'numpy_dtype_from_pyscalar')
 
 
 FLOAT16 = numpy.dtype(numpy.float16)

@@ -36,6 +36,11 @@ FLOAT32 = numpy.dtype(numpy.float32)
 _REAL = (int, float, bool)
 
 
+def cupy_module():
+    import cupy
+    return cupy
+
+
 def on_cupy(params):
     """Whether the first initialized parameter is a CuPy array."""
     for p in params:
@@ -92,9 +97,8 @@ class Step(object):
 class GpuUpdate(object):
     """The CuPy side of a captured optimizer (``update._Capture.gpu``)."""
 
-    def __init__(self, cuda_graph=False):
-        import cupy
-        self.cupy = cupy
+    def __init__(self, cuda_graph=False, xp=None):
+        cupy = self.cupy = xp if xp is not None else cupy_module()
         self.legacy = C.legacy_scalars(cupy)
         self.staging = C.CupyStaging(cupy)
         self.rings = collections.OrderedDict()      # layout key -> ring
@@ -299,8 +303,8 @@ class GpuUpdate(object):
             while len(self.rings) > 8:
                 self.rings.popitem(last=False)
         for j, k in st.zero_d:
-            if (j, k) not in ring.zero_d:
-                ring.zero_d[(j, k)] = ring.slices[j][k]
+            if (j, k) not in ring.zero_d:      # a 0-d view, not a copy
+                ring.zero_d[(j, k)] = ring.slices[j][k:k + 1].reshape(())
         return ring
 
     def _run(self, opt, st, ring, news):
@@ -421,11 +425,12 @@ class GpuStructure(object):
 
 
 def _launch(st, ring):
+    xp = st.cupy
     for fn, args, j in st.ops:
         if j is None:
-            fn(*args)
+            fn(xp, *args)
         else:
-            fn(*args, ring, j)
+            fn(xp, *args, ring, j)
 
 
 # -- the device ops, in Chainer's order and with Chainer's calls --------------
@@ -433,42 +438,37 @@ def _launch(st, ring):
 # k)]``: the k-th of them as a 0-d array, where Chainer hands a ufunc a
 # host scalar.)
 
-def _to_fp32(g, box):
+def _to_fp32(cupy, g, box):
     box[0] = g.astype(numpy.float32)     # param.grad.astype(numpy.float32)
 
 
-def _loss_scale_op(g, ring, j):
-    import cupy
+def _loss_scale_op(cupy, g, ring, j):
     grad = g.get()
     cupy.true_divide(grad, ring.zero_d[(j, 0)], out=grad)   # grad /= ls
 
 
-def _rule_op(kernel, g, param, states, ring, j):
+def _rule_op(cupy, kernel, g, param, states, ring, j):
     kernel(g.get(), ring.slices[j], param, *states)
 
 
-def _copy_into(dst, src):
-    import cupy
+def _copy_into(cupy, dst, src):
     cupy.copyto(dst, src)                # fp32_param.array.astype(dtype)
 
 
-def _weight_decay_op(kernel, p, g, ring, j):
+def _weight_decay_op(cupy, kernel, p, g, ring, j):
     kernel(p, ring.slices[j], g.get())
 
 
-def _lasso_op(kernel, p, g, ring, j):
-    import cupy
+def _lasso_op(cupy, kernel, p, g, ring, j):
     kernel(cupy.sign(p), ring.slices[j], g.get())
 
 
-def _hard_clip_op(g, ring, j):
-    import cupy
+def _hard_clip_op(cupy, g, ring, j):
     grad = g.get()
     cupy.clip(grad, ring.zero_d[(j, 0)], ring.zero_d[(j, 1)], out=grad)
 
 
-def _lars_op(p, g, ring, j):
-    import cupy
+def _lars_op(cupy, p, g, ring, j):
     grad = g.get()
     eps, wd, thr = (ring.zero_d[(j, k)] for k in range(3))
     p_norm = cupy.linalg.norm(p)
@@ -479,8 +479,7 @@ def _lars_op(p, g, ring, j):
     grad *= rate
 
 
-def _clip_op(params, ring, j):
-    import cupy
+def _clip_op(cupy, params, ring, j):
     sqnorm, _ = G.sum_sqnorm_grads(params)     # Chainer's own sum
     norm = cupy.sqrt(sqnorm)
     rate = cupy.true_divide(ring.zero_d[(j, 0)], norm)   # threshold / norm

@@ -107,6 +107,7 @@ class GpuUpdate(object):
         self.last_keys = None
         self.refused = {}        # keys -> reason
         self.steps = self.graph_launches = self.captures = 0
+        self._dtypes = {}
 
     # -- reading a step ------------------------------------------------------
     def step(self, opt, params, structure):
@@ -253,7 +254,7 @@ class GpuUpdate(object):
         if len(dts) != 1:
             raise Unsupported('GradientClipping over gradients of several '
                               'dtypes')
-        dtype = dts.pop()
+        dtype = self._result_dtype('sqnorm', dts.pop())
         thr = G.ufunc_scalar(hook.threshold, dtype,
                              'GradientClipping.threshold')
         j = st.scalars(dtype, (thr,))
@@ -281,14 +282,37 @@ class GpuUpdate(object):
             st.zero_d += [(j, 0), (j, 1)]
             st.op(_hard_clip_op, (g,), j)
         elif kernel is K.GRADIENT_LARS:
-            vals = tuple(G.ufunc_scalar(getattr(hook, a), dtype, name + '.'
+            # eps, weight_decay and threshold meet the norms (in the
+            # dtype CuPy's norm gives), weight_decay the parameter too.
+            ndt = self._result_dtype('norm', dtype)
+            vals = tuple(G.ufunc_scalar(getattr(hook, a), ndt, name + '.'
                                         + a)
                          for a in ('eps', 'weight_decay', 'threshold'))
-            j = st.scalars(dtype, vals)
-            st.zero_d += [(j, 0), (j, 1), (j, 2)]
-            st.op(_lars_op, (p, g), j)
+            vals += (G.ufunc_scalar(hook.weight_decay, dtype,
+                                    name + '.weight_decay'),)
+            j = st.scalars(ndt, vals[:3])
+            k = st.scalars(dtype, vals[3:])
+            st.zero_d += [(j, 0), (j, 1), (j, 2), (k, 0)]
+            st.op(_lars_op, (p, g, k), j)
         else:
             raise Unsupported('hook %s on CuPy' % name)
+
+    def _result_dtype(self, what, dtype):
+        """The dtype of GradientClipping's squared norm ('sqnorm') or of
+        ``cupy.linalg.norm`` ('norm') of arrays of ``dtype``, as CuPy
+        computes it (a dtype is host metadata: found once per dtype from a
+        one-element array, nothing waits for the device)."""
+        key = (what, dtype)
+        dt = self._dtypes.get(key)
+        if dt is None:
+            cupy = self.cupy
+            x = cupy.zeros(1, dtype)
+            if what == 'norm':
+                dt = cupy.linalg.norm(x).dtype
+            else:
+                dt = cupy.sqrt(0 + x.dot(x)).dtype
+            dt = self._dtypes[key] = numpy.dtype(dt)
+        return dt
 
     # -- running it ----------------------------------------------------------
     def _ring(self, st):
@@ -468,14 +492,14 @@ def _hard_clip_op(cupy, g, ring, j):
     cupy.clip(grad, ring.zero_d[(j, 0)], ring.zero_d[(j, 1)], out=grad)
 
 
-def _lars_op(cupy, p, g, ring, j):
+def _lars_op(cupy, p, g, k, ring, j):
     grad = g.get()
-    eps, wd, thr = (ring.zero_d[(j, k)] for k in range(3))
+    eps, wd, thr = (ring.zero_d[(j, i)] for i in range(3))
     p_norm = cupy.linalg.norm(p)
     g_norm = cupy.linalg.norm(grad)
     local_rate = (p_norm / (eps + g_norm + wd * p_norm))
     rate = cupy.where(p_norm > thr, local_rate, 1.0)
-    grad += wd * p
+    grad += ring.zero_d[(k, 0)] * p
     grad *= rate
 
 

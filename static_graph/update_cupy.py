@@ -80,15 +80,15 @@ class Step(object):
         ndarray = self.cupy.ndarray
         for a in args:
             if isinstance(a, ndarray):
-                keys.append(a.data.ptr)
+                keys.append(_where(a))
             elif isinstance(a, _GradRef):
-                keys.append(a.box is not None or a.param.grad.data.ptr)
+                keys.append(a.box is not None or _where(a.param.grad))
             elif isinstance(a, (tuple, list)):
                 for b in a:
                     if isinstance(b, ndarray):
-                        keys.append(b.data.ptr)
+                        keys.append(_where(b))
                     elif isinstance(b, chainer.Variable):
-                        keys.append(b.grad.data.ptr)
+                        keys.append(_where(b.grad))
 
     def layout_key(self):
         return tuple((d.char, len(v)) for d, v in self.segments)
@@ -360,7 +360,7 @@ class GpuUpdate(object):
         except cuda_graph.NotCapturable as e:
             self.refused[keys] = str(e)
             return False
-        self.graph = (keys, graph, keep)
+        self.graph = (keys, graph, keep, ring)   # the ring: its device array
         self.captures += 1
         self.graph_launches += 1
         graph.launch()
@@ -379,6 +379,11 @@ class GpuUpdate(object):
                 self.captures, self.graph_launches, ''.join(
                     '; refused: ' + r for r in set(self.refused.values()))))
         return '\n'.join(lines)
+
+
+def _where(a):
+    # What a kernel a graph keeps depends on: address, shape, strides, dtype.
+    return (a.data.ptr, a.shape, a.strides, a.dtype.char)
 
 
 def _device_of(params):

@@ -32,7 +32,6 @@ from static_graph import update_readers as R
 from static_graph.update_readers import Unsupported
 
 FLOAT16 = numpy.dtype(numpy.float16)
-FLOAT32 = numpy.dtype(numpy.float32)
 _REAL = (int, float, bool)
 
 
@@ -207,9 +206,10 @@ class GpuUpdate(object):
         arrays = []
         for k in state_keys:
             s = state.get(k)
-            if not isinstance(s, cupy.ndarray) or s.shape != arr_.shape:
+            if not isinstance(s, cupy.ndarray) or s.shape != arr_.shape \
+                    or s.dtype != arr_.dtype:
                 raise Unsupported('state %r of %s is not a CuPy array of its '
-                                  'shape' % (k, p.name))
+                                  'shape and dtype' % (k, p.name))
             arrays.append(s)
         j = st.scalars(sdt, values)
         st.op(_rule_op, (kernel.kernel(cupy), _GradRef(param_, grad_of),

@@ -138,13 +138,17 @@ class GpuUpdate(object):
         opt._loss_scaling_isnan = False      # as check_nan_in_grads
         # GradientMethod.update: gradients of None become zeros.
         for p in params:
-            if p.array is not None and p.grad is None:
-                with chainer.using_device(p.device):
-                    p._set_grad(cupy.zeros_like(p.array), layout_check=False)
-        for p in params:
-            a, g = p.array, p.grad
+            a = p.array
             if a is None:
                 continue
+            try:
+                g = p.grad
+            except RuntimeError as e:     # Chainer raises it too
+                raise Unsupported('gradient of %s: %s' % (p.name, e))
+            if g is None:
+                with chainer.using_device(p.device):
+                    g = cupy.zeros_like(a)
+                    p._set_grad(g, layout_check=False)
             if not isinstance(a, cupy.ndarray) or \
                     not isinstance(g, cupy.ndarray) or \
                     g.dtype != a.dtype or g.shape != a.shape:

@@ -48,8 +48,12 @@ class FakeTwins(object):
 
     def step(self, n=1, loss_scale=None):
         for _ in range(n):
+            self.a.cleargrads()
+            self.b.cleargrads()
             for (na, pa), (nb, pb) in zip(sorted(self.a.namedparams()),
                                           sorted(self.b.namedparams())):
+                if pa.array is None:
+                    continue
                 g = self.rs.standard_normal(pa.shape).astype(pa.dtype)
                 if loss_scale is not None:
                     g = (g * loss_scale).astype(pa.dtype)
@@ -65,12 +69,15 @@ class FakeTwins(object):
             else dict(rtol=1e-5, atol=1e-6)
         for (na, pa), (nb, pb) in zip(sorted(self.a.namedparams()),
                                       sorted(self.b.namedparams())):
+            ra, rb = pa.update_rule, pb.update_rule
+            assert (ra is None) == (rb is None) and (
+                ra is None or ra.t == rb.t), na
+            if pa.array is None or ra is None:
+                continue
             assert type(pb.array) is fake_cupy.ndarray, nb
             assert pa.array.dtype == pb.array.dtype
             numpy.testing.assert_allclose(
                 numpy.asarray(pb.array), pa.array, err_msg=na, **tol)
-            ra, rb = pa.update_rule, pb.update_rule
-            assert ra.t == rb.t
             for k in ra.state:
                 numpy.testing.assert_allclose(
                     numpy.asarray(rb.state[k]), ra.state[k],
@@ -158,3 +165,25 @@ def test_explain_update_on_fake_cupy():
     text = static_graph.explain_update(t.ob)
     assert 'on CuPy: 2 steps' in text and 'one copy a step' in text
     assert chainer.config.use_static_graph is not False
+
+
+def test_parameters_added_uninitialized_and_setup_again_on_fake_cupy():
+    """A link added after capture (no update rule until setup is called
+    again), an uninitialized parameter (its rule only counts the step)."""
+    import chainer.links as L
+    t = FakeTwins(RULES['MomentumSGD'][0])
+    t.step(1)
+
+    def add(m, o):
+        with m.init_scope():
+            m.l3 = L.Linear(3, 3)
+            m.u = chainer.Parameter()
+        if m is t.b:
+            m.l3.W.array = fake_cupy.asarray(t.a.l3.W.array.copy())
+            m.l3.b.array = fake_cupy.asarray(t.a.l3.b.array.copy())
+    t.for_both(add)
+    t.step(1)
+    t.for_both(lambda m, o: o.setup(m))
+    t.step(2)
+    assert t.b.u.update_rule.t == t.a.u.update_rule.t == 2
+    assert captured(t.ob).gpu.steps == 4

@@ -20,6 +20,12 @@ and the variants interleaved:
 * whether the graph twin's loss and parameters equal define-by-run's bit
   for bit after all steps, and what ``explain`` says of its graphs.
 
+A case named ``...-capture`` runs the stream and graph twins' optimizer
+update captured (``static_graph.capture_update``: Chainer's GPU kernels
+with their scalars in a device array, one copy a step) and define-by-run's
+as Chainer's own, so "bit for bit" there also compares the two updates;
+``update_ms`` is then the captured update's time.
+
 Needs a GPU (exits with a message otherwise); ``--device @numpy`` runs the
 timing loop on the CPU (no graphs there).
 """
@@ -54,6 +60,8 @@ CASES = {
                    lambda: chainer.optimizers.SGD(lr=0.01), 5, 200),
     'mlp-b8-adam': (cases.MLP, lambda rs: cases.mnist_batch(8, rs),
                     chainer.optimizers.Adam, 5, 200),
+    'mlp-b8-adam-capture': (cases.MLP, lambda rs: cases.mnist_batch(8, rs),
+                            chainer.optimizers.Adam, 5, 200),
     'mlp-b100-sgd': (cases.MLP, lambda rs: cases.mnist_batch(100, rs),
                      lambda: chainer.optimizers.SGD(lr=0.01), 5, 200),
     'tiny': (cases.Tiny,
@@ -79,8 +87,9 @@ def _classes(base):
     }
 
 
-def _twins(make, dev, opt):
-    """{variant: (model, optimizer)}: copies of one model, on ``dev``."""
+def _twins(make, dev, opt, capture=False):
+    """{variant: (model, optimizer)}: copies of one model, on ``dev``;
+    ``capture``: the stream and graph twins' updates captured."""
     numpy.random.seed(0)
     base = make()
     classes = _classes(type(base))
@@ -91,6 +100,8 @@ def _twins(make, dev, opt):
         m.to_device(dev)
         o = opt()
         o.setup(m)
+        if capture and name != 'dbr':
+            static_graph.capture_update(o)
         out[name] = (m, o)
     return out
 
@@ -138,7 +149,8 @@ def run(name, device, rounds=None, n_iter=None, first=6):
     dev = chainer.get_device(device)
     sync = getattr(getattr(dev, 'device', None), 'synchronize',
                    lambda: None)
-    twins = _twins(make, dev, opt)
+    capture = name.endswith('-capture')
+    twins = _twins(make, dev, opt, capture)
     batch = tuple(dev.send(a) for a in make_batch(numpy.random.RandomState(1)))
 
     def timed(v, n=1):
@@ -193,6 +205,9 @@ def run(name, device, rounds=None, n_iter=None, first=6):
         'graphs': [ln.strip() for ln in explain.splitlines()
                    if 'CUDA graph' in ln],
     }
+    if capture:
+        res['captured_update'] = static_graph.explain_update(
+            twins['graph'][1]).splitlines()
     return res
 
 
@@ -213,6 +228,8 @@ def report(res):
                  'steps: %s' % (res['steps'], res['bit_for_bit']))
     for g in res['graphs']:
         lines.append('  ' + g)
+    for ln in res.get('captured_update', ())[:4]:
+        lines.append('  ' + ln.strip())
     return '\n'.join(lines)
 
 

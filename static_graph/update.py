@@ -41,6 +41,7 @@ from schedules import parallel
 from static_graph import blas_idle
 from static_graph import compat
 from static_graph import diagnostics
+from static_graph import update_cupy
 from static_graph import update_plan
 from static_graph import update_readers as R
 
@@ -52,7 +53,7 @@ _uids = itertools.count()
 
 
 def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
-                   block=BLOCK, quiet_blas=True):
+                   block=BLOCK, quiet_blas=True, cuda_graph=False):
     """Run ``optimizer.update()`` as captured in-place kernels from now
     on; returns ``optimizer``.
 
@@ -68,6 +69,10 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
     sleep soon after a matrix product instead of spinning for about 0.1 s
     on the cores the split needs (once per process; see
     ``static_graph.blas_idle``; False leaves BLAS as it is).
+    ``cuda_graph``: on CuPy, capture a step whose device work touches the
+    same arrays as the step before into a CUDA graph, and launch it for
+    later such steps (``static_graph.update_cupy``; not verified on a GPU
+    yet, see docs/captured_update.md).
 
     Works on a ChainerMN multi-node optimizer (it captures the optimizer
     it wraps) and on an optimizer not set up yet. Calling it again changes
@@ -94,7 +99,7 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
                          'not negative')
     actual.__dict__[_KEY] = _Capture(
         threads, int(min_split), None if block is None else int(block),
-        bool(quiet_blas))
+        bool(quiet_blas), bool(cuda_graph))
     cls = type(actual)
     if not cls.__dict__.get('_static_graph_captured', False):
         actual.__class__ = _captured_class(cls)
@@ -190,8 +195,12 @@ def _class_reason(cls):
 
 class _Capture(object):
 
-    def __init__(self, threads, min_split, block, quiet_blas):
+    def __init__(self, threads, min_split, block, quiet_blas,
+                 cuda_graph=False):
         self.threads = threads
+        self.cuda_graph = cuda_graph
+        self.gpu = None              # update_cupy.GpuUpdate, once on CuPy
+        self.gpu_structure = None
         self.min_split = min_split
         self.block = block
         self.quiet_blas = quiet_blas
@@ -206,7 +215,7 @@ class _Capture(object):
 
     def __deepcopy__(self, memo):
         return _Capture(self.threads, self.min_split, self.block,
-                        self.quiet_blas)
+                        self.quiet_blas, self.cuda_graph)
 
     def update(self, opt, base, lossfun, args, kwds):
         if not getattr(chainer.config, 'use_static_graph', True):
@@ -228,11 +237,27 @@ class _Capture(object):
             loss.backward(loss_scale=opt._loss_scale)
             del loss
         try:
-            step = self._prepare(opt)
+            target = opt.target
+            if target is None or opt._hookable is None:
+                raise R.Unsupported('the optimizer is not set up')
+            params = list(target.params())
+            if update_cupy.on_cupy(params):
+                return self._gpu_step(opt, params)
+            step = self._prepare(opt, params)
         except R.Unsupported as e:
             self._fell_back(str(e))
             return base.update(opt)
         self._run(opt, step)
+
+    def _gpu_step(self, opt, params):
+        gpu = self.gpu
+        if gpu is None:
+            gpu = self.gpu = update_cupy.GpuUpdate(self.cuda_graph)
+        st = self.gpu_structure
+        if st is None or not st.matches(opt, params):
+            st = self.gpu_structure = update_cupy.GpuStructure(opt, params)
+        gpu.step(opt, params, st)
+        self.steps += 1
 
     def _fell_back(self, reason):
         self.fallback_steps += 1
@@ -243,14 +268,10 @@ class _Capture(object):
             + reason)
 
     # -- one step -------------------------------------------------------------
-    def _prepare(self, opt):
+    def _prepare(self, opt, params):
         """Read and check everything for one step; returns what ``_run``
         needs. Raises Unsupported (with every ``t`` it moved put back)
         where the step must run Chainer's update instead."""
-        target = opt.target
-        if target is None or opt._hookable is None:
-            raise R.Unsupported('the optimizer is not set up')
-        params = list(target.params())
         st = self.structure
         if st is None or not st.matches(opt, params):
             st = self.structure = update_plan.Structure(
@@ -439,6 +460,8 @@ class _Capture(object):
                      self.min_split, self.block, self.split.describe())]
         if self.quiet_blas and blas_idle.state() is not None:
             lines.append('  ' + blas_idle.state())
+        if self.gpu is not None:
+            lines.append(self.gpu.describe())
         for reason, count in self.reasons.items():
             lines.append('  fallback (%d steps): %s' % (count, reason))
         if self.last is not None:

@@ -510,7 +510,8 @@ def test_schedules_do_not_import_chainer():
     import subprocess
     import sys
     code = ('import sys; import schedules.update_rules, schedules.parallel, '
-            'schedules.update_ir; assert "chainer" not in sys.modules')
+            'schedules.update_ir, schedules.update_cuda; '
+            'assert "chainer" not in sys.modules')
     subprocess.check_call([sys.executable, '-c', code],
                           cwd=os.path.dirname(os.path.dirname(__file__)))
 

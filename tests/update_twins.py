@@ -75,11 +75,16 @@ class Twins(object):
     ``capture``). ``make_opt()`` builds each optimizer (before setup)."""
 
     def __init__(self, make_opt, seed=0, dtype=None, hooks=(),
-                 capture=None, net=Net):
+                 capture=None, net=Net, device=None):
         numpy.random.seed(seed)
         self.a = net(dtype)
         self.b = net(dtype)
         self.b.copyparams(self.a)
+        self.xp = numpy
+        if device is not None:       # '@cupy:0': both twins on the GPU
+            for m in (self.a, self.b):
+                m.to_device(device)
+            self.xp = chainer.get_device(device).xp
         self.oa = make_opt().setup(self.a)
         self.ob = make_opt().setup(self.b)
         for make_hook in hooks:
@@ -92,7 +97,8 @@ class Twins(object):
         self.dtype = dtype or numpy.float32
 
     def batch(self, n=6):
-        return self.rs.standard_normal((n, 7)).astype(self.dtype)
+        return self.xp.asarray(
+            self.rs.standard_normal((n, 7)).astype(self.dtype))
 
     def backward(self, x=None, loss_scale=None, clear=True):
         x = self.batch() if x is None else x
@@ -119,8 +125,18 @@ class Twins(object):
         fn(self.b, self.ob)
 
 
+def _host(x):
+    # A CuPy array's values, on the host (for the comparison only).
+    if x is None or isinstance(x, numpy.ndarray):
+        return x
+    return x.get()
+
+
 def assert_same(a, b, oa, ob):
-    pa, pb = dict(a.namedparams()), dict(b.namedparams())
+    pa, pb = {}, {}
+    for d, m in ((pa, a), (pb, b)):
+        for name, p in m.namedparams():
+            d[name] = _HostParam(p)
     assert sorted(pa) == sorted(pb)
     for name in sorted(pa):
         p, q = pa[name], pb[name]
@@ -139,21 +155,37 @@ def assert_same(a, b, oa, ob):
             continue
         assert ra.t == rb.t, 't of %s: %d, %d' % (name, ra.t, rb.t)
         assert ra.enabled == rb.enabled
-        assert (ra.state is None) == (rb.state is None), name
-        if ra.state is not None:
-            assert sorted(ra.state) == sorted(rb.state)
-            for k in ra.state:
-                sa, sb = ra.state[k], rb.state[k]
+        assert (p.state is None) == (q.state is None), name
+        if p.state is not None:
+            assert sorted(p.state) == sorted(q.state)
+            for k in p.state:
+                sa, sb = p.state[k], q.state[k]
                 assert sa.dtype == sb.dtype
                 assert numpy.array_equal(sa, sb, equal_nan=True), \
                     'state %s of %s differs by %s' % (k, name, _diff(sa, sb))
-        fa, fb = ra._fp32_param, rb._fp32_param
+        fa, fb = p.fp32, q.fp32
         assert (fa is None) == (fb is None)
         if fa is not None:
-            assert numpy.array_equal(fa.array, fb.array, equal_nan=True)
-            assert fa.grad is None and fb.grad is None
+            assert numpy.array_equal(fa[0], fb[0], equal_nan=True)
+            assert fa[1] is None and fb[1] is None
     assert oa.t == ob.t and oa.epoch == ob.epoch
     assert oa._loss_scale == ob._loss_scale
+
+
+class _HostParam(object):
+    """A parameter's arrays on the host (CuPy ones copied)."""
+
+    def __init__(self, p):
+        self.array = _host(p.array)
+        self.grad = _host(p.grad)
+        self.update_rule = p.update_rule
+        rule = p.update_rule
+        if rule is not None and rule.state is not None:
+            self.state = dict((k, _host(v)) for k, v in rule.state.items())
+        else:
+            self.state = None
+        self.fp32 = None if rule is None or rule._fp32_param is None else \
+            (_host(rule._fp32_param.array), rule._fp32_param.grad)
 
 
 def _diff(x, y):

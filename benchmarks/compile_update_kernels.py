@@ -1,0 +1,154 @@
+"""Compile the captured update's CuPy kernels with NVRTC, without a GPU.
+
+    LD_LIBRARY_PATH=<site-packages>/nvidia/cuda_nvrtc/lib \
+        PYTHONPATH=. python benchmarks/compile_update_kernels.py
+
+Needs CuPy (13: it uses CuPy's own code generator, private names of
+``cupy._core._kernel``), ``nvidia-cuda-nvrtc-cu12`` and
+``nvidia-cuda-runtime-cu12`` (headers); no Chainer, no device. For each
+kernel of ``schedules.update_cuda`` and each dtype pair a step can use
+(P/T: float32, float64, float16 rules without fp32, Adam on float16
+parameters with float32 T), the source CuPy generates for an
+ElementwiseKernel call on 1-D contiguous arrays is compiled for
+``compute_90`` with the options CuPy adds. Prints how many compiled, then
+compares each with Chainer's own kernel (the same body, its scalars kernel
+parameters): the floating-point instructions of both PTX listings (add,
+sub, mul, fma, div, sqrt, rsqrt, max, min, conversions; integer index
+arithmetic left out), as sequences and as multisets. A compiler may
+reorder independent instructions or compute a common subexpression twice
+(the same value); what would change a result is another operation or
+another FMA contraction, which the multisets show.
+"""
+import collections
+import re
+import itertools
+import os
+import sys
+
+import numpy
+import cupy
+from cupy._core import _carray, _kernel
+from cupy.cuda import compiler
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+from schedules import update_cuda as C  # NOQA
+
+
+def _kinds():
+    # CuPy's private ARG_KIND_NDARRAY / ARG_KIND_INDEXER values.
+    for nd, ix in itertools.product(range(6), range(6)):
+        try:
+            _source(C.SGD, 'f', 'f', nd, ix)
+            return nd, ix
+        except Exception:
+            pass
+    raise RuntimeError('this CuPy\'s _ArgInfo is not understood')
+
+
+def _source(rk, P, T, nd, ix):
+    ins, outs, body = rk.source()
+    k = cupy.ElementwiseKernel(ins, outs, body, 'static_graph_' + rk.name)
+    pick = {'P': P, 'T': T}
+    in_dt = [pick[p.split()[-2]] for p in ins.split(',')]
+    out_dt = [pick[p.split()[-2]] for p in outs.split(',')]
+    _, _, type_map = k._decide_params_type(
+        tuple(numpy.dtype(d).type for d in in_dt),
+        tuple(numpy.dtype(d).type for d in out_dt))
+    infos = [_kernel._ArgInfo(nd, cupy._core.core._ndarray_base,
+                              numpy.dtype(d).type, 1, True, True)
+             for d in in_dt + out_dt]
+    infos.append(_kernel._ArgInfo(ix, _carray.Indexer, None, 1, True, True))
+    return _kernel._get_elementwise_kernel_code(
+        tuple(infos), type_map, k.params, k.operation, k.name, k.preamble)
+
+
+_FLOAT_OP = re.compile(r'^\s*(?:@%\w+\s+)?((?:add|sub|mul|fma|div|sqrt|rsqrt|'
+                       r'max|min|neg|cvt|rcp|abs)\.[\w.]*f(?:16|32|64)\b'
+                       r'[\w.]*)')
+
+
+def _float_ops(ptx):
+    if isinstance(ptx, bytes):
+        ptx = ptx.decode()
+    return [m.group(1) for m in map(_FLOAT_OP.match, ptx.splitlines()) if m]
+
+
+def _chainer_source(rk, P, T, nd, ix, sk=3):
+    # Chainer's kernel: its scalars are kernel parameters (CuPy's
+    # ARG_KIND_SCALAR is 3 in CuPy 13).
+    k = cupy.ElementwiseKernel(rk.in_params, rk.out_params, rk.body,
+                               'chainer_' + rk.name)
+    pick = {'P': P, 'T': T}
+    infos, in_dt = [], []
+    for p in rk.in_params.split(','):
+        toks = p.split()
+        t = numpy.dtype(pick[toks[-2]]).type
+        scalar = toks[-1] in rk.scalars
+        in_dt.append(None if scalar else t)
+        infos.append(_kernel._ArgInfo(sk, t, t, 0, True, True) if scalar
+                     else _kernel._ArgInfo(nd, cupy._core.core._ndarray_base,
+                                           t, 1, True, True))
+    out_dt = [numpy.dtype(pick[p.split()[-2]]).type
+              for p in rk.out_params.split(',')]
+    _, _, type_map = k._decide_params_type(tuple(in_dt), tuple(out_dt))
+    infos += [_kernel._ArgInfo(nd, cupy._core.core._ndarray_base, d, 1, True,
+                               True) for d in out_dt]
+    infos.append(_kernel._ArgInfo(ix, _carray.Indexer, None, 1, True, True))
+    return _kernel._get_elementwise_kernel_code(
+        tuple(infos), type_map, k.params, k.operation, k.name, k.preamble)
+
+
+def main():
+    nd, ix = _kinds()
+    site = os.path.dirname(os.path.dirname(cupy.__file__))
+    inc = os.path.join(os.path.dirname(cupy.__file__), '_core', 'include')
+    opts = ('-arch=compute_90', '--device-as-default-execution-space',
+            '-ftz=true', '-I' + inc,
+            '-I' + os.path.join(inc, 'cupy', '_cuda', 'cuda-12'),
+            '-I' + os.path.join(site, 'nvidia', 'cuda_runtime', 'include'))
+    head = ('#include <cupy/complex.cuh>\n#include <cupy/carray.cuh>\n'
+            '#include <cupy/atomics.cuh>\n')
+    ok, fails = 0, []
+    same_seq = same_set = 0
+    notes = []
+
+    def ptx(source):
+        return compiler._NVRTCProgram(head + source, 'kern.cu', (), (),
+                                      method='ptx').compile(opts)[0]
+    for rk in C.KERNELS:
+        pairs = [('f', 'f'), ('d', 'd'), ('e', 'e')]
+        if 'P ' in rk.in_params:
+            pairs = [('f', 'f'), ('d', 'd'), ('e', 'f')]    # Adam's T
+        for P, T in pairs:
+            try:
+                mine = _float_ops(ptx(_source(rk, P, T, nd, ix)))
+                ok += 1
+            except Exception as e:
+                fails.append((rk.name, P, T, str(e)[-800:]))
+                continue
+            theirs = _float_ops(ptx(_chainer_source(rk, P, T, nd, ix)))
+            if mine == theirs:
+                same_seq += 1
+            elif collections.Counter(mine) == collections.Counter(theirs):
+                same_set += 1
+                notes.append('%s %s/%s: the same instructions, in another '
+                             'order' % (rk.name, P, T))
+            else:
+                notes.append('%s %s/%s: Chainer %s; here %s' % (
+                    rk.name, P, T, dict(collections.Counter(theirs)),
+                    dict(collections.Counter(mine))))
+    print('compiled %d kernel sources for compute_90, %d failed' % (
+        ok, len(fails)))
+    for f in fails:
+        print(f)
+    print('against Chainer\'s own kernels: %d the same float instruction '
+          'sequence, %d the same multiset in another order, %d other' % (
+              same_seq, same_set, ok - same_seq - same_set))
+    for n in notes:
+        print('  ' + n)
+    return 1 if fails else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -12,10 +12,9 @@ with the same bits. A reader raises ``Unsupported`` where Chainer's
 """
 import numpy
 
-from chainer import optimizers
 
 from schedules import update_cuda as C
-from static_graph.update_readers import Unsupported
+from static_graph.update_readers import Unsupported, registrar
 
 FLOAT16 = numpy.dtype(numpy.float16)
 
@@ -23,14 +22,7 @@ RULES = {}     # rule class -> reader(rule, grad_dtype) -> (kernel, scalars,
 #                state keys, scalar dtype)
 
 
-def _rule(module, name):
-    cls = getattr(getattr(optimizers, module, None), name, None)
-
-    def register(fn):
-        if cls is not None:
-            RULES[cls] = fn
-        return fn
-    return register
+_rule = registrar(RULES)
 
 
 @_rule('sgd', 'SGDRule')

@@ -45,15 +45,22 @@ def pack(kernel, values):
 RULES = {}     # rule class -> reader(rule, dtype) -> (kernel, scalars)
 
 
-def _rule(module, name):
-    # (A Chainer older than 7 may lack the class: it is not registered.)
-    cls = getattr(getattr(optimizers, module, None), name, None)
+def registrar(table):
+    """``@rule(module, name)``: registers its function in ``table`` for
+    the update rule class ``chainer.optimizers.<module>.<name>`` (a
+    Chainer older than 7 may lack the class: nothing is registered)."""
+    def rule(module, name):
+        cls = getattr(getattr(optimizers, module, None), name, None)
 
-    def register(fn):
-        if cls is not None:
-            RULES[cls] = fn
-        return fn
-    return register
+        def register(fn):
+            if cls is not None:
+                table[cls] = fn
+            return fn
+        return register
+    return rule
+
+
+_rule = registrar(RULES)
 
 
 @_rule('sgd', 'SGDRule')

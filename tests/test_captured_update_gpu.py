@@ -16,22 +16,10 @@ from chainer.training import extensions
 import static_graph
 from schedules import update_cuda as C
 from tests.update_twins import HOOKS, RULES, Net, Twins, captured, loss_of
+from tests import gpu_available
 
 
-def _gpu_reason():
-    try:
-        import cupy
-    except Exception as e:   # not installed, or no CUDA libraries
-        return 'cupy is not available (%s: %s)' % (type(e).__name__, e)
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return 'no CUDA device'
-    except Exception as e:
-        return 'no CUDA device (%s)' % e
-    return None
-
-
-_reason = _gpu_reason()
+_reason = gpu_available.reason()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=str(_reason))
 DEV = '@cupy:0'
 

@@ -8,22 +8,10 @@ import chainer.links as L
 
 from static_graph import static_graph
 from static_graph.decorator import caches_of
+from tests import gpu_available
 
 
-def _gpu_reason():
-    try:
-        import cupy
-    except Exception as e:   # not installed, or no CUDA libraries
-        return 'cupy is not available (%s: %s)' % (type(e).__name__, e)
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return 'no CUDA device'
-    except Exception as e:
-        return 'no CUDA device (%s)' % e
-    return None
-
-
-_reason = _gpu_reason()
+_reason = gpu_available.reason()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=str(_reason))
 
 

@@ -12,7 +12,6 @@ with the same bits. A reader raises ``Unsupported`` where Chainer's
 """
 import numpy
 
-
 from schedules import update_cuda as C
 from static_graph.update_readers import Unsupported, registrar
 

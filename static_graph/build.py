@@ -29,6 +29,7 @@ from static_graph import lowering
 from static_graph import recompute_rules
 from static_graph import recorder
 from static_graph import signature
+from static_graph.link_values import size as _dict_size
 from static_graph.entry import (
     COMPLETE, ESCAPE_ROLES, STABLE_ROLES, link_hooks, link_structure)
 
@@ -155,7 +156,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     if TRACE:
         e.passes.append(('lowered', _text(e.forward, e.backward)))
 
-    e.link_sizes = tuple((link, len(link.__dict__),
+    e.link_sizes = tuple((link, _dict_size(link.__dict__),
                           link_hooks(link.__dict__))
                          for link, _, _ in e.link_sets)
     e.global_link_hooks = tuple(chainer._get_link_hooks().values())

@@ -14,8 +14,41 @@ if compat.UNSUPPORTED is None:
     from static_graph.signature import layout as _layout
     _Variable = chainer.Variable
 
-_caches = weakref.WeakKeyDictionary()   # chain -> {method name: Cache}
+# A chain's caches live on the chain, in its __dict__ under HOLDER, so that
+# they die with it. (In a WeakKeyDictionary keyed by the chain they kept it
+# alive: an entry holds the chain's links.) Copies of a chain (copy,
+# deepcopy, pickle) start without any.
+HOLDER = '_static_graph_caches'
 _caches_lock = threading.Lock()
+
+
+class _Holder(dict):
+    """{method name: Cache} of the chain ``owner()``."""
+
+    __slots__ = ('owner',)
+
+    def __init__(self, owner=None):
+        dict.__init__(self)
+        self.owner = owner
+
+    def __copy__(self):
+        return _Holder()
+
+    def __deepcopy__(self, memo):
+        return _Holder()
+
+    def __reduce__(self):
+        return _Holder, ()
+
+
+def _holder(chain, make):
+    d = chain.__dict__
+    h = d.get(HOLDER)
+    if h is None or h.owner is None or h.owner() is not chain:
+        if not make:
+            return None
+        h = d[HOLDER] = _Holder(weakref.ref(chain))
+    return h
 
 DEFAULT_CACHE_SIZE = 16
 DEFAULT_WARN_RETRACE = 8
@@ -236,10 +269,7 @@ _erased_leaves = {}   # leaf spec -> its family's (the same few recur)
 
 def cache_for(chain, name, options):
     with _caches_lock:
-        per_chain = _caches.get(chain)
-        if per_chain is None:
-            per_chain = {}
-            _caches[chain] = per_chain
+        per_chain = _holder(chain, True)
         cache = per_chain.get(name)
         if cache is None:
             cache = Cache('%s.%s' % (type(chain).__name__, name),
@@ -253,7 +283,7 @@ def cache_for(chain, name, options):
 def caches_of(chain):
     """{method name: Cache} of a chain (empty if it never recorded)."""
     with _caches_lock:
-        return dict(_caches.get(chain, {}))
+        return dict(_holder(chain, False) or {})
 
 
 def maybe_warn_retrace(cache, key, why=None):

@@ -317,7 +317,7 @@ class Entry(object):
         # holds what they did...
         for link, n, hooks in self.link_sizes:
             d = link.__dict__
-            if len(d) != n or link_hooks(d) != hooks:
+            if link_values.size(d) != n or link_hooks(d) != hooks:
                 return False
         if tuple(chainer._get_link_hooks().values()) != \
                 self.global_link_hooks:

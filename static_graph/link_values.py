@@ -55,7 +55,14 @@ _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 MANAGED = frozenset(
     k for c in (chainer.Link(), chainer.Chain(), chainer.ChainList())
     for k, v in c.__dict__.items() if not isinstance(v, SCALARS)) | \
-    frozenset(('_local_link_hooks', '_device'))
+    frozenset(('_local_link_hooks', '_device', '_static_graph_caches'))
+
+
+def size(d):
+    """How many attributes a link's ``__dict__`` holds, not counting the
+    library's caches (cache.HOLDER: a decorated method's first call puts
+    them there)."""
+    return len(d) - ('_static_graph_caches' in d)
 
 _TOO_BIG = object()
 _ModuleType = types.ModuleType

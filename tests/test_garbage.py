@@ -149,3 +149,34 @@ def test_objects_the_program_froze_stay_frozen():
         assert gc.get_freeze_count() > 0.9 * frozen
     finally:
         gc.unfreeze()
+
+
+def test_a_chain_let_go_is_freed_with_its_caches():
+    """A recorded chain dropped by the program goes (with its parameters
+    and schedules) once the collector runs: its caches live on it, not in
+    a table keyed by it (which its entries, holding its links, kept
+    alive). Copies start with no caches and record their own."""
+    import copy
+    import pickle
+    import weakref
+    rs = numpy.random.RandomState(0)
+    model = StaticNet()
+    opt = chainer.optimizers.MomentumSGD(0.1)
+    opt.setup(model)
+    for _ in range(3):
+        _step(model, opt, rs)
+    assert caches_of(model)['forward'].replays == 2
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)),
+                 copy.copy(model)):
+        assert caches_of(twin) == {}
+    twin = copy.deepcopy(model)
+    twin_opt = chainer.optimizers.MomentumSGD(0.1)
+    twin_opt.setup(twin)
+    for _ in range(2):
+        _step(twin, twin_opt, rs)
+    assert caches_of(twin)['forward'].recordings == 1
+    assert caches_of(model)['forward'].recordings == 1
+    chain, link = weakref.ref(model), weakref.ref(model.l1)
+    del model, opt
+    gc.collect()
+    assert chain() is None and link() is None

@@ -16,6 +16,18 @@ def is_array(v):
         type(v).__name__ == 'ndarray' and hasattr(v, '__cuda_array_interface__'))
 
 
+_Link = chainer.Link
+
+
+def is_link(v):
+    """``isinstance(v, chainer.Link)``, read from the type's MRO. Link's
+    metaclass is an ``abc.ABCMeta``: its first check of each new type
+    (int, bool, set, a Parameter...) walks every Link subclass, 40-900 us
+    a type, which the first recording of a process paid some twenty
+    times. No class registers as a virtual Link subclass."""
+    return _Link in type(v).__mro__
+
+
 def root_of(a):
     base = getattr(a, 'base', None)
     while base is not None and is_array(base):

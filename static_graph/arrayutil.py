@@ -63,9 +63,15 @@ def copy_exact(a):
 def changed(before, after):
     if before.shape != after.shape:
         return True
-    if before.dtype.kind in 'fc':
-        return not numpy.array_equal(before, after, equal_nan=True)
-    return not numpy.array_equal(before, after)
+    # Equal values first: one comparison, where equal_nan=True makes four
+    # passes and three temporaries (72 against 6 us on 78400 floats, an
+    # MLP's batch of 100, compared twice a recording). Only where they
+    # differ can NaNs (equal to nothing, themselves included) be what
+    # differs.
+    if numpy.array_equal(before, after):
+        return False
+    return before.dtype.kind not in 'fc' or \
+        not numpy.array_equal(before, after, equal_nan=True)
 
 
 def detached_copy(v):

@@ -878,3 +878,31 @@ def test_recording_and_define_by_run_calls_in_one_backward(monkeypatch):
            S('train', 2, 1, False, 'sum', None, 'var', True),
            S('train', 2, 2, False, 'sum', None, 'var_nograd', True)]
     G.check_example(prog, seq, 0)
+
+
+def test_changed_compares_values_nans_equal():
+    """arrayutil.changed (did user code write into an array it was
+    handed?): values compared, NaNs equal to NaNs, -0.0 to 0.0; any other
+    difference, of value, NaN position or shape, is a change."""
+    from static_graph.arrayutil import changed
+    a = numpy.array([1.0, numpy.nan, 0.0, 3.0], 'f')
+    b = a.copy()
+    assert not changed(a, b)
+    b[2] = -0.0
+    assert not changed(a, b)
+    b[3] = 4.0
+    assert changed(a, b)
+    b = a.copy()
+    b[1] = 2.0
+    assert changed(a, b) and changed(b, a)
+    c = a.astype(numpy.complex64)
+    d = c.copy()
+    assert not changed(c, d)
+    d[0] = 1j
+    assert changed(c, d)
+    i = numpy.arange(4)
+    j = i.copy()
+    assert not changed(i, j)
+    j[0] = 7
+    assert changed(i, j)
+    assert changed(i, i.reshape(2, 2))

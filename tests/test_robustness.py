@@ -906,3 +906,53 @@ def test_changed_compares_values_nans_equal():
     j[0] = 7
     assert changed(i, j)
     assert changed(i, i.reshape(2, 2))
+
+
+def test_recorder_wrappers_are_let_go_whatever_the_recording_call_does():
+    """The recorder's wrappers stay installed from a recording's forward
+    to the end of its recorded backward (patches.Hold), and are let go
+    after: a backward, a forward that raises, a fallback, a forward-only
+    call, outputs dropped without a backward."""
+    from chainer import function_node
+    from static_graph import patches
+    orig = patches.orig_apply
+
+    def let_go():
+        return patches._install_count == 0 and \
+            function_node.FunctionNode.apply is orig
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        @static_graph.static_graph
+        def forward(self, x, fail=False, read=False):
+            h = self.l(x)
+            if fail:
+                raise ValueError('in the method')
+            if read:
+                float(h.array[0, 0])    # a value read: falls back
+            return F.sum(h)
+
+    x = numpy.ones((2, 3), 'f')
+    net = Net()
+    y = net(x)
+    assert not let_go()            # held for the recorded backward
+    y.backward()
+    assert let_go()
+    with pytest.raises(ValueError):
+        net(x[:1], fail=True)
+    assert let_go()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        net(x, read=True).backward()
+    assert let_go()
+    with chainer.no_backprop_mode():
+        net(numpy.ones((3, 3), 'f'))
+    assert let_go()
+    y = net(numpy.ones((4, 3), 'f'))
+    assert not let_go()
+    del y                          # no backward comes
+    assert let_go()

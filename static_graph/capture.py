@@ -188,6 +188,8 @@ class Capture(object):
         inner = inner + [r[3] for r in recurrent]
         leaf_bids = leaf_bids + [r[5] for r in recurrent]
         e.recurrent = tuple((r[0], r[1]) for r in recurrent)
+        if recurrent or self.hidden_slots:   # (kept on links, maybe long)
+            self.patched.release()
         self.cache.note_slots(
             e.recurrent,
             [(d, k) for d, k, _, kind in attr_writes if kind == 'V'])

@@ -276,15 +276,25 @@ class Hold(object):
     Installing them writes to FunctionNode's class, which makes Python
     drop the cached attribute lookups of every subclass (some hundreds):
     once for both passes instead of each. Calls in between go through
-    the wrappers, which record only while a recording is current."""
+    the wrappers, which record only while a recording is current. One
+    hold at most: a new one lets the last go (a recording's passes each
+    install the wrappers anyway; the hold only spares the writes), so
+    outputs kept without a backward keep none for long."""
+
+    _last = None
 
     def __init__(self):
         install()
         self.held = True
+        with _install_lock:
+            last, Hold._last = Hold._last, self
+        if last is not None:
+            last.release()
 
     def release(self):
-        if self.held:
-            self.held = False
+        with _install_lock:
+            held, self.held = self.held, False
+        if held:
             uninstall()
 
 

@@ -956,3 +956,29 @@ def test_recorder_wrappers_are_let_go_whatever_the_recording_call_does():
     assert not let_go()
     del y                          # no backward comes
     assert let_go()
+    # Two recordings waiting for their backward: one hold (the last).
+    y1 = net(numpy.ones((5, 3), 'f'))
+    y2 = net(numpy.ones((6, 3), 'f'))
+    assert patches._install_count == 1
+    y1.backward()
+    assert not let_go()
+    y2.backward()
+    assert let_go()
+
+    class Recurrent(chainer.Chain):
+        def __init__(self):
+            super(Recurrent, self).__init__()
+            with self.init_scope():
+                self.rnn = L.LSTM(3, 2)
+
+        @static_graph.static_graph
+        def forward(self, x):
+            return F.sum(self.rnn(x))
+
+    # State the links keep (L.LSTM's h and c, the chain alive): no hold
+    # past the forward.
+    r = Recurrent()
+    r(x)
+    assert let_go()
+    r(x).backward()
+    assert let_go()

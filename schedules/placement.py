@@ -244,6 +244,22 @@ def _untouchable(buf, b, keep):
     return None
 
 
+def _may_place(schedule):
+    """Could ``plan`` place any result: is one written fresh (not static)
+    by a kernel that offers ``into``, of ``MIN_BYTES`` or more? Its
+    cheapest conditions, checked before the pieces of memory are found:
+    where none passes (an MLP at batch 8 or less), the plan is empty."""
+    bufs = schedule.buffers
+    for op in schedule.ops:
+        if op.fn is None or getattr(op.fn, 'into', None) is None:
+            continue
+        for b in op.outputs:
+            buf = bufs[b]
+            if not buf.static and buf.nbytes >= MIN_BYTES:
+                return True
+    return False
+
+
 def plan(schedule, facts, keep=(), rule=None, alignment=ALIGNMENT,
          explain=False):
     """The ``Placement`` of ``schedule``'s results (see the module
@@ -254,7 +270,8 @@ def plan(schedule, facts, keep=(), rule=None, alignment=ALIGNMENT,
     if rule not in RULES:
         raise ValueError('rule must be one of %s, not %r' % (RULES, rule))
     result = Placement(keep, rule)
-    if not ENABLED or facts is None or not schedule.ops:
+    if not ENABLED or facts is None or not schedule.ops or \
+            not explain and not _may_place(schedule):
         return result
     bufs = schedule.buffers
     keep = set(keep) | set(facts.keep) | set(schedule.outputs) | set(

@@ -27,7 +27,7 @@ _SCAN_DEPTH = 4
 # Buffers whose arrays are new on every call (not the chain's, not
 # constants): a reference to one must be refreshed (static) or rebound.
 _PER_CALL_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
-_SKIP_TYPES = (type, type(numpy), type(len), chainer.Link)
+_SKIP_TYPES = (type, type(numpy), type(len))   # and links (is_link)
 # Attribute values that hold no array, node or number of interest.
 _ATOMIC = frozenset((type(None), bool, int, str, bytes))
 _NOTHING = frozenset()
@@ -175,8 +175,8 @@ def _scan(obj, depth, arrays, nodes):
         data = getattr(obj, '_data', None)
         if data is not None:
             arrays.append(data)
-    elif isinstance(obj, _SKIP_TYPES) or callable(obj) and not hasattr(
-            obj, '__dict__'):
+    elif isinstance(obj, _SKIP_TYPES) or arrayutil.is_link(obj) or \
+            callable(obj) and not hasattr(obj, '__dict__'):
         return
     elif hasattr(obj, '__dict__'):
         _scan(vars(obj), depth - 1, arrays, nodes)

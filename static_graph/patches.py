@@ -5,8 +5,9 @@
 Chainer's ``backprop_step``, NumPy's array constructors and shape makers,
 and the global random generators' functions with wrappers that hand each
 event to the thread's recording (``current()``); ``uninstall()`` (when the
-last one ends) restores them. Threads that do not record pass straight
-through.
+last one ends) restores them. A recording holds them from its forward to
+the end of its recorded backward (``Hold``). Calls while no recording is
+current in their thread pass straight through.
 """
 import random
 import sys
@@ -267,6 +268,34 @@ def uninstall():
         _install_count -= 1
         if _install_count == 0:
             _put(False)
+
+
+class Hold(object):
+    """The wrappers held installed from a recording's forward to the end
+    of its recorded backward (``release``, once; again does nothing).
+    Installing them writes to FunctionNode's class, which makes Python
+    drop the cached attribute lookups of every subclass (some hundreds):
+    once for both passes instead of each. Calls in between go through
+    the wrappers, which record only while a recording is current. One
+    hold at most: a new one lets the last go (a recording's passes each
+    install the wrappers anyway; the hold only spares the writes), so
+    outputs kept without a backward keep none for long."""
+
+    _last = None
+
+    def __init__(self):
+        install()
+        self.held = True
+        with _install_lock:
+            last, Hold._last = Hold._last, self
+        if last is not None:
+            last.release()
+
+    def release(self):
+        with _install_lock:
+            held, self.held = self.held, False
+        if held:
+            uninstall()
 
 
 orig_apply = _orig_apply

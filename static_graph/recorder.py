@@ -5,8 +5,9 @@ becomes a ``RecordedOp`` over buffers (arrays identified by object identity),
 together with the node's hidden state (arrays the forward left on ``self``)
 and the attributes the forward changed (restored before each replay, so a
 node such as Dropout draws a fresh mask instead of reusing the old one).
-The wrappers are installed only while some thread records; other threads
-pass straight through.
+The wrappers are installed only while some recording is under way (from
+its forward to the end of its recorded backward); calls of other threads,
+and of this one between the two passes, pass straight through.
 """
 import numpy
 

@@ -170,3 +170,20 @@ def test_an_object_that_cannot_be_rebuilt_falls_back_from_the_first_call():
     assert any('__slots__' in m and 'Slotted' in m for m in msgs), msgs
     (cache,) = caches_of(b).values()
     assert cache.replays == 0
+
+
+def test_is_link_agrees_with_isinstance():
+    """arrayutil.is_link (the links' MRO, not Link's ABC check) says what
+    isinstance says, for links, chains, a user's link class and others."""
+    from static_graph import arrayutil
+
+    class MyLink(chainer.Chain):
+        pass
+
+    things = [L.Linear(2, 3), chainer.Chain(), chainer.ChainList(), MyLink(),
+              L.BatchNormalization(3), chainer.Parameter(numpy.zeros(2)),
+              chainer.Variable(numpy.zeros(2)), numpy.zeros(2), 1, True,
+              None, 'a', (1,), {1}, {}, [], chainer.Link, MyLink,
+              numpy.float32, numpy.dtype('f'), F.relu, object()]
+    for v in things:
+        assert arrayutil.is_link(v) == isinstance(v, chainer.Link), v

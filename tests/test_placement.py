@@ -122,6 +122,18 @@ def test_nothing_placed_without_into_facts_or_when_switched_off(small_too):
         placement.ENABLED = old
 
 
+def test_plans_skipped_by_the_cheap_check_place_nothing(monkeypatch):
+    """plan() returns at once where no result could be placed
+    (placement._may_place): only where the full plan places nothing."""
+    k = Kernels()
+    s = _chain(k)      # z, the one result with into: 128 bytes
+    for min_bytes in (0, 128, 129, 1 << 16):
+        monkeypatch.setattr(placement, 'MIN_BYTES', min_bytes)
+        full = placement.plan(s, s.memory, explain=True).places
+        assert placement.plan(s, s.memory).places == full
+        assert bool(full) == (min_bytes <= 128)
+
+
 @pytest.mark.parametrize('how', ['read later', 'kept', 'input', 'static',
                                  'alias read later', 'shared memory kept'])
 def test_memory_still_seen_is_never_taken(how, small_too):

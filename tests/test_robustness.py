@@ -878,3 +878,107 @@ def test_recording_and_define_by_run_calls_in_one_backward(monkeypatch):
            S('train', 2, 1, False, 'sum', None, 'var', True),
            S('train', 2, 2, False, 'sum', None, 'var_nograd', True)]
     G.check_example(prog, seq, 0)
+
+
+def test_changed_compares_values_nans_equal():
+    """arrayutil.changed (did user code write into an array it was
+    handed?): values compared, NaNs equal to NaNs, -0.0 to 0.0; any other
+    difference, of value, NaN position or shape, is a change."""
+    from static_graph.arrayutil import changed
+    a = numpy.array([1.0, numpy.nan, 0.0, 3.0], 'f')
+    b = a.copy()
+    assert not changed(a, b)
+    b[2] = -0.0
+    assert not changed(a, b)
+    b[3] = 4.0
+    assert changed(a, b)
+    b = a.copy()
+    b[1] = 2.0
+    assert changed(a, b) and changed(b, a)
+    c = a.astype(numpy.complex64)
+    d = c.copy()
+    assert not changed(c, d)
+    d[0] = 1j
+    assert changed(c, d)
+    i = numpy.arange(4)
+    j = i.copy()
+    assert not changed(i, j)
+    j[0] = 7
+    assert changed(i, j)
+    assert changed(i, i.reshape(2, 2))
+
+
+def test_recorder_wrappers_are_let_go_whatever_the_recording_call_does():
+    """The recorder's wrappers stay installed from a recording's forward
+    to the end of its recorded backward (patches.Hold), and are let go
+    after: a backward, a forward that raises, a fallback, a forward-only
+    call, outputs dropped without a backward."""
+    from chainer import function_node
+    from static_graph import patches
+    orig = patches.orig_apply
+
+    def let_go():
+        return patches._install_count == 0 and \
+            function_node.FunctionNode.apply is orig
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        @static_graph.static_graph
+        def forward(self, x, fail=False, read=False):
+            h = self.l(x)
+            if fail:
+                raise ValueError('in the method')
+            if read:
+                float(h.array[0, 0])    # a value read: falls back
+            return F.sum(h)
+
+    x = numpy.ones((2, 3), 'f')
+    net = Net()
+    y = net(x)
+    assert not let_go()            # held for the recorded backward
+    y.backward()
+    assert let_go()
+    with pytest.raises(ValueError):
+        net(x[:1], fail=True)
+    assert let_go()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        net(x, read=True).backward()
+    assert let_go()
+    with chainer.no_backprop_mode():
+        net(numpy.ones((3, 3), 'f'))
+    assert let_go()
+    y = net(numpy.ones((4, 3), 'f'))
+    assert not let_go()
+    del y                          # no backward comes
+    assert let_go()
+    # Two recordings waiting for their backward: one hold (the last).
+    y1 = net(numpy.ones((5, 3), 'f'))
+    y2 = net(numpy.ones((6, 3), 'f'))
+    assert patches._install_count == 1
+    y1.backward()
+    assert not let_go()
+    y2.backward()
+    assert let_go()
+
+    class Recurrent(chainer.Chain):
+        def __init__(self):
+            super(Recurrent, self).__init__()
+            with self.init_scope():
+                self.rnn = L.LSTM(3, 2)
+
+        @static_graph.static_graph
+        def forward(self, x):
+            return F.sum(self.rnn(x))
+
+    # State the links keep (L.LSTM's h and c, the chain alive): no hold
+    # past the forward.
+    r = Recurrent()
+    r(x)
+    assert let_go()
+    r(x).backward()
+    assert let_go()

@@ -537,6 +537,10 @@ class CupyBackend(object):
         cupy = self.cupy
         if a.shape != b.shape or a.dtype != b.dtype:
             return False
+        if a.dtype.kind in 'fc' and a.dtype.itemsize in (2, 4, 8):
+            # bit for bit: -0.0 is not 0.0, a NaN equals the same NaN
+            view = 'u%d' % a.dtype.itemsize
+            return bool(cupy.array_equal(a.view(view), b.view(view)))
         if a.dtype.kind in 'fc':
             return bool(cupy.array_equal(a, b, equal_nan=True))
         return bool(cupy.array_equal(a, b))

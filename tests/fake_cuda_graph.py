@@ -71,8 +71,9 @@ class FakeBackend(object):
 
     @staticmethod
     def same(a, b):
+        from static_graph.kernel_checks import _same_bits
         return a.shape == b.shape and a.dtype == b.dtype and \
-            numpy.array_equal(a, b, equal_nan=a.dtype.kind in 'fc')
+            _same_bits(numpy.asarray(a), numpy.asarray(b))
 
     def capture(self, run, inputs):
         if self.refuse:

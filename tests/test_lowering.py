@@ -627,3 +627,19 @@ def test_embed_id_grad_of_a_broadcast_gradient_replays_lowered():
             m(x).backward()
         assert a.embed.W.grad.tobytes() == b.embed.W.grad.tobytes()
     assert dict(kernels(b))['EmbedIDGrad'] == 'numpy_EmbedIDGrad'
+
+
+def test_kernel_checks_compare_bits_not_values():
+    """A kernel whose result differs from the node's only in the sign of a
+    zero is not the node's result (a later 1/x tells them apart); one
+    whose result holds the same NaNs is."""
+    from static_graph import kernel_checks
+    zero = numpy.array([0.0, 1.0], numpy.float32)
+    assert not kernel_checks._same((zero,), (-zero,))
+    assert kernel_checks._same((zero,), (zero.copy(),))
+    nan = numpy.array([numpy.nan, 2.0], numpy.float64)
+    assert kernel_checks._same((nan,), (nan.copy(),))
+    assert not kernel_checks._same((0.0,), (-0.0,))
+    assert kernel_checks._same((float('nan'),), (float('nan'),))
+    strided = numpy.arange(12, dtype=numpy.float16).reshape(3, 4)[:, ::2]
+    assert kernel_checks._same_bits(strided, strided.copy())

@@ -91,7 +91,7 @@ def _copy(a):
 
 
 def _table(schedule, extra_outputs=(), copy_outputs=(), preset=(),
-           free=True, copy=_copy):
+           free=True, copy=_copy, pair=None):
     # The interpreter holds every buffer until it returns: ``free`` is for
     # compile_schedule.
     bufs = schedule.buffers
@@ -140,8 +140,47 @@ def _interpret(table, args, copyto, copy=_copy):
     return tuple(copy(s[i]) if c else s[i] for i, c in rets)
 
 
+def _pairs(schedule, plan, hold_at, pair):
+    """{op index i: runner} for ops i and i + 1 that can run at the same
+    time: neither writes a static buffer or into an input (``aliases``),
+    the second reads nothing the first makes, and a result either places
+    in dead memory goes to a host held before the first runs (so neither
+    writes memory the other reads); ``pair(op_a, op_b)`` gives the runner
+    or None."""
+    if pair is None:
+        return {}
+    bufs = schedule.buffers
+    held_from = {}
+    for i, hs in hold_at.items():
+        for h, _ in hs:
+            held_from[h] = i
+    ops = schedule.ops
+    out = {}
+    i = 0
+    while i + 1 < len(ops):
+        a, b = ops[i], ops[i + 1]
+        ok = a.fn is not None and b.fn is not None and \
+            a.outputs and b.outputs and not set(a.outputs) & set(b.inputs)
+        for op in (a, b):
+            if not ok:
+                break
+            ok = not getattr(op.fn, 'aliases', None) and \
+                op.select == tuple(range(len(op.outputs))) and \
+                not any(bufs[x].static for x in op.outputs) and \
+                all(held_from.get(plan.places[x][0], -1) < i
+                    for x in op.outputs if x in plan.places)
+        runner = pair(a, b) if ok else None
+        if runner is not None:
+            out[i] = runner
+            i += 2
+        else:
+            i += 1
+    return out
+
+
 def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
-                     preset=(), free=True, copy=_copy, place=True):
+                     preset=(), free=True, copy=_copy, place=True,
+                     pair=None):
     """Compile ``schedule``.
 
     copyto: ``copyto(dst, src)`` of the array module (numpy.copyto,
@@ -159,6 +198,10 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     place: write results into dead memory where ``schedule.memory`` (the
         front end's ``placement.Facts``) and the kernels allow it
         (placement.py); the plan is kept as ``schedule.placement``.
+    pair: ``pair(op_a, op_b)``, for two neighbouring ops that could run at
+        the same time (``_pairs``), a runner ``runner(fa, xa, fb, xb) ->
+        (fa(*xa), fb(*xb))`` that may run them on two threads, or None
+        (``parallel.Pair``).
     """
     bufs = schedule.buffers
     env = {'copyto': copyto, 'copy': copy, 'take': placement.take}
@@ -216,6 +259,9 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     for h, i in plan.held.items():
         release_at.setdefault(i, []).append(h)
 
+    pairs = _pairs(schedule, plan, hold_at, pair) if free else {}
+    schedule.pairs = pairs
+    waiting = None       # the first op of a pair: (index, call pieces)
     for i, op in enumerate(schedule.ops):
         if op.fn is None:
             for b in op.outputs:
@@ -229,7 +275,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         args = ', '.join(ref(b) for b in op.inputs)
         if len(op.inputs) == 1:
             args += ','
-        call = '%s((%s))' % (fname, args)
+        fn_name, fn_args = fname, '(%s),' % args
         placed = [(b, pos) for b, pos in zip(op.outputs, op.select)
                   if b in plan.places]
         if placed:
@@ -245,7 +291,29 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                 env[dname] = buf.dtype
                 outs[pos] = 'take(H%d, %d, %r, %s, %d)' % (
                     h, off, buf.shape, dname, buf.nbytes)
-            call = '%s((%s), (%s,))' % (gname, args, ', '.join(outs))
+            fn_name, fn_args = gname, '(%s), (%s,)' % (args,
+                                                      ', '.join(outs))
+        call = '%s(%s)' % (fn_name, fn_args[:-1] if fn_args.endswith(',')
+                           else fn_args)
+        if i in pairs:
+            waiting = (i, fn_name, fn_args)
+            continue
+        if waiting is not None:
+            # Both ops of the pair at once; then each one's bookkeeping.
+            j, a_name, a_args = waiting
+            waiting = None
+            pname = 'P%d' % j
+            env[pname] = pairs[j]
+            lines.append('    _ra, _rb = %s(%s, (%s), %s, (%s))' % (
+                pname, a_name, a_args, fn_name, fn_args))
+            a_op = schedule.ops[j]
+            lines.append('    %s, *_ = _ra' % ', '.join(
+                ref(b) for b in a_op.outputs))
+            lines.extend(_after(j, hold_at, release_at, frees, ref))
+            lines.append('    %s, *_ = _rb' % ', '.join(
+                ref(b) for b in op.outputs))
+            lines.extend(_after(i, hold_at, release_at, frees, ref))
+            continue
         static = [bufs[b].static for b in op.outputs]
         if not any(static) and op.select == tuple(range(len(op.outputs))):
             # One line: unpack the result tuple (padding unused tails).
@@ -259,14 +327,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                     lines.append('    copyto(%s, _r[%d])' % (ref(b), pos))
                 else:
                     lines.append('    %s = _r[%d]' % (ref(b), pos))
-        for h, b in hold_at.get(i, ()):
-            lines.append('    H%d = %s' % (h, ref(b)))
-        if i in release_at:
-            lines.append('    del %s' % ', '.join(
-                'H%d' % h for h in sorted(release_at[i])))
-        dead = [ref(b) for b in sorted(frees.get(i, ()))]
-        if dead:
-            lines.append('    del %s' % ', '.join(dead))
+        lines.extend(_after(i, hold_at, release_at, frees, ref))
 
     outs = []
     for b in tuple(schedule.outputs) + tuple(extra_outputs):
@@ -279,3 +340,17 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     # Out of its own globals: ``run`` -> globals -> ``run`` would be a
     # reference cycle holding every kernel until the garbage collector runs.
     return CompiledSchedule(schedule, env.pop('run'), source)
+
+
+def _after(i, hold_at, release_at, frees, ref):
+    """The lines after op ``i``: memory held, let go, buffers freed."""
+    lines = []
+    for h, b in hold_at.get(i, ()):
+        lines.append('    H%d = %s' % (h, ref(b)))
+    if i in release_at:
+        lines.append('    del %s' % ', '.join(
+            'H%d' % h for h in sorted(release_at[i])))
+    dead = [ref(b) for b in sorted(frees.get(i, ()))]
+    if dead:
+        lines.append('    del %s' % ', '.join(dead))
+    return lines

@@ -159,6 +159,9 @@ class Schedule(object):
         # results (``placement.Placement``, set when it compiles).
         self.memory = None
         self.placement = None
+        # Ops a compiled run may run at the same time as the next one:
+        # {index: runner} (executor._pairs), set when it compiles.
+        self.pairs = {}
 
     # -- checks -------------------------------------------------------------
     def verify(self, preset=()):
@@ -283,6 +286,12 @@ class Schedule(object):
                         self._ref(b), placed.reasons[b]))
             if op.fn is None:
                 marks.append('no-op at replay')
+            for j in (i, i - 1):
+                runner = self.pairs.get(j)
+                if runner is not None:
+                    marks.append('at the same time as the %s op%s' % (
+                        'next' if j == i else 'previous',
+                        runner.describe() if j == i else ''))
             if show_source and op.source:
                 marks.append(op.source)
             if marks:

@@ -313,6 +313,46 @@ class SplitChoice(object):
             self.medians[0] * 1e3, self.medians[1] * 1e3)
 
 
+class Pair(object):
+    """Runs two independent kernels (``executor._pairs``): one after the
+    other, or the second on the caller's thread while a worker runs the
+    first, whichever measures faster (``SplitChoice``). Each kernel is
+    what it is either way, so the results are the same bits; only which
+    core runs it changes. For kernels that release the GIL for most of
+    their time (BLAS products)."""
+
+    def __init__(self, threads, kinds):
+        self.kinds = kinds
+        self.choice = SplitChoice(min(threads, 2))
+
+    def __call__(self, fa, xa, fb, xb):
+        return self.choice.run(lambda runner: self._run(runner, fa, xa, fb,
+                                                        xb))
+
+    def describe(self):
+        """What the printout says of the pair's measured choice."""
+        c = self.choice
+        if c.choice is None:
+            return ' (measuring two threads against one)'
+        return ' (%s: median %.3g ms, %.3g ms on one, measured)' % (
+            'on two threads' if c.choice else 'not: one thread is faster',
+            c.medians[0] * 1e3, c.medians[1] * 1e3)
+
+    @staticmethod
+    def _run(runner, fa, xa, fb, xb):
+        if runner is None:
+            return fa(*xa), fb(*xb)
+        out = [None, None]
+
+        def first():
+            out[0] = fa(*xa)
+
+        def second():
+            out[1] = fb(*xb)
+        runner.run([[(second, ())], [(first, ())]], caller_errstate())
+        return out[0], out[1]
+
+
 class Ranges(object):
     """Runs ``fn(lo, hi)`` over ``[0, n)``: whole, or as ``threads``
     contiguous ranges on the shared pool, whichever measures faster

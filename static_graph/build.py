@@ -29,6 +29,7 @@ from static_graph import lowering
 from static_graph import recompute_rules
 from static_graph import recorder
 from static_graph import signature
+from static_graph import split_kernels
 from static_graph.link_values import size as _dict_size
 from static_graph.entry import (
     COMPLETE, ESCAPE_ROLES, STABLE_ROLES, link_hooks, link_structure)
@@ -227,6 +228,7 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
     e.run_forward = executor.TieredSchedule(
         e.forward, copyto, before_compile=lower_pass.lower_ops,
         free=e.plan_memory, copy=arrayutil.copy_exact,
+        pair=split_kernels.pairing(e.threads),
         extra_outputs=e.forward.keep,
         copy_outputs=set(b for b in e.expose if e.reused(bufs, b)))
     if e.graphs is not None:

@@ -15,6 +15,7 @@ from static_graph import graphs
 from static_graph import link_values
 from static_graph import masked
 from static_graph import signature
+from static_graph import split_kernels
 
 # Roles of buffers whose arrays are not the schedule's own: handed out,
 # they are copies.
@@ -211,7 +212,7 @@ class Entry(object):
         run = executor.TieredSchedule(
             schedule, self.copyto, free=self.plan_memory,
             copy=arrayutil.copy_exact, copy_outputs=self.backward_copies,
-            **options)
+            pair=split_kernels.pairing(self.threads), **options)
         if self.graphs is not None:
             run = graphs.backward_tier(self, run, self.graphs)
         return run

@@ -72,3 +72,27 @@ class _Split(object):
             kernel([x[s] for x in a])
         self.ranges(part)
         return (a[self.alias],)
+
+
+# Kernels whose time is almost all in one BLAS call (the GIL let go), run
+# two at a time where neighbours in a schedule are independent (a Linear's
+# input and weight gradients; LSTM's input and recurrent products).
+PAIRABLE = frozenset((
+    'LinearFunction', 'LinearGradData', 'LinearGradWeight',
+    'Convolution2DFunction', 'Convolution2DGradW',
+    'Deconvolution2DFunction'))
+
+
+def pairing(threads):
+    """The executor's ``pair`` for a schedule of ``threads`` (None: none
+    run at the same time)."""
+    if threads_of(threads) < 2:
+        return None
+
+    def pair(a, b):
+        if a.kind in PAIRABLE and b.kind in PAIRABLE and all(
+                getattr(op.fn, '__name__', '').startswith('numpy_')
+                for op in (a, b)):
+            return parallel.Pair(threads_of(threads), (a.kind, b.kind))
+        return None
+    return pair

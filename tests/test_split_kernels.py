@@ -129,3 +129,105 @@ def _inplace():
         return numpy.maximum(a[0], 0, out=a[0]),
     kernel.aliases = (0,)
     return kernel
+
+
+class TwoBranches(chainer.Chain):
+    """Independent products side by side: two Linears of one input (an
+    LSTM's upward and lateral), and every Linear's input and weight
+    gradients in the backward."""
+
+    def __init__(self):
+        super(TwoBranches, self).__init__()
+        with self.init_scope():
+            self.a = L.Linear(40, 64)
+            self.b = L.Linear(40, 64)
+            self.c = L.Linear(64, 64)
+            self.d = L.Linear(64, 3)
+
+    def forward(self, x, t):
+        h = F.tanh(self.a(x) + self.b(x))
+        h = F.relu(self.c(h))
+        return F.softmax_cross_entropy(self.d(h), t)
+
+
+def _paired_ops(chain):
+    entry = next(iter(stats(chain).entries.values()))
+    kinds = []
+    for run in (entry.run_forward, entry.run_backward):
+        s = run.schedule
+        for i in s.pairs:
+            kinds.append((s.ops[i].kind, s.ops[i + 1].kind))
+    return kinds
+
+
+@pytest.mark.parametrize('threads', [1, 2])
+def test_independent_products_run_two_at_a_time_with_the_same_bits(
+        threads, monkeypatch):
+    """With two threads allowed, neighbouring independent products run at
+    the same time (forced here on every call): every loss, gradient and
+    parameter equal to define-by-run's; the printout names the pairs."""
+    concurrent = []
+    run = parallel.Pair._run
+
+    def counting(runner, *args):
+        concurrent.append(runner is not None)
+        return run(runner, *args)
+    monkeypatch.setattr(parallel.Pair, '_run', staticmethod(counting))
+    monkeypatch.setattr(parallel.SplitChoice, 'use_pool',
+                        lambda self: (self.threads > 1, False))
+    a, b = static_twins(TwoBranches, threads=threads)
+    oa, ob = chainer.optimizers.Adam(), chainer.optimizers.Adam()
+    oa.setup(a)
+    ob.setup(b)
+    rs = numpy.random.RandomState(0)
+    for i in range(6):
+        x = rs.randn(32, 40).astype(numpy.float32)
+        t = rs.randint(0, 3, 32).astype(numpy.int32)
+        for m, o in ((a, oa), (b, ob)):
+            m.cleargrads()
+            loss = m(x, t)
+            loss.backward()
+            o.update()
+        compare_chains(a, b, rtol=0, atol=0, grads=True)
+    pairs = _paired_ops(b)
+    if threads == 1:
+        assert pairs == [] and concurrent == []
+        return
+    assert ('LinearFunction', 'LinearFunction') in pairs
+    assert ('LinearGradData', 'LinearGradWeight') in pairs
+    assert concurrent and all(concurrent)
+    entry = next(iter(stats(b).entries.values()))
+    assert 'at the same time as the next op' in str(
+        entry.run_backward.schedule)
+
+
+def test_a_result_placed_where_its_partner_reads_is_not_paired():
+    """executor._pairs: two ops run at once only if neither writes memory
+    the other reads (a result placed in a host held from before both)."""
+    from schedules import executor, ir
+
+    class Fn(object):
+        __name__ = 'numpy_k'
+
+        def __call__(self, a):
+            return a[0] + 1,
+
+    bufs = dict((i, ir.Buffer(i, (2,), numpy.dtype('f'),
+                              ir.INPUT if i == 0 else ir.TEMP))
+                for i in range(5))
+    ops = [ir.Op('K', [0], [1], fn=Fn()), ir.Op('K', [1], [2], fn=Fn()),
+           ir.Op('K', [1], [3], fn=Fn()), ir.Op('K', [2, 3], [4], fn=Fn())]
+    s = ir.Schedule('s', bufs, ops, [0], [4])
+
+    class Plan(object):
+        places = {}
+
+    always = lambda a, b: object()   # NOQA
+    # op 1 and op 2 are independent; op 0 and op 1 are not
+    assert list(executor._pairs(s, Plan(), {}, always)) == [1]
+    # op 2's result placed in a host held from op 1 on (op 1's input dies
+    # there, say): not paired
+    Plan.places = {3: (7, 0)}
+    assert executor._pairs(s, Plan(), {1: [(7, 1)]}, always) == {}
+    # held from before op 1: paired
+    assert list(executor._pairs(s, Plan(), {0: [(7, 0)]}, always)) == [1]

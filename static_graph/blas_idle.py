@@ -119,3 +119,36 @@ def _quiet():
 def state():
     """What ``quiet()`` did, or None where it has not run."""
     return _state
+
+
+_get_threads = []        # [the numpy BLAS's get_num_threads, or None]
+
+
+def numpy_blas_threads():
+    """How many threads the OpenBLAS NumPy calls uses for a product, or
+    None where that cannot be read (another BLAS, no such entry point)."""
+    if not _get_threads:
+        _get_threads.append(_find_get_threads())
+    fn = _get_threads[0]
+    return None if fn is None else fn()
+
+
+def _find_get_threads():
+    paths = _loaded_openblas()
+    # NumPy's own first (SciPy may map another OpenBLAS)
+    paths.sort(key=lambda p: '/numpy' not in p)
+    mode = getattr(os, 'RTLD_NOLOAD', 0) | getattr(os, 'RTLD_LAZY', 0)
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=mode)
+        except OSError:
+            continue
+        for prefix in _PREFIXES:
+            for suffix in ('', '64_'):
+                fn = getattr(lib, '%sopenblas_get_num_threads%s' % (
+                    prefix, suffix), None)
+                if fn is not None:
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = []
+                    return fn
+    return None

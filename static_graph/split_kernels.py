@@ -17,6 +17,7 @@ where ``@static_graph(threads=...)`` allows more than one thread.
 import numpy
 
 from schedules import parallel
+from static_graph import blas_idle
 
 MIN_ELEMENTS = 1 << 17
 SPLITTABLE = frozenset(('ReLU', 'ReLUGrad2', 'Add'))
@@ -85,8 +86,12 @@ PAIRABLE = frozenset((
 
 def pairing(threads):
     """The executor's ``pair`` for a schedule of ``threads`` (None: none
-    run at the same time)."""
-    if threads_of(threads) < 2:
+    run at the same time). Only where NumPy's BLAS runs a product on one
+    thread (``OPENBLAS_NUM_THREADS=1``): a BLAS that takes every core for
+    each product leaves nothing to a second one, and two such products at
+    once oversubscribe the cores (the measured choice would keep them
+    apart, but its probes cost the first iterations)."""
+    if threads_of(threads) < 2 or blas_idle.numpy_blas_threads() != 1:
         return None
 
     def pair(a, b):

@@ -113,3 +113,25 @@ def test_captured_update_quiets_blas_at_its_first_split_step_only_if_asked():
     assert 'OpenBLAS idle threads' not in r['explainFalse']
     assert r['True'] is not None
     assert 'OpenBLAS idle threads' in r['explainTrue']
+
+
+def test_the_number_of_blas_threads_is_read(tmp_path):
+    """numpy_blas_threads reads what OpenBLAS was told (None where the
+    BLAS is not an OpenBLAS it can ask)."""
+    import os
+    import subprocess
+    import sys
+    code = ('import static_graph, numpy\n'
+            'from static_graph import blas_idle\n'
+            'print(blas_idle.numpy_blas_threads())\n')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    seen = []
+    for n in ('1', '2'):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=n, PYTHONPATH=root)
+        out = subprocess.run([sys.executable, '-c', code], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        seen.append(out.stdout.strip())
+    # (OpenBLAS takes no more threads than the machine has cores)
+    two = str(min(2, os.cpu_count() or 1))
+    assert seen in (['1', two], ['None', 'None'])

@@ -160,12 +160,16 @@ def _paired_ops(chain):
     return kinds
 
 
-@pytest.mark.parametrize('threads', [1, 2])
+@pytest.mark.parametrize('threads,blas', [(1, 1), (2, 1), (2, 2)])
 def test_independent_products_run_two_at_a_time_with_the_same_bits(
-        threads, monkeypatch):
-    """With two threads allowed, neighbouring independent products run at
-    the same time (forced here on every call): every loss, gradient and
-    parameter equal to define-by-run's; the printout names the pairs."""
+        threads, blas, monkeypatch):
+    """With two threads allowed and a BLAS that runs each product on one
+    thread, neighbouring independent products run at the same time
+    (forced here on every call): every loss, gradient and parameter equal
+    to define-by-run's; the printout names the pairs. A BLAS of two
+    threads pairs nothing."""
+    from static_graph import blas_idle
+    monkeypatch.setattr(blas_idle, 'numpy_blas_threads', lambda: blas)
     concurrent = []
     run = parallel.Pair._run
 
@@ -190,7 +194,7 @@ def test_independent_products_run_two_at_a_time_with_the_same_bits(
             o.update()
         compare_chains(a, b, rtol=0, atol=0, grads=True)
     pairs = _paired_ops(b)
-    if threads == 1:
+    if threads == 1 or blas > 1:
         assert pairs == [] and concurrent == []
         return
     assert ('LinearFunction', 'LinearFunction') in pairs

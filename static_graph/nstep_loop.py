@@ -20,7 +20,7 @@ runs define-by-run, and its NStep LSTMs and RNNs (``n_step_lstm``,
 ``n_step_rnn``, tanh or ReLU, and their bidirectional forms) then cost one
 node each. Not where one node cannot give define-by-run's order: weights
 used twice before one backward (the first use of a link is only
-watched), a second-order gradient (raises); not for GRUs (their step's
+watched); not for GRUs (their step's
 ops and the order of its gradient sums are not written here), CuPy.
 """
 import contextlib
@@ -231,7 +231,9 @@ class NStepLoop(function_node.FunctionNode):
     2 for an RNN; flat), then the time steps' inputs; outputs: hy, cy
     (LSTM only), then the time steps' outputs."""
 
-    def __init__(self, cell, n_layers, dropout_ratio, bi, train, ranks):
+    def __init__(self, cell, n_layers, dropout_ratio, bi, train, ranks,
+                 step=None):
+        self.step = step           # Chainer's step function (``_impl``'s f)
         self.cell = cell
         self.n_w = 8 if cell == 'lstm' else 2
         self.n_state = 2 if cell == 'lstm' else 1
@@ -260,6 +262,8 @@ class NStepLoop(function_node.FunctionNode):
         ws = [inputs[w0 + k * i:w0 + k * i + k] for i in range(n)]
         bs = [inputs[b0 + k * i:b0 + k * i + k] for i in range(n)]
         xs = inputs[x0:]
+        # (for a second-order gradient, which unrolls the loop again)
+        self.retain_inputs(tuple(range(len(inputs))))
         self._n_steps = len(xs)
         self._loops = []
         self._masks = []
@@ -323,11 +327,8 @@ class NStepLoop(function_node.FunctionNode):
     def backward_accumulate(self, target_input_indexes, grad_outputs,
                             grad_inputs):
         if chainer.config.enable_backprop:
-            raise NotImplementedError(
-                'a second-order gradient through an NStep RNN that ran as '
-                'one NStepLoop node (static_graph fuses them in the '
-                'define-by-run calls of a decorated method): run the method '
-                "under chainer.using_config('use_static_graph', False)")
+            return self._unrolled_grads(target_input_indexes, grad_outputs,
+                                        grad_inputs)
         held = dict((i, g.array) for i, g in
                     zip(target_input_indexes, grad_inputs) if g is not None)
         grads = self._grads(target_input_indexes,
@@ -338,6 +339,58 @@ class NStepLoop(function_node.FunctionNode):
             g = grads.get(i, held.get(i))
             out.append(None if g is None else chainer.Variable(g))
         return tuple(out)
+
+    def _unrolled_grads(self, indexes, grad_outputs, grad_inputs):
+        """A backward that must itself be differentiable (a second-order
+        gradient): Chainer's unrolled loop built again over the retained
+        inputs, its dropout masks the ones this node drew, and its
+        gradients taken with ``chainer.grad`` (the held gradients first,
+        as define-by-run adds them)."""
+        if self.step is None:
+            raise NotImplementedError(
+                'a second-order gradient through an NStepLoop node made '
+                'without its step function')
+        inputs = self.get_retained_inputs()
+        use = _uses.get(id(inputs[self.n_state]))
+        if use is not None and not use[2]:
+            use[2] = True
+            warnings.warn(
+                'static_graph: a second-order gradient through an NStep '
+                'RNN that ran as one node (a define-by-run call of a '
+                'decorated method): its loop is unrolled again for it, but '
+                'the parameters\' gradients of this backward are added in '
+                'another order than define-by-run adds them (last bits). '
+                'This RNN stays unrolled from now on.',
+                diagnostics.StaticGraphWarning)
+        n, w0, b0, x0 = self._layout()
+        k = self.n_w
+        hx = inputs[0]
+        cx = inputs[1] if self.n_state == 2 else None
+        ws = [list(inputs[w0 + k * i:w0 + k * i + k]) for i in range(n)]
+        bs = [list(inputs[b0 + k * i:b0 + k * i + k]) for i in range(n)]
+        masks = iter([m for layer in self._masks for m in layer
+                      if m is not None])
+
+        def drawn_dropout(xs, ratio):
+            return [dropout_module.dropout(x, ratio=ratio, mask=m)
+                    for x, m in zip(xs, next(masks))]
+        sequence = n_step_rnn_module._dropout_sequence
+        n_step_rnn_module._dropout_sequence = drawn_dropout
+        try:
+            with chainer.using_config('train', self.train):
+                hy, cy, ys = _original_impl(
+                    self.step, self.n_layers, self.dropout_ratio, hx, cx,
+                    ws, bs, list(inputs[x0:]), self.bi)
+        finally:
+            n_step_rnn_module._dropout_sequence = sequence
+        outs = [hy] + ([cy] if cx is not None else []) + list(ys)
+        given = [(y, g) for y, g in zip(outs, grad_outputs) if g is not None]
+        if not given:
+            return tuple(grad_inputs)
+        return tuple(chainer.grad(
+            [y for y, _ in given], [inputs[i] for i in indexes],
+            [g for _, g in given], grad_inputs=list(grad_inputs),
+            enable_double_backprop=True))
 
     def _grads(self, indexes, g_outputs, held):
         """{input index: gradient} for ``indexes``; ``held``: gradients
@@ -540,7 +593,7 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
                               use_bi_direction)
     node = NStepLoop(cell, n_layers, dropout_ratio, use_bi_direction,
                      bool(chainer.config.train),
-                     (_rank(hx), _rank(cx), [_rank(x) for x in xs]))
+                     (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
     states = [hx] if cx is None else [hx, cx]
     args = states + [v for group in ws for v in group] + \
         [v for group in bs for v in group] + list(xs)

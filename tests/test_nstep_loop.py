@@ -147,18 +147,46 @@ def test_weights_used_twice_before_a_backward_stay_unrolled():
         assert a.tobytes() == b.tobytes()
 
 
-def test_a_second_order_gradient_through_the_loop_node_says_how_to_avoid_it():
-    link = L.NStepLSTM(1, 3, 3, 0.0)
-    xs = [numpy.ones((2, 3), 'f')]
-    for _ in range(2):
-        with nstep_loop.fused():
-            hy, _, _ = link(None, None, xs)
-        loss = F.sum(hy * hy)
-        if not _loop_node(hy):
-            loss.backward()
-    assert _loop_node(hy)
-    with pytest.raises(NotImplementedError, match='use_static_graph'):
-        chainer.grad([loss], [link.ws[0][0]], enable_double_backprop=True)
+def _second_order(fused, cell, bi, dropout):
+    """A gradient penalty through an NStep RNN: d/dW of |dL/dx|^2."""
+    numpy.random.seed(0)
+    link = _LINKS[cell, bi](2, 3, 4, dropout)
+    rs = numpy.random.RandomState(1)
+    out = []
+    for step in range(3):
+        link.cleargrads()
+        xs = [chainer.Variable(rs.randn(n, 3).astype('f'))
+              for n in (4, 2, 3)]
+        numpy.random.seed(10 + step)
+        if fused:
+            with nstep_loop.fused():
+                hy, _, ys = _call(link, cell, None, xs)
+        else:
+            hy, _, ys = _call(link, cell, None, xs)
+        out.append(_loop_node(hy))
+        loss = F.sum(hy * hy) + F.sum(F.concat(ys, axis=0))
+        gxs = chainer.grad([loss], xs, enable_double_backprop=True)
+        penalty = sum(F.sum(g * g) for g in gxs)
+        (loss + penalty).backward()
+    return out, [p.grad.copy() for p in link.params()]
+
+
+@pytest.mark.parametrize('cell,bi,dropout', [
+    ('lstm', False, 0.0), ('lstm', True, 0.3), ('tanh', True, 0.3),
+    ('relu', False, 0.0)])
+def test_a_second_order_gradient_through_the_loop_node(cell, bi, dropout):
+    """The node's backward, asked for a graph (a gradient penalty), unrolls
+    the loop again over its inputs with the dropout masks it drew: the
+    same gradients up to the order of the parameters' sums, which one
+    node cannot interleave with the unrolled graph's (warned once); the
+    RNN stays unrolled from then on."""
+    with pytest.warns(static_graph.StaticGraphWarning,
+                      match='second-order gradient'):
+        kinds, ours = _second_order(True, cell, bi, dropout)
+    _, theirs = _second_order(False, cell, bi, dropout)
+    assert kinds == [False, True, False]
+    for a, b in zip(ours, theirs):
+        numpy.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 class _Classifier(chainer.Chain):

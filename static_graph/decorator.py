@@ -53,8 +53,9 @@ def static_graph(method=None, **options):
     threads: how many threads a large kernel may be split across, where
         that measures faster: an element-wise one that writes in place
         (ReLU, its gradient, Add), a convolution's im2col and col2im (by
-        batch). Default None: the cores this process may use; 1: never
-        split (split_kernels.py).
+        batch); where NumPy's BLAS takes one thread a product, also two
+        independent products at a time. Default None: the cores this
+        process may use; 1: never split (split_kernels.py).
     """
     unknown = set(options) - {'cache_size', 'warn_retrace', 'recompute',
                               'plan_memory', 'cuda_graph', 'threads'}

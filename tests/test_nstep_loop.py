@@ -1,6 +1,8 @@
-"""NStep LSTMs run as one node (static_graph/nstep_loop.py) in the
+"""NStep LSTMs and RNNs run as one node (static_graph/nstep_loop.py) in the
 define-by-run calls of decorated methods: the same bits as Chainer's
 unrolled loop, gradients included, in every configuration."""
+import contextlib
+
 import numpy
 import pytest
 
@@ -35,11 +37,14 @@ _LINKS = {('lstm', False): L.NStepLSTM, ('lstm', True): L.NStepBiLSTM,
           ('relu', False): L.NStepRNNReLU, ('relu', True): L.NStepBiRNNReLU}
 
 
-def _call(link, cell, hx, xs):
-    if cell == 'lstm':
-        return link(hx, hx, xs)
-    hy, ys = link(hx, xs)
-    return hy, None, ys
+def _call(link, cell, hx, xs, fused=False):
+    """(hy, cy or None, ys) of ``link``, inside ``nstep_loop.fused()``
+    where ``fused``."""
+    with nstep_loop.fused() if fused else contextlib.suppress():
+        if cell == 'lstm':
+            return link(hx, hx, xs)
+        hy, ys = link(hx, xs)
+        return hy, None, ys
 
 
 def _train(cfg, seed, fused, steps=3):
@@ -63,11 +68,7 @@ def _train(cfg, seed, fused, steps=3):
             hx = chainer.Variable(rs.randn(
                 n_layers * (2 if bi else 1), len(lengths), 4).astype('f'))
         with chainer.using_config('train', train):
-            if fused:
-                with nstep_loop.fused():
-                    hy, cy, ys = _call(link, cell, hx, exs)
-            else:
-                hy, cy, ys = _call(link, cell, hx, exs)
+            hy, cy, ys = _call(link, cell, hx, exs, fused)
         kinds.append(_loop_node(hy))
         loss = 0
         if 'h' in outputs:
@@ -130,11 +131,7 @@ def test_weights_used_twice_before_a_backward_stay_unrolled():
             link.cleargrads()
             a = [rs.randn(n, 3).astype('f') for n in (4, 2)]
             b = [rs.randn(n, 3).astype('f') for n in (3, 3)]
-            if fused:
-                with nstep_loop.fused():
-                    ha, _, _ = link(None, None, a)
-                    hb, _, _ = link(None, None, b)
-            else:
+            with nstep_loop.fused() if fused else contextlib.suppress():
                 ha, _, _ = link(None, None, a)
                 hb, _, _ = link(None, None, b)
             kinds += [_loop_node(ha), _loop_node(hb)]
@@ -158,11 +155,7 @@ def _second_order(fused, cell, bi, dropout):
         xs = [chainer.Variable(rs.randn(n, 3).astype('f'))
               for n in (4, 2, 3)]
         numpy.random.seed(10 + step)
-        if fused:
-            with nstep_loop.fused():
-                hy, _, ys = _call(link, cell, None, xs)
-        else:
-            hy, _, ys = _call(link, cell, None, xs)
+        hy, _, ys = _call(link, cell, None, xs, fused)
         out.append(_loop_node(hy))
         loss = F.sum(hy * hy) + F.sum(F.concat(ys, axis=0))
         gxs = chainer.grad([loss], xs, enable_double_backprop=True)

@@ -33,3 +33,22 @@ def test_every_case_is_registered_under_its_name():
     assert len(set(kit.NAMES)) == len(kit.NAMES)
     for name in kit.NAMES:
         assert kit.make(name).name == name
+
+
+def test_seq2seq_with_new_lengths_runs_its_nstep_loops_bit_for_bit(
+        monkeypatch):
+    """Chainer's seq2seq (an NStepLSTM encoder handing its states to an
+    NStepLSTM decoder) on batches of new lengths: past the recordings of
+    new keys its calls run define-by-run with each NStep LSTM as one node
+    (static_graph/nstep_loop.py), and every step stays equal to the
+    undecorated twin's, bit for bit."""
+    from static_graph import nstep_loop
+    loops = []
+    forward = nstep_loop.NStepLoop.forward
+    monkeypatch.setattr(nstep_loop.NStepLoop, 'forward',
+                        lambda self, inputs: loops.append(1) or
+                        forward(self, inputs))
+    r = runner.run_case(kit.make('seq2seq-var'), steps=11, warmup=1)
+    assert r['error'] is None, r['error']
+    assert r['equal'], r['first_mismatch']
+    assert r['fallback_calls'] >= 2 and loops

@@ -235,3 +235,34 @@ def test_a_result_placed_where_its_partner_reads_is_not_paired():
     assert executor._pairs(s, Plan(), {1: [(7, 1)]}, always) == {}
     # held from before op 1: paired
     assert list(executor._pairs(s, Plan(), {0: [(7, 0)]}, always)) == [1]
+
+
+class Wide(chainer.Chain):
+    def __init__(self):
+        super(Wide, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(400, 400)   # 160k weights
+
+    def forward(self, x):
+        return F.sum(F.tanh(self.l(x)))
+
+
+@pytest.mark.parametrize('threads', [1, 2])
+def test_gradients_added_to_held_ones_split_with_the_same_bits(
+        threads, always_split):
+    """Gradients accumulated over calls without cleargrads (a loss summed
+    over a truncated sequence): the held gradient is added into the
+    call's contribution, split across the threads (forced here); the
+    same bits as define-by-run."""
+    a, b = static_twins(Wide, threads=threads)
+    rs = numpy.random.RandomState(0)
+    for step in range(4):
+        for m in (a, b):
+            m.cleargrads()
+        for _ in range(3):
+            x = rs.randn(4, 400).astype(numpy.float32)
+            for m in (a, b):
+                m(x).backward()
+        compare_chains(a, b, rtol=0, atol=0, grads=True)
+    assert stats(b).replays > 0
+    assert ('add_into' in always_split) == (threads > 1)

@@ -106,9 +106,10 @@ def _configs(n):
 @pytest.mark.parametrize('cfg', _configs(36))
 def test_the_loop_node_gives_the_unrolled_loops_bits(cfg):
     """LSTMs and tanh and ReLU RNNs, layers, both directions, lengths in
-    any order (the link sorts them), which outputs get gradients, given initial states, dropout
-    between layers, training or not, gradients accumulated over steps:
-    losses, outputs, every gradient (values, dtype and strides) equal."""
+    any order (the link sorts them), which outputs get gradients, given
+    initial states, dropout between layers, training or not, gradients
+    accumulated over steps: losses, outputs, every gradient (values,
+    dtype and strides) equal."""
     ours, kinds = _train(cfg, 3, True)
     theirs, _ = _train(cfg, 3, False)
     # The first use of a link is only noted; later ones run as one node.

@@ -13,9 +13,6 @@ reads the recorder, the analysis and the entry, and they never call back.
     RecordNode.backward -> Capture.backward -> recorder (the backward runs)
                                             -> Capture.build -> Entry.build
 """
-import contextlib
-import functools
-import gc
 import weakref
 
 import numpy
@@ -39,48 +36,11 @@ from static_graph import patches
 from static_graph import recorder
 from static_graph.recurrent import order_tie
 from static_graph import signature
+from static_graph.gc_pause import with_gc_paused
 
 
 class Unreplayable(Exception):
     """Found while building: the recording cannot be replayed faithfully."""
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """Pause the cyclic garbage collector. Recording allocates thousands of
-    small objects (nodes, variables, buffers, ops); each 700 allocations
-    would start a collection, and the older generations' passes scan every
-    object of the process again. Measured on 200 tiny ops: building the
-    schedules took 10 ms with the collector running, 4.7 ms without.
-    Reference counting still frees what it can; the collector resumes when
-    the recording step returns (unless it was off before).
-
-    What the step leaves alive (its schedules, kernels, recorded nodes) is
-    then handed to the oldest generation without being scanned
-    (``gc.freeze()`` then ``gc.unfreeze()``): else the first young
-    collection after the step scans every object it made, 0.8 ms on the
-    tiny graph, and the next generation's pass does so again. Nothing is
-    kept from the collector: a full collection still scans them. Not done
-    where the program has frozen objects itself (``gc.freeze()`` before a
-    fork), which ``unfreeze`` would let go."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            if not gc.get_freeze_count():
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
-
-
-def _with_gc_paused(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with gc_paused():
-            return fn(*args, **kwargs)
-    return wrapper
 
 
 class Capture(object):
@@ -101,7 +61,7 @@ class Capture(object):
         self.entry = entry_module.Entry(key, name)
 
     # -- the forward ----------------------------------------------------------
-    @_with_gc_paused
+    @with_gc_paused
     def forward(self, args, kwargs, leaves, paths):
         """Run the method on copies of its arguments while recording;
         returns what the call returns (outputs of a RecordNode when a
@@ -411,7 +371,7 @@ class Capture(object):
                     rec.buffer_of(g.raw_array, 'a gradient')
         return grads[:n]
 
-    @_with_gc_paused
+    @with_gc_paused
     def backward(self, grad_outputs, earlier=None):
         """The recording call's backward (RecordNode.backward); called
         again for a second backward through it where no entry was built,

@@ -18,7 +18,7 @@ import chainer.functions as F
 import chainer.links as L
 
 import static_graph
-from static_graph.capture import gc_paused
+from static_graph.gc_pause import gc_paused
 from static_graph.decorator import caches_of
 
 

@@ -48,6 +48,8 @@ _backwards = [0]     # backward passes run since the patches went in
 # [backward count at its last use, uses that came after a backward, whether
 # it was used twice before one, a weak reference to the weight]
 _uses = {}
+
+
 class NStepLoop(function_node.FunctionNode):
     """``n_step_lstm``/``n_step_bilstm`` or ``n_step_rnn``/``n_step_birnn``
     (Chainer's CPU path) as one node. Inputs: hx, cx (LSTM only), the
@@ -77,15 +79,18 @@ class NStepLoop(function_node.FunctionNode):
         b0 = w0 + self.n_w * n
         return n, w0, b0, b0 + self.n_w * n
 
-    def forward(self, inputs):
-        d = 2 if self.bi else 1
+    def _split(self, inputs):
+        """(hx, cx or None, ws, bs, xs) of the node's flat inputs."""
         n, w0, b0, x0 = self._layout()
         k = self.n_w
-        hx = inputs[0]
-        cx = inputs[1] if self.n_state == 2 else None
-        ws = [inputs[w0 + k * i:w0 + k * i + k] for i in range(n)]
-        bs = [inputs[b0 + k * i:b0 + k * i + k] for i in range(n)]
-        xs = inputs[x0:]
+        return (inputs[0], inputs[1] if self.n_state == 2 else None,
+                [list(inputs[w0 + k * i:w0 + k * i + k]) for i in range(n)],
+                [list(inputs[b0 + k * i:b0 + k * i + k]) for i in range(n)],
+                list(inputs[x0:]))
+
+    def forward(self, inputs):
+        d = 2 if self.bi else 1
+        hx, cx, ws, bs, xs = self._split(inputs)
         # (for a second-order gradient, which unrolls the loop again)
         self.retain_inputs(tuple(range(len(inputs))))
         self._n_steps = len(xs)
@@ -186,12 +191,7 @@ class NStepLoop(function_node.FunctionNode):
                 'another order than define-by-run adds them (last bits). '
                 'This RNN stays unrolled from now on.',
                 diagnostics.StaticGraphWarning)
-        n, w0, b0, x0 = self._layout()
-        k = self.n_w
-        hx = inputs[0]
-        cx = inputs[1] if self.n_state == 2 else None
-        ws = [list(inputs[w0 + k * i:w0 + k * i + k]) for i in range(n)]
-        bs = [list(inputs[b0 + k * i:b0 + k * i + k]) for i in range(n)]
+        hx, cx, ws, bs, xs = self._split(inputs)
         masks = iter([m for layer in self._masks for m in layer
                       if m is not None])
 
@@ -204,7 +204,7 @@ class NStepLoop(function_node.FunctionNode):
             with chainer.using_config('train', self.train):
                 hy, cy, ys = _original_impl(
                     self.step, self.n_layers, self.dropout_ratio, hx, cx,
-                    ws, bs, list(inputs[x0:]), self.bi)
+                    ws, bs, xs, self.bi)
         finally:
             n_step_rnn_module._dropout_sequence = sequence
         outs = [hy] + ([cy] if cx is not None else []) + list(ys)

@@ -157,11 +157,11 @@ class Loop(object):
                 if k > 0 or want_h0:
                     gh_in = g_gates.dot(self.hw).astype(
                         g_gates.dtype, copy=False)
-                # (each Linear sums its own bias gradient)
+                # (each Linear sums its own bias gradient: two arrays of
+                # the same bits)
+                gb = numpy.asarray(g_gates.sum(axis=0))
                 contributions.append((
-                    k, g_gates.T.dot(x), g_gates.T.dot(h),
-                    numpy.asarray(g_gates.sum(axis=0)),
-                    numpy.asarray(g_gates.sum(axis=0))))
+                    k, g_gates.T.dot(x), g_gates.T.dot(h), gb, gb.copy()))
             if rest > 0:
                 # the step's SplitAxis: zeros for a part with no gradient
                 gh = _joined(gh_in, gh_rest, h.shape, rest)

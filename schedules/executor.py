@@ -275,7 +275,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         args = ', '.join(ref(b) for b in op.inputs)
         if len(op.inputs) == 1:
             args += ','
-        fn_name, fn_args = fname, '(%s),' % args
+        fn_name, fn_args = fname, '(%s)' % args
         placed = [(b, pos) for b, pos in zip(op.outputs, op.select)
                   if b in plan.places]
         if placed:
@@ -293,8 +293,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                     h, off, buf.shape, dname, buf.nbytes)
             fn_name, fn_args = gname, '(%s), (%s,)' % (args,
                                                       ', '.join(outs))
-        call = '%s(%s)' % (fn_name, fn_args[:-1] if fn_args.endswith(',')
-                           else fn_args)
+        call = '%s(%s)' % (fn_name, fn_args)
         if i in pairs:
             waiting = (i, fn_name, fn_args)
             continue
@@ -304,7 +303,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
             waiting = None
             pname = 'P%d' % j
             env[pname] = pairs[j]
-            lines.append('    _ra, _rb = %s(%s, (%s), %s, (%s))' % (
+            lines.append('    _ra, _rb = %s(%s, (%s,), %s, (%s,))' % (
                 pname, a_name, a_args, fn_name, fn_args))
             a_op = schedule.ops[j]
             lines.append('    %s, *_ = _ra' % ', '.join(

@@ -321,8 +321,7 @@ class Pair(object):
     core runs it changes. For kernels that release the GIL for most of
     their time (BLAS products)."""
 
-    def __init__(self, threads, kinds):
-        self.kinds = kinds
+    def __init__(self, threads):
         self.choice = SplitChoice(min(threads, 2))
 
     def __call__(self, fa, xa, fb, xb):

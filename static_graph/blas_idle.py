@@ -54,22 +54,30 @@ def _loaded_openblas():
     return paths
 
 
-def _entry_points(path):
+def _int_functions(path, names, suffixes=('',)):
+    """The functions ``names`` (no arguments, an int result) of the
+    OpenBLAS mapped at ``path``, under the first prefix and suffix that
+    has them all; or None."""
     mode = getattr(os, 'RTLD_NOLOAD', 0) | getattr(os, 'RTLD_LAZY', 0)
     try:
         lib = ctypes.CDLL(path, mode=mode)
     except OSError:
         return None
     for prefix in _PREFIXES:
-        try:
-            fns = [getattr(lib, prefix + name) for name in _NAMES]
-        except AttributeError:
-            continue
-        for fn in fns:
-            fn.restype = ctypes.c_int
-            fn.argtypes = []
-        return fns
+        for suffix in suffixes:
+            try:
+                fns = [getattr(lib, prefix + name + suffix) for name in names]
+            except AttributeError:
+                continue
+            for fn in fns:
+                fn.restype = ctypes.c_int
+                fn.argtypes = []
+            return fns
     return None
+
+
+def _entry_points(path):
+    return _int_functions(path, _NAMES)
 
 
 def quiet():
@@ -137,18 +145,9 @@ def _find_get_threads():
     paths = _loaded_openblas()
     # NumPy's own first (SciPy may map another OpenBLAS)
     paths.sort(key=lambda p: '/numpy' not in p)
-    mode = getattr(os, 'RTLD_NOLOAD', 0) | getattr(os, 'RTLD_LAZY', 0)
     for path in paths:
-        try:
-            lib = ctypes.CDLL(path, mode=mode)
-        except OSError:
-            continue
-        for prefix in _PREFIXES:
-            for suffix in ('', '64_'):
-                fn = getattr(lib, '%sopenblas_get_num_threads%s' % (
-                    prefix, suffix), None)
-                if fn is not None:
-                    fn.restype = ctypes.c_int
-                    fn.argtypes = []
-                    return fn
+        fns = _int_functions(path, ('openblas_get_num_threads',),
+                             ('', '64_'))
+        if fns is not None:
+            return fns[0]
     return None

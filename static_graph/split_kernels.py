@@ -98,6 +98,6 @@ def pairing(threads):
         if a.kind in PAIRABLE and b.kind in PAIRABLE and all(
                 getattr(op.fn, '__name__', '').startswith('numpy_')
                 for op in (a, b)):
-            return parallel.Pair(threads_of(threads), (a.kind, b.kind))
+            return parallel.Pair(threads_of(threads))
         return None
     return pair

@@ -42,6 +42,7 @@ import threading
 
 import numpy
 
+from schedules import bits
 from schedules import ir
 
 _STABLE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
@@ -537,13 +538,7 @@ class CupyBackend(object):
         cupy = self.cupy
         if a.shape != b.shape or a.dtype != b.dtype:
             return False
-        if a.dtype.kind in 'fc' and a.dtype.itemsize in (2, 4, 8):
-            # bit for bit: -0.0 is not 0.0, a NaN equals the same NaN
-            view = 'u%d' % a.dtype.itemsize
-            return bool(cupy.array_equal(a.view(view), b.view(view)))
-        if a.dtype.kind in 'fc':
-            return bool(cupy.array_equal(a, b, equal_nan=True))
-        return bool(cupy.array_equal(a, b))
+        return bits.same_bits(a, b, cupy.array_equal)
 
     def capture(self, run, inputs):
         cupy = self.cupy

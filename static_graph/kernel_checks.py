@@ -7,6 +7,8 @@ import weakref
 
 import numpy
 
+from schedules import bits
+
 
 def same_results(kernel, in_arrays, out_arrays):
     """Does ``kernel`` give ``out_arrays`` from ``in_arrays`` bit for bit,
@@ -91,15 +93,7 @@ def _same(got, out_arrays):
 
 
 def _same_bits(a, b):
-    """Equal bit for bit: a -0.0 is not 0.0, a NaN equals the same NaN
-    (``array_equal`` says otherwise of both)."""
-    if a.dtype.kind not in 'fc':
-        return bool(numpy.array_equal(a, b))
-    if a.dtype.itemsize in (2, 4, 8):
-        view = 'u%d' % a.dtype.itemsize
-        return bool(numpy.array_equal(a.view(view), b.view(view)))
-    return a.tobytes() == b.tobytes()
-
+    return bits.same_bits(a, b, numpy.array_equal)
 
 
 def layout_copy(a):

@@ -197,6 +197,8 @@ class Phases(object):
         self._temps = {}
 
     def _t(self, worker, prog):
+        if prog.native:         # a C loop: its temporaries are registers
+            return None
         key = (worker, prog.temp_dtypes)
         t = self._temps.get(key)
         if t is None:

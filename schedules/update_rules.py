@@ -423,16 +423,21 @@ class Program(object):
     slot) in blocks of ``B`` with the temporaries ``T`` (each at least
     ``B`` long, dtypes as ``temp_dtypes``), scalars ``S``; with ``B == 0``
     on the arrays as they are, whole (``T`` then has their shape).
-    ``source`` is the generated Python."""
+    ``source`` is the generated Python (or C, ``native``: see
+    update_native; its ``fn`` takes ``T=None`` and needs no temporaries
+    on flat arrays)."""
 
-    __slots__ = ('fn', 'temp_dtypes', 'source', 'segments', 'slots')
+    __slots__ = ('fn', 'temp_dtypes', 'source', 'segments', 'slots',
+                 'native')
 
-    def __init__(self, fn, temp_dtypes, source, segments, slots):
+    def __init__(self, fn, temp_dtypes, source, segments, slots,
+                 native=False):
         self.fn = fn
         self.temp_dtypes = temp_dtypes
         self.source = source
         self.segments = segments
         self.slots = slots
+        self.native = native
 
 
 def compile_program(segments):

@@ -53,7 +53,8 @@ _uids = itertools.count()
 
 
 def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
-                   block=BLOCK, quiet_blas=True, cuda_graph=False):
+                   block=BLOCK, quiet_blas=True, cuda_graph=False,
+                   native=True):
     """Run ``optimizer.update()`` as captured in-place kernels from now
     on; returns ``optimizer``.
 
@@ -69,6 +70,10 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
     sleep soon after a matrix product instead of spinning for about 0.1 s
     on the cores the split needs (once per process; see
     ``static_graph.blas_idle``; False leaves BLAS as it is).
+    ``native``: run each parameter's element-wise ops as one compiled C
+    loop (one pass over memory, the same bits; built once with the C
+    compiler and cached, see ``schedules.update_native``) where a C
+    compiler is found, else as NumPy ufuncs; False: NumPy ufuncs.
     ``cuda_graph``: on CuPy, capture a step whose device work touches the
     same arrays as the step before into a CUDA graph, and launch it for
     later such steps (``static_graph.update_cupy``; not verified on a GPU
@@ -99,7 +104,7 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
                          'not negative')
     actual.__dict__[_KEY] = _Capture(
         threads, int(min_split), None if block is None else int(block),
-        bool(quiet_blas), bool(cuda_graph))
+        bool(quiet_blas), bool(cuda_graph), bool(native))
     cls = type(actual)
     if not cls.__dict__.get('_static_graph_captured', False):
         actual.__class__ = _captured_class(cls)
@@ -196,8 +201,9 @@ def _class_reason(cls):
 class _Capture(object):
 
     def __init__(self, threads, min_split, block, quiet_blas,
-                 cuda_graph=False):
+                 cuda_graph=False, native=True):
         self.threads = threads
+        self.native = native
         self.cuda_graph = cuda_graph
         self.gpu = None              # update_cupy.GpuUpdate, once on CuPy
         self.gpu_structure = None
@@ -215,7 +221,7 @@ class _Capture(object):
 
     def __deepcopy__(self, memo):
         return _Capture(self.threads, self.min_split, self.block,
-                        self.quiet_blas, self.cuda_graph)
+                        self.quiet_blas, self.cuda_graph, self.native)
 
     def update(self, opt, base, lossfun, args, kwds):
         if not getattr(chainer.config, 'use_static_graph', True):
@@ -275,7 +281,8 @@ class _Capture(object):
         st = self.structure
         if st is None or not st.matches(opt, params):
             st = self.structure = update_plan.Structure(
-                opt, params, self.threads, self.min_split, self.block)
+                opt, params, self.threads, self.min_split, self.block,
+                self.native)
         if opt._loss_scaling_is_dynamic:
             # Chainer's order: gradients of None become zeros, then the
             # overflow check (which decides whether parameters update).
@@ -294,7 +301,8 @@ class _Capture(object):
                 for rule in bumped:
                     rule.t -= 1
                 st = self.structure = update_plan.Structure(
-                    opt, params, self.threads, self.min_split, self.block)
+                    opt, params, self.threads, self.min_split, self.block,
+                    self.native)
             except BaseException:
                 for rule in bumped:
                     rule.t -= 1

@@ -16,6 +16,7 @@ import numpy
 
 from schedules import parallel
 from schedules import update_ir
+from schedules import update_native
 from schedules import update_rules as K
 from static_graph import update_readers as R
 
@@ -26,8 +27,10 @@ class Stale(Exception):
 
 class Structure(object):
 
-    def __init__(self, opt, params, threads, min_split, block):
+    def __init__(self, opt, params, threads, min_split, block,
+                 native=True):
         self.params = params
+        self.native = native
         self.rules = [getattr(p, 'update_rule', None) for p in params]
         names = {id(p): name for name, p in opt.target.namedparams()}
         self.names = [names.get(id(p), p.name or '?') for p in params]
@@ -283,10 +286,18 @@ class Variant(object):
         self.nphases = max([k for _, k in segs] + list(reds) + [0]) + 1
         work = [[] for _ in range(self.nphases)]
         self.segments = {}
+        self.why_numpy = {}     # (i, k) -> why its program is not C
         for (i, k), seg_list in sorted(segs.items(), key=lambda kv:
                                        (kv[0][1], kv[0][0])):
-            work[k].append((i, K.compile_program(seg_list)))
+            prog = K.compile_program(seg_list)
+            if st.native:
+                prog, why = update_native.program(prog)
+            else:
+                why = 'native=False'
+            work[k].append((i, prog))
             self.segments[(i, k)] = seg_list
+            if why is not None:
+                self.why_numpy[(i, k)] = why
         self.reductions = [reds.get(k, []) for k in range(self.nphases)]
         self.red_info = dict(self.red_info)
         self.phases = parallel.Phases(work, st.sizes, st.threads,
@@ -342,6 +353,18 @@ def _entries(st, variant):
     return out
 
 
+def _engine(whys):
+    """How a parameter's programs run: compiled C loops or NumPy ufuncs
+    (and why)."""
+    if not whys:
+        return ''
+    if all(w is None for w in whys):
+        return '; %s' % ('one C loop' if len(whys) == 1 else
+                         '%d C loops' % len(whys))
+    reasons = sorted(set(w for w in whys if w is not None))
+    return '; NumPy ufuncs (%s)' % '; '.join(reasons)
+
+
 def describe(st, variant):
     """A few lines: each parameter, its kernels, whether it is split."""
     lines = ['  last plan: %d phase(s), %d thread(s)' % (
@@ -350,16 +373,18 @@ def describe(st, variant):
         if st.shapes[i] is None:
             lines.append('    %s: uninitialized' % name)
             continue
-        kernels = []
+        kernels, whys = [], []
         for k in range(variant.nphases):
             kernels += [s.kernel.name for s in
                         variant.segments.get((i, k), [])]
+            if (i, k) in variant.segments:
+                whys.append(variant.why_numpy.get((i, k)))
         split = variant.phases.split[i]
-        lines.append('    %s %s[%s]: %s; %s' % (
+        lines.append('    %s %s[%s]: %s; %s%s' % (
             name, st.dtypes[i].name, ','.join(map(str, st.shapes[i])),
             ' > '.join(kernels) or 'nothing',
             'split across %d threads' % st.threads if split else
-            'one thread'))
+            'one thread', _engine(whys)))
     for k in sorted(variant.red_info):
         for kind, reads, _ in variant.red_info[k]:
             names = sorted(set(st.names[i] for i, _ in reads))

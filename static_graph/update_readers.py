@@ -275,9 +275,12 @@ _weak_cache = {}
 
 
 def weak(value, dtype):
-    """Whether ``value * array_of_dtype`` stays ``dtype`` (a Python number
-    always does; a NumPy float64 scalar does not under NumPy 2)."""
+    """Whether ``value * array_of_dtype`` stays ``dtype``: a Python number
+    does (but a float beyond the dtype's range under NumPy 1's value-based
+    casting: float64), a NumPy float64 scalar does not under NumPy 2."""
     t = type(value)
+    if _VALUE_BASED and (t is float or isinstance(value, numpy.floating)):
+        return not _beyond(value, dtype)
     if t is float or t is int or t is bool:
         return True
     key = (t, getattr(value, 'dtype', None), dtype)
@@ -289,6 +292,20 @@ def weak(value, dtype):
             ok = False
         _weak_cache[key] = ok
     return ok
+
+
+# NumPy 1 promotes a scalar by its value: a float32 array times a float
+# that float32 cannot hold (finite, beyond its largest) is float64.
+_VALUE_BASED = numpy.lib.NumpyVersion(numpy.__version__) < '2.0.0'
+_LARGEST = {}
+
+
+def _beyond(value, dtype):
+    top = _LARGEST.get(dtype)
+    if top is None:
+        top = _LARGEST[dtype] = float(numpy.finfo(dtype).max)
+    v = abs(float(value))
+    return top < v < float('inf')
 
 
 _typed_index = {}
@@ -306,8 +323,7 @@ def check_typed(kernel, values, dtype):
     strong = ()
     for i in idx:
         v = values[i]
-        t = type(v)
-        if t is float or t is int or weak(v, dtype):
+        if weak(v, dtype):
             continue
         try:
             dt = numpy.result_type(v, numpy.empty(0, dtype))

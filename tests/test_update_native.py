@@ -1,6 +1,8 @@
 """The captured update's compiled C loops (schedules/update_native.py): the
 same bits as the NumPy ufuncs they replace, on values that probe rounding,
-signed zeros, subnormals, infinities and NaNs; NumPy's floating-point
+signed zeros, subnormals, infinities and NaNs (NaN where NumPy gives NaN;
+which NaN an op of two NaNs returns is the compiler's choice, as it is
+NumPy's); NumPy's floating-point
 error handling kept; and the NumPy ufuncs, with the reason, wherever no
 loop can be built."""
 import os
@@ -74,7 +76,16 @@ def test_loop_gives_the_ufuncs_bits(kernel, dtype):
             nprog.fn(got, scalars, None, 0, 200, n)
             nprog.fn(got, scalars, None, 200, n, n)
         for w, g in zip(want, got):
-            assert w.tobytes() == g.tobytes()
+            assert _bits(w) == _bits(g)
+
+
+def _bits(a):
+    """The array's bytes with every NaN made one NaN: an op with two NaN
+    operands returns one of them, which one depends on the operand order
+    the compiler (or NumPy's build: 1.26 and 2.5 differ) chose."""
+    a = a.copy()
+    a[numpy.isnan(a)] = numpy.nan
+    return a.tobytes()
 
 
 def test_whole_arrays_keep_numpy():
@@ -145,7 +156,8 @@ def test_python_float_beyond_float32_promotes():
     """NumPy 1 computes ``lr * grad`` in float64 when a Python float lr
     does not fit float32 (value-based casting): the captured update does
     too, with NumPy's ufuncs (a zero gradient element leaves its
-    parameter as it was instead of making it NaN)."""
+    parameter as it was instead of making it NaN). NumPy 2 casts lr to
+    float32 (inf): the same NaN on both twins."""
     t = Twins(lambda: Opt.SGD(lr=1e39))
     with numpy.errstate(all='ignore'):
         t.backward()
@@ -153,7 +165,8 @@ def test_python_float_beyond_float32_promotes():
             m.l1.W.grad[0, :3] = (0.0, 1e-36, -2e-37)
         t.update()
     assert captured(t.ob).fallback_steps == 0
-    assert numpy.isfinite(t.b.l1.W.array[0, :3]).all()
+    value_based = numpy.lib.NumpyVersion(numpy.__version__) < '2.0.0'
+    assert numpy.isfinite(t.b.l1.W.array[0, :3]).all() == value_based
 
 
 _SUBPROCESS = '''

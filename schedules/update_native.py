@@ -32,10 +32,12 @@ The compiler is ``$CC`` or ``cc``; a shared object is built once per
 source and kept in ``$STATIC_GRAPH_CACHE`` (default
 ``~/.cache/static_graph``); ``STATIC_GRAPH_NATIVE=0`` turns it off. No
 compiler, a failed build or an unwritable cache leave the NumPy program
-and say why (``status()``). Framework-free: no Chainer here.
+and say why (``status()``, ``explain_update``, and once in the
+``static_graph`` logger at INFO). Framework-free: no Chainer here.
 """
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -237,6 +239,9 @@ def _build(source, digest):
 
 
 def _failed(why):
+    if _status['failed'] != why:
+        logging.getLogger('static_graph').info(
+            'captured update: NumPy ufuncs instead of C loops: %s', why)
     _status['failed'] = why
     return why
 
@@ -275,16 +280,22 @@ def _native(prog):
     Scalars = ctypes.c_double * max(nsc, 1)
 
     def fn(A, S, T, lo, hi, B):
-        arrays = [A[s] for s in slots]
-        if B == 0 or any(a.dtype != dtype for a in arrays):
-            if T is None:
-                n = B or A[slots[0]].size
-                T = tuple(numpy.empty(n, dt) for dt in temp_dtypes)
-            return numpy_fn(A, S, T, lo, hi, B)
-        flags = run(lo, hi, Scalars(*[float(s) for s in S[:nsc]]),
-                    Ptrs(*[a.ctypes.data for a in arrays]))
-        if flags:
-            report(flags, dtype)
+        if B:
+            arrays = [A[s] for s in slots]
+            for a in arrays:
+                if a.dtype is not dtype:
+                    break
+            else:
+                # (c_double takes Python and NumPy numbers and bools)
+                flags = run(lo, hi, Scalars(*S[:nsc]),
+                            Ptrs(*[a.ctypes.data for a in arrays]))
+                if flags:
+                    report(flags, dtype)
+                return
+        if T is None:
+            n = B or A[slots[0]].size
+            T = tuple(numpy.empty(n, dt) for dt in temp_dtypes)
+        return numpy_fn(A, S, T, lo, hi, B)
 
     return K.Program(fn, temp_dtypes, source, prog.segments, slots,
                      native=True), None

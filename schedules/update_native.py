@@ -30,11 +30,13 @@ call, after the loop, not at the op).
 
 The compiler is ``$CC`` or ``cc``; a shared object is built once per
 source and kept in ``$STATIC_GRAPH_CACHE`` (default
-``~/.cache/static_graph``); ``STATIC_GRAPH_NATIVE=0`` turns it off. No
-compiler, a failed build or an unwritable cache leave the NumPy program
+``~/.cache/static_graph``; where that cannot be written, a private
+temporary directory of the process); ``STATIC_GRAPH_NATIVE=0`` turns it
+off. No compiler or a failed build leave the NumPy program
 and say why (``status()``, ``explain_update``, and once in the
 ``static_graph`` logger at INFO). Framework-free: no Chainer here.
 """
+import atexit
 import ctypes
 import hashlib
 import logging
@@ -204,8 +206,12 @@ def _build(source, digest):
         try:
             os.makedirs(d, exist_ok=True)
             work = tempfile.mkdtemp(dir=d)
-        except OSError as e:
-            return _failed('cache %s not writable: %s' % (d, e))
+        except OSError:
+            # A cache that cannot be written: this process's own private
+            # directory (never a shared name another user could plant).
+            d = _private_dir()
+            path = os.path.join(d, 'update_%s.so' % digest)
+            work = tempfile.mkdtemp(dir=d)
         try:
             src = os.path.join(work, 'update.c')
             with open(src, 'w') as f:
@@ -236,6 +242,17 @@ def _build(source, digest):
                    ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
+
+
+_private = []
+
+
+def _private_dir():
+    if not _private:
+        d = tempfile.mkdtemp(prefix='static_graph-native-')
+        atexit.register(shutil.rmtree, d, True)
+        _private.append(d)
+    return _private[0]
 
 
 def _failed(why):

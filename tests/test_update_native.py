@@ -189,12 +189,25 @@ print(update_native.status())
 def test_no_loops_where_they_cannot_be_built(tmp_path, env, why):
     """A compiler that fails, or the switch off: NumPy ufuncs, the same
     bits (Twins checks them), and the reason in explain_update."""
-    e = dict(os.environ, STATIC_GRAPH_CACHE=str(tmp_path), **env)
-    e.pop('PYTHONPATH', None)
-    if env.get('CC') == '/bin/false':
-        e['PATH'] = str(tmp_path)          # no cc, gcc or clang either
-    out = subprocess.run([sys.executable, '-c', _SUBPROCESS % ROOT], env=e,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         timeout=120, cwd=ROOT).stdout.decode()
+    out = _run(tmp_path, env)
     assert 'NumPy ufuncs (' in out and why in out, out
     assert 'C loop' not in out, out
+
+
+def test_unwritable_cache_builds_in_a_private_directory(tmp_path):
+    blocker = tmp_path / 'file'
+    blocker.write_text('')
+    out = _run(tmp_path, {'STATIC_GRAPH_CACHE': str(blocker / 'cache')})
+    assert out.count('one C loop') == 4 and "'built': 1" in out, out
+
+
+def _run(tmp_path, env):
+    e = dict(os.environ)
+    e.pop('PYTHONPATH', None)
+    e['STATIC_GRAPH_CACHE'] = str(tmp_path)
+    e.update(env)
+    if env.get('CC') == '/bin/false':
+        e['PATH'] = str(tmp_path)          # no cc, gcc or clang either
+    return subprocess.run([sys.executable, '-c', _SUBPROCESS % ROOT], env=e,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=120, cwd=ROOT).stdout.decode()

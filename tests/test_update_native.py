@@ -16,11 +16,12 @@ import pytest
 from chainer import optimizers as Opt
 
 import static_graph
+from schedules import native
 from schedules import update_native as N
 from schedules import update_rules as K
 from tests.update_twins import RULES, Twins, captured
 
-pytestmark = pytest.mark.skipif(N.compiler() is None,
+pytestmark = pytest.mark.skipif(native.compiler() is None,
                                 reason='no C compiler here')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,12 +174,12 @@ _SUBPROCESS = '''
 import os, sys
 sys.path.insert(0, %r)
 import static_graph, numpy, chainer
-from schedules import update_native
+from schedules import native
 from tests.update_twins import RULES, Twins
 t = Twins(RULES['Adam'][0])
 t.step(2)
 print(static_graph.explain_update(t.ob))
-print(update_native.status())
+print(native.status())
 '''
 
 

@@ -1,0 +1,169 @@
+"""Compiled C for element-wise work, where it gives NumPy's bits.
+
+A loop written in C computes each element by the same IEEE operations as
+a sequence of NumPy ufuncs (``+ - * /`` and the square root are correctly
+rounded in both) when it is built without contraction into fused
+multiply-adds (``-ffp-contract=off``) and without fast-math (no
+reassociation, subnormals kept), each scalar cast to the op's dtype as
+NumPy casts it. Users: ``update_native`` (the captured update's programs)
+and ``static_graph/lstm_native.py`` (the LSTM cell around NumPy's tanh).
+
+``load(source)`` builds a shared object once per source with ``$CC`` or
+``cc`` and keeps it in ``$STATIC_GRAPH_CACHE`` (default
+``~/.cache/static_graph``; where that cannot be written, a private
+temporary directory of the process); it returns the loaded library, or a
+string saying why there is none (no compiler, a failed build), which is
+also logged once at INFO on the ``static_graph`` logger.
+``STATIC_GRAPH_NATIVE=0`` turns compiled loops off everywhere
+(``enabled()``). ``report(flags, dtype)`` passes the floating-point
+exceptions a loop raised on to NumPy's error handling. Framework-free.
+"""
+import atexit
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+import numpy
+
+FLAGS = ('-O3', '-std=c99', '-ffp-contract=off', '-fno-fast-math',
+         '-fno-math-errno', '-fPIC', '-shared')
+
+# What a loop returns: the exceptions it raised (fenv.h's own bits differ
+# between platforms; FLAGS_C maps them to these).
+DIVIDE, OVER, UNDER, INVALID = 1, 2, 4, 8
+FLAGS_C = """(fetestexcept(FE_DIVBYZERO) ? %d : 0) |
+        (fetestexcept(FE_OVERFLOW) ? %d : 0) |
+        (fetestexcept(FE_UNDERFLOW) ? %d : 0) |
+        (fetestexcept(FE_INVALID) ? %d : 0)""" % (DIVIDE, OVER, UNDER, INVALID)
+CTYPE = {numpy.dtype(numpy.float32): 'float',
+         numpy.dtype(numpy.float64): 'double'}
+
+
+def enabled():
+    """Not turned off by ``STATIC_GRAPH_NATIVE=0``."""
+    return os.environ.get('STATIC_GRAPH_NATIVE', '1').strip() not in (
+        '0', 'no', 'off', 'false', '')
+
+
+def report(flags, dtype):
+    """Raise each flag through NumPy, under this thread's error state: the
+    warning, error or call NumPy's own op would have given."""
+    one = numpy.ones(1, dtype)
+    big = numpy.full(1, numpy.finfo(dtype).max, dtype)
+    tiny = numpy.full(1, numpy.finfo(dtype).tiny, dtype)
+    if flags & DIVIDE:
+        numpy.true_divide(one, numpy.zeros(1, dtype))
+    if flags & OVER:
+        numpy.multiply(big, big)
+    if flags & UNDER:
+        numpy.multiply(tiny, tiny)
+    if flags & INVALID:
+        numpy.sqrt(-one)
+
+
+_lock = threading.Lock()
+_loaded = {}          # source digest -> ctypes library, or why not
+_status = {'built': 0, 'loaded': 0, 'failed': None}
+
+
+def status():
+    """What the compiler did in this process: shared objects built and
+    loaded from the cache, and the last failure (None if none)."""
+    return dict(_status)
+
+
+def compiler():
+    """The C compiler's path, or None."""
+    cc = os.environ.get('CC') or 'cc'
+    return shutil.which(cc) or shutil.which('gcc') or shutil.which('clang')
+
+
+def cache_dir():
+    d = os.environ.get('STATIC_GRAPH_CACHE')
+    if not d:
+        base = os.environ.get('XDG_CACHE_HOME') or os.path.join(
+            os.path.expanduser('~'), '.cache')
+        d = os.path.join(base, 'static_graph')
+    return os.path.join(d, 'native')
+
+
+def load(source):
+    """The library built from ``source``, from the cache where it was
+    built before; a string (why) where that fails."""
+    digest = hashlib.sha256(
+        (source + ' '.join(FLAGS) + sys.platform +
+         str(ctypes.sizeof(ctypes.c_void_p))).encode()).hexdigest()[:32]
+    with _lock:
+        fn = _loaded.get(digest)
+        if fn is None:
+            fn = _loaded[digest] = _build(source, digest)
+        return fn
+
+
+def _build(source, digest):
+    cc = compiler()
+    if cc is None:
+        return _failed('no C compiler (cc, gcc, clang; or $CC)')
+    d = cache_dir()
+    path = os.path.join(d, 'loop_%s.so' % digest)
+    if not os.path.exists(path):
+        try:
+            os.makedirs(d, exist_ok=True)
+            work = tempfile.mkdtemp(dir=d)
+        except OSError:
+            # A cache that cannot be written: this process's own private
+            # directory (never a shared name another user could plant).
+            d = _private_dir()
+            path = os.path.join(d, 'loop_%s.so' % digest)
+            work = tempfile.mkdtemp(dir=d)
+        try:
+            src = os.path.join(work, 'loop.c')
+            with open(src, 'w') as f:
+                f.write(source)
+            out = os.path.join(work, 'loop.so')
+            try:
+                r = subprocess.run([cc] + list(FLAGS) + ['-o', out, src,
+                                                         '-lm'],
+                                   stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=120)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return _failed('%s failed: %s' % (cc, e))
+            if r.returncode != 0:
+                msg = r.stdout.decode(errors='replace').strip()
+                return _failed('%s failed: %s' % (
+                    cc, msg.splitlines()[0] if msg else r.returncode))
+            os.replace(out, path)        # atomic: other processes too
+            _status['built'] += 1
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    else:
+        _status['loaded'] += 1
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        return _failed('loading %s failed: %s' % (path, e))
+
+
+_private = []
+
+
+def _private_dir():
+    if not _private:
+        d = tempfile.mkdtemp(prefix='static_graph-native-')
+        atexit.register(shutil.rmtree, d, True)
+        _private.append(d)
+    return _private[0]
+
+
+def _failed(why):
+    if _status['failed'] != why:
+        logging.getLogger('static_graph').info(
+            'NumPy ufuncs instead of compiled C loops: %s', why)
+    _status['failed'] = why
+    return why

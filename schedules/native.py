@@ -23,6 +23,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -79,9 +80,16 @@ def status():
 
 
 def compiler():
-    """The C compiler's path, or None."""
-    cc = os.environ.get('CC') or 'cc'
-    return shutil.which(cc) or shutil.which('gcc') or shutil.which('clang')
+    """The C compiler's command (a list: ``$CC`` may name a wrapper,
+    ``ccache gcc``; its options are dropped, as one such as -ffast-math
+    would change the bits), or None."""
+    words = [w for w in shlex.split(os.environ.get('CC') or 'cc')
+             if not w.startswith('-')]
+    for cmd in ([words] if words else []) + [['gcc'], ['clang']]:
+        path = shutil.which(cmd[0])
+        if path is not None:
+            return [path] + cmd[1:]
+    return None
 
 
 def cache_dir():
@@ -128,16 +136,16 @@ def _build(source, digest):
                 f.write(source)
             out = os.path.join(work, 'loop.so')
             try:
-                r = subprocess.run([cc] + list(FLAGS) + ['-o', out, src,
+                r = subprocess.run(cc + list(FLAGS) + ['-o', out, src,
                                                          '-lm'],
                                    stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, timeout=120)
             except (OSError, subprocess.TimeoutExpired) as e:
-                return _failed('%s failed: %s' % (cc, e))
+                return _failed('%s failed: %s' % (' '.join(cc), e))
             if r.returncode != 0:
                 msg = r.stdout.decode(errors='replace').strip()
-                return _failed('%s failed: %s' % (
-                    cc, msg.splitlines()[0] if msg else r.returncode))
+                return _failed('%s failed: %s' % (' '.join(cc), (
+                    msg.splitlines()[0] if msg else r.returncode)))
             os.replace(out, path)        # atomic: other processes too
             _status['built'] += 1
         finally:

@@ -212,3 +212,15 @@ def _run(tmp_path, env):
     return subprocess.run([sys.executable, '-c', _SUBPROCESS % ROOT], env=e,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=120, cwd=ROOT).stdout.decode()
+
+
+def test_compiler_command_from_cc(monkeypatch):
+    """$CC may name a wrapper and the compiler; options in it are dropped
+    (-ffast-math would change the bits); a $CC not found falls back to
+    gcc or clang."""
+    import shutil
+    monkeypatch.setenv('CC', 'env gcc -ffast-math -O0')
+    assert native.compiler() == [shutil.which('env'), 'gcc']
+    monkeypatch.setenv('CC', 'no-such-compiler-here')
+    assert native.compiler()[0] in (shutil.which('gcc'),
+                                    shutil.which('clang'))

@@ -67,7 +67,7 @@ CASES = dict((c['name'], c) for c in (
         cases.imagenet_arch('resnet50'), 64),
         lambda rs: (rs.rand(8, 3, 64, 64).astype(numpy.float32),
                     rs.randint(0, 10, 8).astype(numpy.int32)),
-        'msgd-wd', 5),
+        'msgd-wd', 9),
 ))
 
 

@@ -5,13 +5,15 @@ a sequence of NumPy ufuncs (``+ - * /`` and the square root are correctly
 rounded in both) when it is built without contraction into fused
 multiply-adds (``-ffp-contract=off``) and without fast-math (no
 reassociation, subnormals kept), each scalar cast to the op's dtype as
-NumPy casts it. Users: ``update_native`` (the captured update's programs)
-and ``static_graph/lstm_native.py`` (the LSTM cell around NumPy's tanh).
+NumPy casts it. User: ``update_native`` (the captured update's
+programs).
 
-``load(source)`` builds a shared object once per source with ``$CC`` or
-``cc`` and keeps it in ``$STATIC_GRAPH_CACHE`` (default
+``load(source)`` builds a shared object once per source (and machine)
+with ``$CC`` or ``cc`` and keeps it in ``native/`` under
+``$STATIC_GRAPH_CACHE`` (default ``$XDG_CACHE_HOME/static_graph`` or
 ``~/.cache/static_graph``; where that cannot be written, a private
-temporary directory of the process); it returns the loaded library, or a
+temporary directory of the process; a cached object another user owns
+or could have written is built again); it returns the loaded library, or a
 string saying why there is none (no compiler, a failed build), which is
 also logged once at INFO on the ``static_graph`` logger.
 ``STATIC_GRAPH_NATIVE=0`` turns compiled loops off everywhere
@@ -23,6 +25,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -104,40 +107,47 @@ def cache_dir():
 def load(source):
     """The library built from ``source``, from the cache where it was
     built before; a string (why) where that fails."""
-    digest = hashlib.sha256(
-        (source + ' '.join(FLAGS) + sys.platform +
-         str(ctypes.sizeof(ctypes.c_void_p))).encode()).hexdigest()[:32]
+    digest = hashlib.sha256(' '.join(
+        (source,) + FLAGS + (sys.platform, platform.machine(),
+                             str(ctypes.sizeof(ctypes.c_void_p)))
+    ).encode()).hexdigest()[:32]
     with _lock:
-        fn = _loaded.get(digest)
-        if fn is None:
-            fn = _loaded[digest] = _build(source, digest)
-        return fn
+        lib = _loaded.get(digest)
+        if lib is None:
+            try:
+                lib = _build(source, digest)
+            except OSError as e:       # a full disk, a vanished directory
+                lib = _failed('building failed: %s' % e)
+            _loaded[digest] = lib
+        return lib
 
 
 def _build(source, digest):
     cc = compiler()
     if cc is None:
         return _failed('no C compiler (cc, gcc, clang; or $CC)')
+    name = 'loop_%s.so' % digest
     d = cache_dir()
-    path = os.path.join(d, 'loop_%s.so' % digest)
-    if not os.path.exists(path):
-        try:
-            os.makedirs(d, exist_ok=True)
-            work = tempfile.mkdtemp(dir=d)
-        except OSError:
-            # A cache that cannot be written: this process's own private
-            # directory (never a shared name another user could plant).
-            d = _private_dir()
-            path = os.path.join(d, 'loop_%s.so' % digest)
-            work = tempfile.mkdtemp(dir=d)
-        try:
+    try:
+        os.makedirs(d, exist_ok=True)
+        work = tempfile.mkdtemp(dir=d)
+    except OSError:
+        # A cache that cannot be written: this process's own private
+        # directory (never a shared name another user could plant).
+        d = _private_dir()
+        work = tempfile.mkdtemp(dir=d)
+    path = os.path.join(d, name)
+    try:
+        if _ours(path):
+            _status['loaded'] += 1
+        else:
             src = os.path.join(work, 'loop.c')
             with open(src, 'w') as f:
                 f.write(source)
             out = os.path.join(work, 'loop.so')
             try:
                 r = subprocess.run(cc + list(FLAGS) + ['-o', out, src,
-                                                         '-lm'],
+                                                        '-lm'],
                                    stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, timeout=120)
             except (OSError, subprocess.TimeoutExpired) as e:
@@ -146,16 +156,27 @@ def _build(source, digest):
                 msg = r.stdout.decode(errors='replace').strip()
                 return _failed('%s failed: %s' % (' '.join(cc), (
                     msg.splitlines()[0] if msg else r.returncode)))
+            os.chmod(out, 0o755)         # whatever the umask: see _ours
             os.replace(out, path)        # atomic: other processes too
             _status['built'] += 1
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    else:
-        _status['loaded'] += 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     try:
         return ctypes.CDLL(path)
     except OSError as e:
         return _failed('loading %s failed: %s' % (path, e))
+
+
+def _ours(path):
+    """Is ``path`` a shared object this user built (owned by us, and
+    writable by nobody else)? Anything else is built again over it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    getuid = getattr(os, 'getuid', None)
+    return (getuid is None or st.st_uid == getuid()) and \
+        not st.st_mode & 0o022
 
 
 _private = []

@@ -22,9 +22,15 @@ _DEFAULT_ERR = numpy.geterr()
 
 def caller_errstate():
     """The calling thread's ``numpy.geterr()`` where it differs from the
-    default (for the workers to use too), else None."""
+    default (for the workers to use too; with its ``numpy.seterrcall``
+    function where one is set), else None."""
     err = numpy.geterr()
-    return None if err == _DEFAULT_ERR else err
+    call = numpy.geterrcall()
+    if err == _DEFAULT_ERR and call is None:
+        return None
+    if call is not None:
+        err['call'] = call
+    return err
 
 
 def default_threads():

@@ -18,8 +18,12 @@ that dtype, of ``add subtract multiply true_divide sqrt``, are compiled
 NumPy ufuncs (``maximum``/``minimum``/``clip``/``sign`` differ among
 NumPy's own loops in which zero or NaN they return, and a cast between
 dtypes is NumPy's). ``program(prog)`` gives the compiled program or says
-why not. A floating-point exception the loop raised is reported through
-NumPy's error handling after the loop (``native.report``). Framework-free.
+why not. A call whose operands the loop would not treat as the ufuncs do
+(``_loop_gives_numpys``: a scalar NumPy would not cast down, one the C
+cast would round twice, an array of another dtype or read-only, NumPy set
+to raise) runs the ufuncs. A floating-point exception the loop raised is
+reported through NumPy's error handling after the loop
+(``native.report``). Framework-free.
 """
 import ctypes
 
@@ -147,6 +151,7 @@ def _native(prog):
     run.restype = ctypes.c_int
     slots = prog.slots
     nsc = scalar_slots(prog)
+    values, written = _operands(prog)
     dtype = prog.segments[0].dtype
     numpy_fn, temp_dtypes = prog.fn, prog.temp_dtypes
     Ptrs = ctypes.c_void_p * len(slots)
@@ -155,10 +160,7 @@ def _native(prog):
     def fn(A, S, T, lo, hi, B):
         if B:
             arrays = [A[s] for s in slots]
-            for a in arrays:
-                if a.dtype is not dtype:
-                    break
-            else:
+            if _loop_gives_numpys(arrays, S, dtype, values, written):
                 # (c_double takes Python and NumPy numbers and bools)
                 flags = run(lo, hi, Scalars(*S[:nsc]),
                             Ptrs(*[a.ctypes.data for a in arrays]))
@@ -166,9 +168,67 @@ def _native(prog):
                     native.report(flags, dtype)
                 return
         if T is None:
-            n = B or A[slots[0]].size
-            T = tuple(numpy.empty(n, dt) for dt in temp_dtypes)
+            shape = A[slots[0]].shape if not B else (B,)
+            T = tuple(numpy.empty(shape, dt) for dt in temp_dtypes)
         return numpy_fn(A, S, T, lo, hi, B)
 
     return K.Program(fn, temp_dtypes, source, prog.segments, slots,
                      native=True), None
+
+
+def _operands(prog):
+    """The scalar slots the program computes with (not its guards), and
+    the positions in ``prog.slots`` of the arrays it writes."""
+    values, written = set(), set()
+    for seg in prog.segments:
+        for op in seg.kernel.ops:
+            values.update(seg.scalars[a[1:]] for a in op.args
+                          if isinstance(a, str) and a.startswith('$'))
+            if not K.is_temp(op.out):
+                written.add(prog.slots.index(seg.arrays[op.out]))
+    return tuple(sorted(values)), tuple(sorted(written))
+
+
+def _loop_gives_numpys(arrays, S, dtype, values, written):
+    """Does the loop compute what the ufuncs would on these operands? Not
+    where an array is of another dtype (the ufuncs cast) or read-only
+    (they raise), where a scalar would make NumPy compute in a wider type
+    (a NumPy float64 scalar under NumPy 2, a float beyond float32's range
+    under NumPy 1: the ufunc casts the result down instead) or is not a
+    float the C cast rounds once, or where NumPy would raise at the first
+    op that errs (``numpy.seterr(...='raise')``; the loop reports after
+    its last)."""
+    for a in arrays:
+        if a.dtype != dtype:
+            return False
+    for j in written:
+        if not arrays[j].flags.writeable:
+            return False
+    for k in values:
+        v = S[k]
+        t = type(v)
+        if t is float:
+            if not K.weak(v, dtype):
+                return False
+        elif t is int:
+            if not -_EXACT <= v <= _EXACT:
+                return False
+        elif t is not bool and not _plain_number(v, dtype):
+            return False
+    return 'raise' not in numpy.geterr().values()
+
+
+_EXACT = 2 ** 53       # integers a double holds exactly
+
+
+def _plain_number(v, dtype):
+    """A NumPy scalar or 0-d array that the double ctypes passes holds
+    exactly and that NumPy casts down to ``dtype``."""
+    if isinstance(v, numpy.ndarray):
+        if v.ndim != 0:
+            return False
+        v = v[()]
+    if isinstance(v, numpy.integer):
+        return -_EXACT <= int(v) <= _EXACT and K.weak(v, dtype)
+    return isinstance(v, (numpy.floating, numpy.bool_)) and \
+        v.dtype.itemsize <= 8 and K.weak(v, dtype)

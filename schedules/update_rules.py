@@ -359,6 +359,45 @@ param = copy(param32)                 # param32.astype(param.dtype)
 ''', arrays=('param32', 'param'))
 
 
+# -- scalars and NumPy's promotion -------------------------------------------
+
+# NumPy 1 promotes by value: a float scalar (Python's or NumPy's) takes the
+# smallest float type that holds it by its C code's bounds (min_scalar_type:
+# |v| < 65000 half, < 3.4e38 float, else double; inf and NaN: half), so a
+# float32 array times 3.4e38 computes in float64. NumPy 2 (NEP 50) keeps
+# Python numbers weak and promotes NumPy scalars by type.
+VALUE_BASED = numpy.lib.NumpyVersion(numpy.__version__) < '2.0.0'
+_BOUND = {numpy.dtype(numpy.float16): 65000.0,
+          numpy.dtype(numpy.float32): 3.4e38}
+_weak_cache = {}
+
+
+def weak(value, dtype):
+    """Whether NumPy computes an op of ``value`` and an array of ``dtype``
+    in ``dtype`` (the scalar is cast down to it)."""
+    t = type(value)
+    if t is float or (VALUE_BASED and t is not numpy.longdouble and
+                      isinstance(value, numpy.floating)):
+        if VALUE_BASED:
+            bound = _BOUND.get(dtype)
+            if bound is not None:
+                v = abs(float(value))
+                return not bound <= v < float('inf')
+        return t is float or numpy.dtype(t) <= dtype
+    if t is int or t is bool:
+        return True
+    key = (t, getattr(value, 'dtype', None), dtype)
+    ok = None if VALUE_BASED else _weak_cache.get(key)
+    if ok is None:
+        try:
+            ok = numpy.result_type(value, numpy.empty(0, dtype)) == dtype
+        except TypeError:
+            ok = False
+        if not VALUE_BASED:
+            _weak_cache[key] = ok
+    return ok
+
+
 # -- compiling a sequence of kernels -----------------------------------------
 
 class Segment(object):

@@ -355,7 +355,9 @@ def _entries(st, variant):
 
 def _engine(whys):
     """How a parameter's programs run: compiled C loops or NumPy ufuncs
-    (and why)."""
+    (and why). (A loop's call still runs the ufuncs where the loop would
+    not give their bits on its operands: update_native._loop_gives_numpys.)
+    """
     if not whys:
         return ''
     if all(w is None for w in whys):

@@ -271,41 +271,7 @@ def lars_rate(hook, p, g):
 
 # -- scalars and NumPy's promotion --------------------------------------------
 
-_weak_cache = {}
-
-
-def weak(value, dtype):
-    """Whether ``value * array_of_dtype`` stays ``dtype``: a Python number
-    does (but a float beyond the dtype's range under NumPy 1's value-based
-    casting: float64), a NumPy float64 scalar does not under NumPy 2."""
-    t = type(value)
-    if _VALUE_BASED and (t is float or isinstance(value, numpy.floating)):
-        return not _beyond(value, dtype)
-    if t is float or t is int or t is bool:
-        return True
-    key = (t, getattr(value, 'dtype', None), dtype)
-    ok = _weak_cache.get(key)
-    if ok is None:
-        try:
-            ok = numpy.result_type(value, numpy.empty(0, dtype)) == dtype
-        except TypeError:
-            ok = False
-        _weak_cache[key] = ok
-    return ok
-
-
-# NumPy 1 promotes a scalar by its value: a float32 array times a float
-# that float32 cannot hold (finite, beyond its largest) is float64.
-_VALUE_BASED = numpy.lib.NumpyVersion(numpy.__version__) < '2.0.0'
-_LARGEST = {}
-
-
-def _beyond(value, dtype):
-    top = _LARGEST.get(dtype)
-    if top is None:
-        top = _LARGEST[dtype] = float(numpy.finfo(dtype).max)
-    v = abs(float(value))
-    return top < v < float('inf')
+weak = K.weak     # (the captured update's C loops ask it too)
 
 
 _typed_index = {}

@@ -102,7 +102,10 @@ def test_whole_arrays_keep_numpy():
 @pytest.mark.parametrize('mode', ['raise', 'warn', 'ignore', 'call'])
 def test_floating_point_errors_follow_numpy_errstate(mode):
     """An overflow inside the loop reaches NumPy's error handling as the
-    ufunc's own would: raised, warned, ignored or called."""
+    ufunc's own would: warned, ignored or called; where NumPy would raise,
+    the ufuncs run instead, so that the error comes at the op that errs
+    and leaves what NumPy leaves (here the parameter as it was: SGD's
+    product overflows before the subtraction)."""
     prog, _ = N.program(_program(K.SGD, numpy.float32))
     p = numpy.ones(64, numpy.float32)
     g = numpy.full(64, 3e38, numpy.float32)
@@ -120,7 +123,10 @@ def test_floating_point_errors_follow_numpy_errstate(mode):
                 prog.fn([p, g], [-10.0], None, 0, 64, 64)
         finally:
             numpy.seterrcall(old)
-    assert numpy.isinf(p).all()
+    if mode == 'raise':
+        assert (p == 1).all()
+    else:
+        assert numpy.isinf(p).all()
     overflow = [w for w in caught if 'overflow' in str(w.message)]
     assert len(overflow) == (mode == 'warn')
     assert (calls == ['overflow']) == (mode == 'call')
@@ -224,3 +230,57 @@ def test_compiler_command_from_cc(monkeypatch):
     monkeypatch.setenv('CC', 'no-such-compiler-here')
     assert native.compiler()[0] in (shutil.which('gcc'),
                                     shutil.which('clang'))
+
+
+@pytest.mark.parametrize('make', [
+    lambda: Opt.MomentumSGD(lr=1e-3, momentum=1e39),  # v *= momentum
+    lambda: Opt.SGD(lr=3.4e38),     # NumPy 1 widens from 3.4e38, not max
+    lambda: Opt.RMSprop(alpha=1e39),
+    lambda: Opt.MomentumSGD(lr=0.05, momentum=numpy.float64(0.9)),
+    lambda: Opt.SGD(lr=numpy.longdouble(1) + 2 ** -24 + 2 ** -60),
+    lambda: Opt.SGD(lr=2 ** 60 + 1),
+], ids=['momentum-1e39', 'lr-3.4e38', 'alpha-1e39', 'momentum-float64',
+        'lr-longdouble', 'lr-int-2**60'])
+def test_scalars_the_loop_cannot_cast_run_the_ufuncs(make):
+    """A scalar NumPy would not cast down to the arrays' dtype (it widens
+    the op, even one that writes an array: ``v *= momentum``), or that the
+    C cast would round twice: that step's ops run as ufuncs, the same bits
+    as Chainer (Twins checks every array after every step)."""
+    t = Twins(make, capture=dict(native=True))
+    with numpy.errstate(all='ignore'):
+        for step in range(2):
+            t.backward()
+            for m in (t.a, t.b):
+                m.l1.W.grad[0, :3] = (0.0, 1e-36, -2e-37)
+            t.update()
+    assert captured(t.ob).fallback_steps == 0
+
+
+def test_read_only_array_raises_as_numpy_does():
+    prog, _ = N.program(_program(K.SGD, numpy.float32))
+    p = numpy.ones(64, numpy.float32)
+    p.flags.writeable = False
+    with pytest.raises(ValueError, match='read-only'):
+        prog.fn([p, numpy.ones(64, numpy.float32)], [0.5], None, 0, 64, 64)
+
+
+
+def test_seterrcall_reaches_the_worker_threads():
+    """numpy.seterr(...='call') with numpy.seterrcall: the function is
+    called for an error in the second thread's chunk too (the workers get
+    the caller's function, not only its modes)."""
+    t = Twins(RULES['Adam'][0], capture=dict(threads=2, min_split=1))
+    t.step(1)
+    split = captured(t.ob).split
+    split.choice, split.left = True, 10 ** 9      # split from now on
+    t.backward()
+    for m in (t.a, t.b):
+        m.l1.W.grad[-1, -1] = numpy.inf       # in the second thread's chunk
+    calls = []
+    old = numpy.seterrcall(lambda kind, flag: calls.append(kind))
+    try:
+        with numpy.errstate(all='call'):
+            t.ob.update()
+    finally:
+        numpy.seterrcall(old)
+    assert 'invalid value' in calls, calls

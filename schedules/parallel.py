@@ -223,7 +223,12 @@ class Phases(object):
         threads = self.threads if runner is not None else 1
         parts = [[] for _ in range(threads)]
         B = self.block
+        # NumPy set to raise: the ufuncs, which raise at the op that errs
+        # (a compiled loop would write every op first; update_native)
+        raising = errstate is not None and 'raise' in errstate.values()
         for i, prog in self.work[k]:
+            if raising:
+                prog = prog.ufuncs
             A = flat[i]
             S = scalars[i]
             fn = prog.fn

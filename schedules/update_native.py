@@ -20,8 +20,10 @@ NumPy's own loops in which zero or NaN they return, and a cast between
 dtypes is NumPy's). ``program(prog)`` gives the compiled program or says
 why not. A call whose operands the loop would not treat as the ufuncs do
 (``_loop_gives_numpys``: a scalar NumPy would not cast down, one the C
-cast would round twice, an array of another dtype or read-only, NumPy set
-to raise) runs the ufuncs. A floating-point exception the loop raised is
+cast would round twice, an array of another dtype or read-only) runs the
+ufuncs, and so does a step under ``numpy.seterr(...='raise')``
+(``parallel.Phases.run_phase``: NumPy raises at the op that errs, before
+the ops after it write; a loop could only report after its last). A floating-point exception the loop raised is
 reported through NumPy's error handling after the loop
 (``native.report``). Framework-free.
 """
@@ -157,10 +159,13 @@ def _native(prog):
     Ptrs = ctypes.c_void_p * len(slots)
     Scalars = ctypes.c_double * max(nsc, 1)
 
+    # NumPy 1 widens a float scalar of this magnitude (K.weak)
+    bound = K._BOUND.get(dtype) if K.VALUE_BASED else None
+
     def fn(A, S, T, lo, hi, B):
         if B:
             arrays = [A[s] for s in slots]
-            if _loop_gives_numpys(arrays, S, dtype, values, written):
+            if _loop_gives_numpys(arrays, S, dtype, values, written, bound):
                 # (c_double takes Python and NumPy numbers and bools)
                 flags = run(lo, hi, Scalars(*S[:nsc]),
                             Ptrs(*[a.ctypes.data for a in arrays]))
@@ -172,8 +177,10 @@ def _native(prog):
             T = tuple(numpy.empty(shape, dt) for dt in temp_dtypes)
         return numpy_fn(A, S, T, lo, hi, B)
 
-    return K.Program(fn, temp_dtypes, source, prog.segments, slots,
-                     native=True), None
+    nprog = K.Program(fn, temp_dtypes, source, prog.segments, slots,
+                      native=True)
+    nprog.ufuncs = prog     # (numpy.seterr(...='raise'): Phases.run_phase)
+    return nprog, None
 
 
 def _operands(prog):
@@ -189,15 +196,13 @@ def _operands(prog):
     return tuple(sorted(values)), tuple(sorted(written))
 
 
-def _loop_gives_numpys(arrays, S, dtype, values, written):
+def _loop_gives_numpys(arrays, S, dtype, values, written, bound):
     """Does the loop compute what the ufuncs would on these operands? Not
     where an array is of another dtype (the ufuncs cast) or read-only
-    (they raise), where a scalar would make NumPy compute in a wider type
-    (a NumPy float64 scalar under NumPy 2, a float beyond float32's range
-    under NumPy 1: the ufunc casts the result down instead) or is not a
-    float the C cast rounds once, or where NumPy would raise at the first
-    op that errs (``numpy.seterr(...='raise')``; the loop reports after
-    its last)."""
+    (they raise), or where a scalar would make NumPy compute in a wider type
+    (a NumPy float64 scalar under NumPy 2, a float of magnitude ``bound``
+    or more under NumPy 1: the ufunc casts the result down instead) or is
+    not a number the C cast rounds once."""
     for a in arrays:
         if a.dtype != dtype:
             return False
@@ -208,14 +213,15 @@ def _loop_gives_numpys(arrays, S, dtype, values, written):
         v = S[k]
         t = type(v)
         if t is float:
-            if not K.weak(v, dtype):
+            if bound is not None and not -bound < v < bound and \
+                    v - v == 0:         # (finite)
                 return False
         elif t is int:
             if not -_EXACT <= v <= _EXACT:
                 return False
         elif t is not bool and not _plain_number(v, dtype):
             return False
-    return 'raise' not in numpy.geterr().values()
+    return True
 
 
 _EXACT = 2 ** 53       # integers a double holds exactly

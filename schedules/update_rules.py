@@ -467,7 +467,7 @@ class Program(object):
     on flat arrays)."""
 
     __slots__ = ('fn', 'temp_dtypes', 'source', 'segments', 'slots',
-                 'native')
+                 'native', 'ufuncs')
 
     def __init__(self, fn, temp_dtypes, source, segments, slots,
                  native=False):
@@ -477,6 +477,7 @@ class Program(object):
         self.segments = segments
         self.slots = slots
         self.native = native
+        self.ufuncs = self      # a native program's ufunc original
 
 
 def compile_program(segments):

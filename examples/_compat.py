@@ -5,7 +5,8 @@ have neither and take a GPU id (``None`` for the CPU) wherever a device goes.
 ``get_device`` accepts ``@numpy`` and ``@cupy:N`` everywhere (and, on
 Chainer >= 6, any specifier Chainer understands).  ``mode_label`` says what a
 training run really is: the static graph only where it was asked for and the
-library can record on this Chainer.
+library can record on this Chainer. ``capture_update`` and its flags: the
+optimizer's update captured (``static_graph.capture_update``).
 """
 import static_graph  # NOQA  (before chainer: Python 3.12+/NumPy 2)
 import numpy
@@ -77,3 +78,26 @@ def mode_label(static):
         return 'static graph'
     return ('define-by-run: static_graph unavailable on chainer %s'
             % chainer.__version__)
+
+
+def add_capture_update_arguments(parser):
+    """``--capture-update`` (the default) and ``--no-capture-update``."""
+    parser.add_argument('--capture-update', dest='capture_update',
+                        action='store_true', default=True,
+                        help='with the static graph, also run the '
+                             'optimizer\'s update as captured in-place '
+                             'kernels split across threads '
+                             '(static_graph.capture_update; default)')
+    parser.add_argument('--no-capture-update', dest='capture_update',
+                        action='store_false',
+                        help='leave the update to Chainer\'s optimizer')
+
+
+def capture_update(optimizer, args, static, say=True):
+    """Capture ``optimizer``'s update where the run is static and
+    ``--capture-update`` holds; say so in one line (``say``)."""
+    if static and args.capture_update:
+        static_graph.capture_update(optimizer)
+        if say and static_active():
+            print('optimizer update: captured (static_graph.capture_update; '
+                  '--no-capture-update leaves it to Chainer)')

@@ -164,15 +164,7 @@ def parse_args(argv=None):
     parser.add_argument('--no-static', dest='static', action='store_false',
                         help='plain define-by-run '
                              '(chainer.config.use_static_graph = False)')
-    parser.add_argument('--capture-update', dest='capture_update',
-                        action='store_true', default=True,
-                        help='with the static graph, also run the '
-                             'optimizer\'s update as captured in-place '
-                             'kernels (static_graph.capture_update; '
-                             'default)')
-    parser.add_argument('--no-capture-update', dest='capture_update',
-                        action='store_false',
-                        help='leave the update to Chainer\'s optimizer')
+    _compat.add_capture_update_arguments(parser)
     parser.add_argument('--device', '-d', default='@numpy',
                         help='Chainer device specifier, e.g. @numpy, '
                              '@cupy:0 (Chainer < 6: only these two forms)')
@@ -216,11 +208,7 @@ def main(argv=None):
     device.send_link(model)
     optimizer = chainer.optimizers.MomentumSGD(lr=args.lr, momentum=0.9)
     optimizer.setup(model)
-    if args.static and args.capture_update:
-        static_graph.capture_update(optimizer)
-        if _compat.static_active():
-            print('optimizer update: captured (static_graph.capture_update; '
-                  '--no-capture-update leaves it to Chainer)')
+    _compat.capture_update(optimizer, args, args.static)
 
     val_batchsize = args.val_batchsize or args.batchsize
     if args.loaderjob:

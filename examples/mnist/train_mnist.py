@@ -35,7 +35,7 @@ import chainer.links as L  # NOQA
 from chainer import training  # NOQA
 from chainer.training import extensions  # NOQA
 
-from static_graph import capture_update, static_graph  # NOQA
+from static_graph import static_graph  # NOQA
 
 import _compat  # NOQA
 from _timing import TimedUpdater, mean_step_time  # NOQA
@@ -98,11 +98,7 @@ def train(args, train_data, test_data, static, out):
     device.send_link(model)
     optimizer = chainer.optimizers.Adam()
     optimizer.setup(model)
-    if static and args.capture_update:
-        capture_update(optimizer)
-        if multinode.is_root() and _compat.static_active():
-            print('optimizer update: captured (static_graph.capture_update; '
-                  '--no-capture-update leaves it to Chainer)')
+    _compat.capture_update(optimizer, args, static, multinode.is_root())
     optimizer = multinode.optimizer(optimizer)
 
     train_iter = chainer.iterators.SerialIterator(train_data, args.batchsize)
@@ -189,15 +185,7 @@ def parse_args(argv=None):
     parser.add_argument('--no-static', dest='static', action='store_false',
                         help='plain define-by-run '
                              '(chainer.config.use_static_graph = False)')
-    parser.add_argument('--capture-update', dest='capture_update',
-                        action='store_true', default=True,
-                        help='with the static graph, also run Adam\'s '
-                             'update as captured in-place kernels split '
-                             'across threads (static_graph.capture_update; '
-                             'default)')
-    parser.add_argument('--no-capture-update', dest='capture_update',
-                        action='store_false',
-                        help='leave the update to Chainer\'s optimizer')
+    _compat.add_capture_update_arguments(parser)
     parser.add_argument('--compare', action='store_true',
                         help='train twice, with and without the static '
                              'graph, and compare time per iteration')

@@ -13,6 +13,7 @@ import numpy
 
 from static_graph import elementwise_kernels as ew
 from static_graph import kernel_memory
+from static_graph import lstm_kernels
 from static_graph import split_kernels
 from static_graph.elementwise_kernels import out_like
 from static_graph.elementwise_kernels import plain_cpu as _plain_cpu
@@ -264,6 +265,8 @@ FAST = {
     'MulConstant': ew.for_mul_constant,
     'Tanh': ew.for_tanh,
     'TanhGrad': ew.for_tanh_grad,
+    'LSTM': lstm_kernels.for_lstm,
+    'LSTMGrad': lstm_kernels.for_lstm_grad,
 }
 
 

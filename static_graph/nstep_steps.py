@@ -1,13 +1,15 @@
 """One direction of one layer of an NStep RNN, step by step: what
 ``n_step_rnn._one_directional_loop`` computes with Chainer's nodes, and
 its backward, on arrays (``NStepLoop``'s steps, nstep_loop.py). Each
-operation is the node's own (Chainer's LSTM, LSTMGrad, Tanh, ReLU code, the
-Linear's BLAS calls on the same operands), in the same order."""
+operation is the node's own (Chainer's LSTM and LSTMGrad arithmetic, as
+lstm_kernels computes it; its Tanh and ReLU code; the Linear's BLAS calls
+on the same operands), in the same order."""
 import numpy
 
 from chainer.functions.activation import relu as relu_module
 from chainer.functions.activation import tanh as tanh_module
-from chainer.functions.rnn import lstm as lstm_module
+
+from static_graph import lstm_kernels
 
 GATE_ORDER = (2, 0, 1, 3)     # n_step_lstm._lstm's stacking of the gates
 
@@ -67,9 +69,7 @@ class Loop(object):
         out, out_ranks = [], []
         self.x_path_ranks = []
         lstm = self.cell == 'lstm'
-        if lstm:
-            cell = lstm_module.LSTM()
-        else:
+        if not lstm:
             act = (tanh_module.Tanh() if self.cell == 'tanh' else
                    relu_module.ReLU())
         w_rank = self.w_rank
@@ -88,7 +88,7 @@ class Loop(object):
             self.x_path_ranks.append(x_path)
             summed = max(x_path, max(h_rank, w_rank) + 1) + 1
             if lstm:
-                c_new, h_new = cell.forward((c, gates))
+                c_new, h_new = lstm_kernels.forward(c, gates)
                 step_rank = max(c_rank, summed) + 1
             else:
                 h_new, = act.forward((gates,))
@@ -143,8 +143,8 @@ class Loop(object):
             gh_in = gc_in = None
             if g_h_new is not None or (lstm and gc is not None):
                 if lstm:
-                    gc_in, g_gates = lstm_module.LSTMGrad().forward(
-                        (c, gates, c_new, gc, g_h_new))
+                    gc_in, g_gates = lstm_kernels.grad(
+                        c, gates, c_new, gc, g_h_new)
                 elif self.cell == 'tanh':
                     g_gates, = tanh_module.TanhGrad(None).forward(
                         (h_new, g_h_new))

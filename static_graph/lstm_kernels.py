@@ -36,6 +36,8 @@ _SOURCE = r'''
 #include <stdint.h>
 
 #define FLAGS (%(flags)s)
+/* Chainer's _sigmoid after NumPy's tanh: tanh(v * half) * half + half */
+#define SIG(t) ((t) * half + half)
 
 #define DEFINE(T, S)                                                        \
 int pre_##S(int64_t units, const T *x, T *t)                              \
@@ -55,9 +57,7 @@ int cell_##S(int64_t units, int64_t all, const T *t, const T *cp, T *c)    \
     const T half = (T)0.5;                                                  \
     feclearexcept(FE_ALL_EXCEPT);                                           \
     for (int64_t u = 0; u < units; u++) {                                   \
-        T a = t[4 * u];                                                     \
-        T i = t[4 * u + 1] * half + half;                                   \
-        T f = t[4 * u + 2] * half + half;                                   \
+        T a = t[4 * u], i = SIG(t[4 * u + 1]), f = SIG(t[4 * u + 2]);      \
         T p = a * i;                                                        \
         T q = f * cp[u];                                                    \
         c[u] = p + q;                                                       \
@@ -71,8 +71,7 @@ int out_##S(int64_t units, const T *t, T *h)                               \
     const T half = (T)0.5;                                                  \
     feclearexcept(FE_ALL_EXCEPT);                                           \
     for (int64_t u = 0; u < units; u++) {                                   \
-        T o = t[4 * u + 3] * half + half;                                   \
-        h[u] = o * h[u];                                                    \
+        h[u] = SIG(t[4 * u + 3]) * h[u];                                    \
     }                                                                       \
     return FLAGS;                                                           \
 }                                                                           \
@@ -82,11 +81,8 @@ int grad_##S(int64_t units, int64_t all, const T *t, const T *co,          \
     const T half = (T)0.5;                                                  \
     feclearexcept(FE_ALL_EXCEPT);                                           \
     for (int64_t u = 0; u < units; u++) {                                   \
-        T a = t[4 * u];                                                     \
-        T i = t[4 * u + 1] * half + half;                                   \
-        T f = t[4 * u + 2] * half + half;                                   \
-        T o = t[4 * u + 3] * half + half;                                   \
-        T k = co[u];                                                        \
+        T a = t[4 * u], i = SIG(t[4 * u + 1]), f = SIG(t[4 * u + 2]);      \
+        T o = SIG(t[4 * u + 3]), k = co[u];                                 \
         T g = gh[u] * o;                  /* gh * sig_o * (1 - co*co) */    \
         T w = 1 - k * k;                                                    \
         g = g * w;                                                          \
@@ -163,17 +159,24 @@ def _check(flags, dtype):
         native.report(flags, dtype)
 
 
+def _gates(fns, c_prev, x):
+    """(dtype, batch, batch * units, t): ``t`` the gates' tanh of ``x``
+    (a) and of ``x * 0.5`` (i, f, o), as Chainer's LSTM computes them."""
+    dtype = x.dtype
+    batch = x.shape[0]
+    n = batch * c_prev.shape[1]
+    t = numpy.empty(x.shape, dtype)
+    _check(fns['pre', dtype](n, x.ctypes.data, t.ctypes.data), dtype)
+    numpy.tanh(t, out=t)
+    return dtype, batch, n, t
+
+
 def forward(c_prev, x):
     """``LSTM().forward((c_prev, x))``: (c_next, h), the same bits."""
     fns = _loops()
     if fns is None or not _fits(c_prev, x) or _raising():
         return lstm_module.LSTM().forward((c_prev, x))
-    dtype = x.dtype
-    batch, units = x.shape[0], c_prev.shape[1]
-    n = batch * units
-    t = numpy.empty(x.shape, dtype)
-    _check(fns['pre', dtype](n, x.ctypes.data, t.ctypes.data), dtype)
-    numpy.tanh(t, out=t)
+    dtype, batch, n, t = _gates(fns, c_prev, x)
     c_next = numpy.empty_like(c_prev)
     _check(fns['cell', dtype](n, c_prev.size, t.ctypes.data,
                               c_prev.ctypes.data, c_next.ctypes.data), dtype)
@@ -189,12 +192,7 @@ def grad(c_prev, x, c_next, gc, gh):
     if fns is None or gc is None or gh is None or \
             not _fits(c_prev, x, (c_next, gc, gh)) or _raising():
         return lstm_module.LSTMGrad().forward((c_prev, x, c_next, gc, gh))
-    dtype = x.dtype
-    batch, units = x.shape[0], c_prev.shape[1]
-    n = batch * units
-    t = numpy.empty(x.shape, dtype)
-    _check(fns['pre', dtype](n, x.ctypes.data, t.ctypes.data), dtype)
-    numpy.tanh(t, out=t)
+    dtype, batch, n, t = _gates(fns, c_prev, x)
     co = numpy.tanh(c_next[:batch])
     gc_prev = numpy.empty_like(c_prev)
     gx = numpy.empty_like(x)

@@ -16,6 +16,7 @@ from static_graph import arrayutil
 from static_graph import diagnostics
 from static_graph import graphs
 from static_graph import link_values
+from static_graph import lower_pass
 from static_graph import masked
 from static_graph import signature
 from static_graph import split_kernels
@@ -127,6 +128,11 @@ class Entry(object):
         if key in self.accumulating:
             return self.accumulating[key]
         bufs = self.backward.buffers
+        if not plain:
+            # The small ops' kernels, which lower deferred to the compile of
+            # the backward schedule: the variant's copies need them now
+            # (the variant may be all that ever runs).
+            lower_pass.lower_ops(self.backward)
         ops = [op.copy() for op in (self.plain_backward_ops if plain
                                     else self.backward.ops)]
         before, after = {}, {}

@@ -65,6 +65,7 @@ SIGHTINGS = 3
 # A key whose recordings are let go without a backward this many times in a
 # row runs define-by-run (Cache.recording_died).
 FORWARD_ONLY_AFTER = 2
+SHORTCUT_AFTER = 8
 
 
 class Cache(object):
@@ -102,6 +103,14 @@ class Cache(object):
         # holds for the whole family (a new size does not record again).
         self._family_first = {}
         self.family_fallbacks = {}
+        # Once SHORTCUT_AFTER calls in a row of one configuration and
+        # argument outline (signature.outline) ran define-by-run through
+        # family fallbacks for one reason, and nothing of that
+        # configuration replays: {(config, outline): reason}, whose calls
+        # run define-by-run without computing their keys (the key of 128
+        # arrays costs about 2% of a text classifier's step).
+        self.shortcuts = {}
+        self._family_hits = None     # ((config, outline), reason, count)
         # Keys whose recordings got no backward ({key: how many in a row});
         # at FORWARD_ONLY_AFTER, {key: reason}: their calls with backprop
         # enabled (evaluation outside no_backprop_mode) run define-by-run
@@ -224,6 +233,20 @@ class Cache(object):
                     'run define-by-run, as recording each would cost more. '
                     'Evaluate under chainer.no_backprop_mode() to replay '
                     'them' % n)
+
+    def family_hit(self, key, reason, outline):
+        """A call of ``key`` ran define-by-run for its family's fallback
+        ``reason``; enough of them in a row make a shortcut."""
+        config = key[1]
+        at = (config, outline)
+        hits = self._family_hits
+        n = hits[2] + 1 if hits is not None and hits[0] == at and \
+            hits[1] == reason else 1
+        self._family_hits = (at, reason, n)
+        if n >= SHORTCUT_AFTER and not any(
+                e.state == 'complete' and k[1] == config
+                for k, e in list(self.entries.items())):
+            self.shortcuts[at] = reason
 
     def family_fallback(self, key):
         """The reason a key's family falls back, or None."""

@@ -115,6 +115,10 @@ def static_graph(method=None, **options):
         if cache.define_by_run is not None:
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
+        if cache.shortcuts and (signature.config_key(), signature.outline(
+                args, kwargs)) in cache.shortcuts:
+            cache.fallback_calls += 1
+            return _define_by_run(method, self, args, kwargs)
         try:
             _check_backends()
             spec, leaves, paths = signature.flatten(arg_names, args, kwargs)
@@ -132,8 +136,10 @@ def static_graph(method=None, **options):
         e = cache.get(key)
         why = None
         if e is None:
-            if cache.family_fallback(key) is not None:
+            reason = cache.family_fallback(key)
+            if reason is not None:
                 cache.fallback_calls += 1
+                cache.family_hit(key, reason, signature.outline(args, kwargs))
                 return _define_by_run(method, self, args, kwargs)
             if cache.forward_only and key in cache.forward_only:
                 diagnostics.warn_once(

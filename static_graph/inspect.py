@@ -10,6 +10,7 @@ import collections
 import numpy
 
 from schedules import ir
+from static_graph import cache as cache_module
 from static_graph import decorator
 from static_graph import graphs
 
@@ -75,11 +76,25 @@ def spec_text(spec):
 def key_text(key):
     """A cache key as text: ``(f32[8,784], t=i32[8]) | train=True ...``."""
     spec, flags = key
-    from static_graph import signature
-    shown = ('train', 'enable_backprop')
+    return '%s | %s' % (spec_text(spec), flags_text(flags))
+
+
+def flags_text(flags):
+    """The config flags a reader cares about: ``train=True ...``."""
     flags = dict(flags)
-    flag_text = ' '.join('%s=%s' % (n, flags.get(n)) for n in shown)
-    return '%s | %s' % (spec_text(spec), flag_text)
+    return ' '.join('%s=%s' % (n, flags.get(n))
+                    for n in ('train', 'enable_backprop'))
+
+
+def outline_text(outline):
+    """``signature.outline`` as text: ``(list[64], list[64], t=ndarray)``."""
+    parts = []
+    for a, b in outline:
+        if isinstance(a, type):
+            parts.append(a.__name__ + ('' if b is None else '[%d]' % b))
+        else:
+            parts.append('%s=%s' % (a, b.__name__))
+    return '(%s)' % ', '.join(parts)
 
 
 def cached(chain, method=None):
@@ -123,6 +138,12 @@ def explain(chain):
             lines.append('  every size of %s runs define-by-run (two sizes '
                          'fell back for the same reason): %s'
                          % (key_text(fam), reason))
+        for (config, outline), reason in cache.shortcuts.items():
+            lines.append('  every call %s | %s runs define-by-run without '
+                         'computing its key (calls of such arguments fell '
+                         'back for one reason %d times in a row): %s' % (
+                             outline_text(outline), flags_text(config),
+                             cache_module.SHORTCUT_AFTER, reason))
         for key, reason in cache.forward_only.items():
             lines.append('  %s runs define-by-run: %s'
                          % (key_text(key), reason))

@@ -6,6 +6,7 @@ define-by-run twin.
 """
 import sys
 import threading
+from unittest import mock
 import warnings
 
 import numpy
@@ -783,6 +784,44 @@ def test_a_fallback_for_every_size_is_remembered_for_the_family():
         with chainer.using_config('train', False):
             step(b, data(4, 3))
         assert c.recordings == 3
+
+
+def test_a_familys_fallback_skips_the_key_after_enough_calls():
+    """After SHORTCUT_AFTER calls in a row of one argument outline ran
+    define-by-run for their family's fallback, calls of that outline and
+    configuration run define-by-run without computing their key (the same
+    numbers); another outline or configuration computes it again; and
+    explain() says so."""
+    from static_graph import cache as cache_module
+    from static_graph import signature
+
+    def body(self, x):
+        h = self.l1(x)
+        scale = 2.0 if float(h.array.sum()) > 0 else 3.0
+        return F.sum(self.l2(h)) * scale
+
+    a, b = make_twins(body)
+    walks = []
+    flatten = signature.flatten
+
+    def counting(*args):
+        walks.append(1)
+        return flatten(*args)
+    n_calls = 2 + cache_module.SHORTCUT_AFTER + 5
+    with warnings.catch_warnings(), mock.patch.object(
+            signature, 'flatten', counting):
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        for n in range(1, n_calls + 1):
+            x = data(n, 3)
+            step(a, x)
+            step(b, x)
+            compare_chains(a, b, rtol=0, atol=0)
+        c = cache(b)
+        assert c.shortcuts and len(walks) == 2 + cache_module.SHORTCUT_AFTER
+        assert 'without computing its key' in static_graph.explain(b)
+        with chainer.using_config('train', False):
+            step(b, data(4, 3))
+        assert len(walks) == 3 + cache_module.SHORTCUT_AFTER
 
 
 def test_a_fallback_at_one_size_only_is_not_the_familys():

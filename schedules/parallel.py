@@ -227,7 +227,7 @@ class Phases(object):
         # (a compiled loop would write every op first; update_native)
         raising = errstate is not None and 'raise' in errstate.values()
         for i, prog in self.work[k]:
-            if raising:
+            if raising and prog.native:
                 prog = prog.ufuncs
             A = flat[i]
             S = scalars[i]

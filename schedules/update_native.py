@@ -160,7 +160,7 @@ def _native(prog):
     Scalars = ctypes.c_double * max(nsc, 1)
 
     # NumPy 1 widens a float scalar of this magnitude (K.weak)
-    bound = K._BOUND.get(dtype) if K.VALUE_BASED else None
+    bound = K.VALUE_BOUND.get(dtype) if K.VALUE_BASED else None
 
     def fn(A, S, T, lo, hi, B):
         if B:
@@ -177,10 +177,9 @@ def _native(prog):
             T = tuple(numpy.empty(shape, dt) for dt in temp_dtypes)
         return numpy_fn(A, S, T, lo, hi, B)
 
-    nprog = K.Program(fn, temp_dtypes, source, prog.segments, slots,
-                      native=True)
-    nprog.ufuncs = prog     # (numpy.seterr(...='raise'): Phases.run_phase)
-    return nprog, None
+    # (its ufuncs run instead under numpy.seterr(...='raise'): run_phase)
+    return K.Program(fn, temp_dtypes, source, prog.segments, slots,
+                     ufuncs=prog), None
 
 
 def _operands(prog):

@@ -367,7 +367,7 @@ param = copy(param32)                 # param32.astype(param.dtype)
 # float32 array times 3.4e38 computes in float64. NumPy 2 (NEP 50) keeps
 # Python numbers weak and promotes NumPy scalars by type.
 VALUE_BASED = numpy.lib.NumpyVersion(numpy.__version__) < '2.0.0'
-_BOUND = {numpy.dtype(numpy.float16): 65000.0,
+VALUE_BOUND = {numpy.dtype(numpy.float16): 65000.0,
           numpy.dtype(numpy.float32): 3.4e38}
 _weak_cache = {}
 
@@ -379,7 +379,7 @@ def weak(value, dtype):
     if t is float or (VALUE_BASED and t is not numpy.longdouble and
                       isinstance(value, numpy.floating)):
         if VALUE_BASED:
-            bound = _BOUND.get(dtype)
+            bound = VALUE_BOUND.get(dtype)
             if bound is not None:
                 v = abs(float(value))
                 return not bound <= v < float('inf')
@@ -467,17 +467,20 @@ class Program(object):
     on flat arrays)."""
 
     __slots__ = ('fn', 'temp_dtypes', 'source', 'segments', 'slots',
-                 'native', 'ufuncs')
+                 'ufuncs')
 
     def __init__(self, fn, temp_dtypes, source, segments, slots,
-                 native=False):
+                 ufuncs=None):
         self.fn = fn
         self.temp_dtypes = temp_dtypes
         self.source = source
         self.segments = segments
         self.slots = slots
-        self.native = native
-        self.ufuncs = self      # a native program's ufunc original
+        self.ufuncs = ufuncs    # a C loop's: the ufunc program it replaces
+
+    @property
+    def native(self):
+        return self.ufuncs is not None
 
 
 def compile_program(segments):

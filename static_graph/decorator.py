@@ -115,7 +115,8 @@ def static_graph(method=None, **options):
         if cache.define_by_run is not None:
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
-        if cache.shortcuts and (signature.config_key(), signature.outline(
+        config = signature.config_key()
+        if cache.shortcuts and (config, signature.outline(
                 args, kwargs)) in cache.shortcuts:
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
@@ -132,7 +133,7 @@ def static_graph(method=None, **options):
             # Recurrent state the links hold: its presence and shape decide
             # which ops run (L.LSTM after reset_state() has no h).
             spec = spec + (cache.state_key(),)
-        key = (spec, signature.config_key())
+        key = (spec, config)
         e = cache.get(key)
         why = None
         if e is None:

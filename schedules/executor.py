@@ -9,6 +9,7 @@ module only enters through ``copyto``.
 from schedules import ir
 from schedules import liveness
 from schedules import placement
+from schedules import stream as stream_module
 
 _LIVE_ROLES = liveness.LIVE_ROLES
 
@@ -91,7 +92,7 @@ def _copy(a):
 
 
 def _table(schedule, extra_outputs=(), copy_outputs=(), preset=(),
-           free=True, copy=_copy, pair=None):
+           free=True, copy=_copy, pair=None, stream=None):
     # The interpreter holds every buffer until it returns: ``free`` is for
     # compile_schedule.
     bufs = schedule.buffers
@@ -140,7 +141,7 @@ def _interpret(table, args, copyto, copy=_copy):
     return tuple(copy(s[i]) if c else s[i] for i, c in rets)
 
 
-def _pairs(schedule, plan, hold_at, pair):
+def _pairs(schedule, plan, hold_at, pair, streamed=()):
     """{op index i: runner} for ops i and i + 1 that can run at the same
     time: neither writes a static buffer or into an input (``aliases``),
     the second reads nothing the first makes, and a result either places
@@ -159,7 +160,8 @@ def _pairs(schedule, plan, hold_at, pair):
     i = 0
     while i + 1 < len(ops):
         a, b = ops[i], ops[i + 1]
-        ok = a.fn is not None and b.fn is not None and \
+        ok = i not in streamed and i + 1 not in streamed and \
+            a.fn is not None and b.fn is not None and \
             a.outputs and b.outputs and not set(a.outputs) & set(b.inputs)
         for op in (a, b):
             if not ok:
@@ -180,7 +182,7 @@ def _pairs(schedule, plan, hold_at, pair):
 
 def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                      preset=(), free=True, copy=_copy, place=True,
-                     pair=None):
+                     pair=None, stream=None):
     """Compile ``schedule``.
 
     copyto: ``copyto(dst, src)`` of the array module (numpy.copyto,
@@ -202,6 +204,9 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         the same time (``_pairs``), a runner ``runner(fa, xa, fb, xb) ->
         (fa(*xa), fb(*xb))`` that may run them on two threads, or None
         (``parallel.Pair``).
+    stream: ``stream(threads) -> role``: ``role(op)`` says which ops may
+        go to a second thread (``stream.select``), ``role.threads`` how
+        many threads there are; None: none go.
     """
     bufs = schedule.buffers
     env = {'copyto': copyto, 'copy': copy, 'take': placement.take}
@@ -259,7 +264,15 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     for h, i in plan.held.items():
         release_at.setdefault(i, []).append(h)
 
-    pairs = _pairs(schedule, plan, hold_at, pair) if free else {}
+    streamed = stream_module.select(schedule, plan, stream) \
+        if free and stream is not None else {}
+    if streamed:
+        env['S'] = schedule.stream = stream_module.Stream(stream.threads)
+        lines.append('    R = S.begin()')
+    else:
+        schedule.stream = None
+    schedule.streamed = streamed
+    pairs = _pairs(schedule, plan, hold_at, pair, streamed) if free else {}
     schedule.pairs = pairs
     waiting = None       # the first op of a pair: (index, call pieces)
     for i, op in enumerate(schedule.ops):
@@ -294,6 +307,12 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
             fn_name, fn_args = gname, '(%s), (%s,)' % (args,
                                                       ', '.join(outs))
         call = '%s(%s)' % (fn_name, fn_args)
+        if i in streamed:
+            # Its results: not to be read before R.end() (select).
+            lines.append('    %s, *_ = R.put(%s, (%s))' % (
+                ', '.join(ref(b) for b in op.outputs), fname, args))
+            lines.extend(_after(i, hold_at, release_at, frees, ref))
+            continue
         if i in pairs:
             waiting = (i, fn_name, fn_args)
             continue
@@ -328,6 +347,8 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
                     lines.append('    %s = _r[%d]' % (ref(b), pos))
         lines.extend(_after(i, hold_at, release_at, frees, ref))
 
+    if streamed:
+        lines.append('    R.end()')
     outs = []
     for b in tuple(schedule.outputs) + tuple(extra_outputs):
         r = ref(b)

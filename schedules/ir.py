@@ -162,6 +162,10 @@ class Schedule(object):
         # Ops a compiled run may run at the same time as the next one:
         # {index: runner} (executor._pairs), set when it compiles.
         self.pairs = {}
+        # Ops a compiled run hands to the stream's worker: {index: task
+        # number} and the ``stream.Stream`` (stream.select), likewise.
+        self.streamed = {}
+        self.stream = None
 
     # -- checks -------------------------------------------------------------
     def verify(self, preset=()):
@@ -286,6 +290,10 @@ class Schedule(object):
                         self._ref(b), placed.reasons[b]))
             if op.fn is None:
                 marks.append('no-op at replay')
+            if i in self.streamed:
+                marks.append('on the worker thread, collected at the end%s'
+                             % (self.stream.describe()
+                                if i == min(self.streamed) else ''))
             for j in (i, i - 1):
                 runner = self.pairs.get(j)
                 if runner is not None:

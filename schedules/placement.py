@@ -95,7 +95,8 @@ class Placement(object):
     into a host's memory; ``holder``: host id -> the buffer whose array
     holds that memory when the host dies; ``held``: host id -> the last op
     whose result is placed in it (the compiled code keeps the memory until
-    then); ``keep`` and ``rule``: what it was planned with. Planned with
+    then); ``hosts``: every buffer whose memory some result is placed in;
+    ``keep`` and ``rule``: what it was planned with. Planned with
     ``explain``: ``reasons``, buffer id -> why a result an op computes is
     allocated instead, and ``check``, (sizes, lifetimes, offsets) on one
     address line, which ``planner.check_plan`` accepted."""
@@ -105,6 +106,7 @@ class Placement(object):
         self.holder = {}
         self.reasons = {}
         self.held = {}
+        self.hosts = set()       # every buffer of a host's memory
         self.check = ({}, {}, {})
         self.placed_bytes = 0
         self.keep = tuple(keep)
@@ -399,6 +401,7 @@ def plan(schedule, facts, keep=(), rule=None, alignment=ALIGNMENT,
                               if live.last_use(m) == h.death and
                               bufs[m].nbytes == h.nbytes][0]
         result.held[hid] = max(result.held.get(hid, i), i)
+        result.hosts.update(h.members)
         result.placed_bytes += size
     check = _check_input(result, blocks, host_of, bufs)
     planner.check_plan(*check)

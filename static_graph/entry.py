@@ -8,6 +8,7 @@ import numpy
 
 import chainer
 
+from schedules import blas_stream
 from schedules import executor
 from schedules import parallel
 from schedules import planner
@@ -221,7 +222,8 @@ class Entry(object):
         run = executor.TieredSchedule(
             schedule, self.copyto, free=self.plan_memory,
             copy=arrayutil.copy_exact, copy_outputs=self.backward_copies,
-            pair=split_kernels.pairing(self.threads), **options)
+            pair=split_kernels.pairing(self.threads),
+            stream=split_kernels.streaming(self.threads), **options)
         if self.graphs is not None:
             run = graphs.backward_tier(self, run, self.graphs)
         return run
@@ -350,10 +352,17 @@ class _AddInto(object):
     element is one addition either way: the same bits)."""
 
     __name__ = 'add_into'
+    overwrites = (1,)     # (stream.select: it may write its input 1)
 
     def __init__(self, threads):
         self.threads = split_kernels.threads_of(threads)
         self.ranges = None
+
+    def stream_task(self, a):
+        """The sum written into x as a task of the stream's C worker,
+        or None (schedules/stream.py)."""
+        t = blas_stream.add_task(a[0], a[1])
+        return None if t is None else ([t[0]], (t[1],))
 
     def __call__(self, a):
         g, x = a

@@ -11,6 +11,8 @@ is kernel_checks.py's; element-wise kernels are in elementwise_kernels.py.
 """
 import numpy
 
+from schedules import blas_stream
+
 from static_graph import elementwise_kernels as ew
 from static_graph import kernel_memory
 from static_graph import lstm_kernels
@@ -159,7 +161,24 @@ def _linear(rop, node, xs):
         if len(a) > 2:
             y += a[2]
         return y,
-    return _same_code(_with_into(kernel, into))
+    kernel = _same_code(_with_into(kernel, into))
+    kernel.stream_task = _linear_task
+    return kernel
+
+
+def _linear_task(a):
+    """``dot(x, W.T, out=y)`` (then ``y += b``) as tasks of the stream's
+    C worker, or None (schedules/stream.py)."""
+    t = blas_stream.dot_task(a[0], a[1].T)
+    if t is None:
+        return None
+    tasks, y = [t[0]], t[1]
+    if len(a) > 2:
+        bias = blas_stream.bias_task(y, a[2])
+        if bias is None:
+            return None
+        tasks.append(bias)
+    return tasks, (y,)
 
 
 def _linear_grad_data(rop, node, xs):
@@ -178,7 +197,16 @@ def _linear_grad_data(rop, node, xs):
 def _linear_grad_weight(rop, node, xs):
     if _plain_cpu(xs) and xs[0].dtype == xs[1].dtype == node._w_dtype and \
             _blas_ready(xs[1]):
-        return _same_code(lambda a: (a[1].T.dot(a[0]),))
+        kernel = _same_code(lambda a: (a[1].T.dot(a[0]),))
+        kernel.stream_task = _grad_weight_task
+        return kernel
+
+
+def _grad_weight_task(a):
+    """The kernel as a task of the stream's C worker (NumPy's gemm
+    call), or None (schedules/stream.py)."""
+    t = blas_stream.dot_task(a[1].T, a[0])
+    return None if t is None else ([t[0]], (t[1],))
 
 
 def _same_code(kernel):

@@ -17,6 +17,7 @@ where ``@static_graph(threads=...)`` allows more than one thread.
 import numpy
 
 from schedules import parallel
+from schedules import stream
 from static_graph import blas_idle
 
 MIN_ELEMENTS = 1 << 17
@@ -94,10 +95,42 @@ def pairing(threads):
     if threads_of(threads) < 2 or blas_idle.numpy_blas_threads() != 1:
         return None
 
+    native = not isinstance(stream.available(), str)
+
     def pair(a, b):
         if a.kind in PAIRABLE and b.kind in PAIRABLE and all(
                 getattr(op.fn, '__name__', '').startswith('numpy_')
                 for op in (a, b)):
+            if native and getattr(a.fn, 'stream_task', None) is not None:
+                # the first on the C worker: no GIL to hand back and forth
+                return stream.Pair(threads_of(threads))
             return parallel.Pair(threads_of(threads))
         return None
     return pair
+
+
+# Ops that may start work on the stream (schedules/stream.py): products
+# whose result only the schedule's outputs need (a weight's gradient), and
+# the sums that follow them (a gradient held from earlier calls added).
+STREAM_HEADS = frozenset(('LinearGradWeight',))
+STREAM_FOLLOWS = frozenset(('Add',))
+
+
+def streaming(threads):
+    """The executor's ``stream`` for a schedule of ``threads`` (None: no
+    op leaves the calling thread); as ``pairing``, only where NumPy's BLAS
+    runs a product on one thread, and where the C worker runs."""
+    if threads_of(threads) < 2 or blas_idle.numpy_blas_threads() != 1 or \
+            isinstance(stream.available(), str):
+        return None
+
+    def role(op):
+        if getattr(op.fn, 'stream_task', None) is None:
+            return None
+        if op.kind in STREAM_HEADS:
+            return 'head'
+        if op.kind in STREAM_FOLLOWS:
+            return 'follow'
+        return None
+    role.threads = threads_of(threads)
+    return role

@@ -168,8 +168,12 @@ def test_independent_products_run_two_at_a_time_with_the_same_bits(
     (forced here on every call): every loss, gradient and parameter equal
     to define-by-run's; the printout names the pairs. A BLAS of two
     threads pairs nothing."""
+    from schedules import stream
     from static_graph import blas_idle
     monkeypatch.setattr(blas_idle, 'numpy_blas_threads', lambda: blas)
+    # (the pairs of the pool's Python threads: test_stream.py has the C
+    # worker's)
+    monkeypatch.setattr(stream, 'available', lambda: 'off')
     concurrent = []
     run = parallel.Pair._run
 

@@ -23,6 +23,9 @@ Tasks, each the very computation NumPy runs:
 * ``bias_task(y, b)``: ``y += b`` for a C-contiguous matrix and a vector
   of its row's length, likewise.
 
+Each task names the one it waits for (the product whose result a sum
+reads). A caller that waits runs tasks the worker has not taken yet
+itself, the last pushed first, so the two threads share what is left.
 After its last task the worker spins for a while (``SPIN_US``) before it
 sleeps, so a schedule's next push finds it awake. Framework-free.
 """
@@ -56,11 +59,14 @@ typedef struct {
     int64_t m, n, k, lda, ldb, ldc, bytes;
     const void *a, *b;
     void *c;
+    uint64_t ticket, dep;      /* its number; the task it waits for */
+    int state;                 /* 0 pending, 1 running, 2 done */
 } task_t;
 
 #define RING 1024
 static task_t ring[RING];
-static uint64_t head, tail;           /* pushed, done */
+static uint64_t head, cursor, completed;     /* pushed, looked at, done */
+static uint64_t helped;                      /* run by a waiting caller */
 static int sleeping, waiting, flags, started;
 static long spin_ns;
 static sgemm64_t sgemm;
@@ -126,34 +132,62 @@ static int run(const task_t *t) {
     return 0;
 }
 
+/* A slot is reused only once its task is done (sg_push): a ticket whose
+   slot holds another is done. */
+static int is_done(uint64_t ticket) {
+    if (ticket == 0)
+        return 1;
+    task_t *t = &ring[(ticket - 1) % RING];
+    if (__atomic_load_n(&t->ticket, __ATOMIC_ACQUIRE) != ticket)
+        return 1;
+    return __atomic_load_n(&t->state, __ATOMIC_ACQUIRE) == 2;
+}
+
+static int claim(task_t *t) {
+    int pending = 0;
+    return __atomic_compare_exchange_n(&t->state, &pending, 1, 0,
+                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+static void finish(task_t *t) {
+    while (!is_done(t->dep))
+        ;                         /* the other thread runs it */
+    int f = run(t);
+    if (f)
+        __atomic_fetch_or(&flags, f, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&t->state, 2, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&completed, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&waiting, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&mu);
+        pthread_cond_broadcast(&done_cv);
+        pthread_mutex_unlock(&mu);
+    }
+}
+
 static void *worker(void *arg) {
     (void)arg;
     for (;;) {
-        uint64_t t = __atomic_load_n(&tail, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&head, __ATOMIC_ACQUIRE) == t) {
+        uint64_t c = __atomic_load_n(&cursor, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c) {
             long until = now_ns() + spin_ns;
-            while (__atomic_load_n(&head, __ATOMIC_ACQUIRE) == t &&
+            while (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c &&
                    now_ns() < until)
                 ;
-            if (__atomic_load_n(&head, __ATOMIC_ACQUIRE) == t) {
+            if (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c) {
                 pthread_mutex_lock(&mu);
                 __atomic_store_n(&sleeping, 1, __ATOMIC_SEQ_CST);
-                while (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == t)
+                while (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c)
                     pthread_cond_wait(&work_cv, &mu);
                 __atomic_store_n(&sleeping, 0, __ATOMIC_SEQ_CST);
                 pthread_mutex_unlock(&mu);
             }
             continue;
         }
-        int f = run(&ring[t % RING]);
-        if (f)
-            __atomic_fetch_or(&flags, f, __ATOMIC_RELAXED);
-        __atomic_store_n(&tail, t + 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&waiting, __ATOMIC_SEQ_CST)) {
-            pthread_mutex_lock(&mu);
-            pthread_cond_broadcast(&done_cv);
-            pthread_mutex_unlock(&mu);
-        }
+        task_t *t = &ring[c % RING];
+        int mine = claim(t);
+        __atomic_store_n(&cursor, c + 1, __ATOMIC_SEQ_CST);
+        if (mine)
+            finish(t);
     }
     return 0;
 }
@@ -162,6 +196,8 @@ int sg_start(void *s, void *d, long spin) {
     pthread_t th;
     if (started)
         return 0;
+    for (int i = 0; i < RING; i++)
+        ring[i].state = 2;
     sgemm = (sgemm64_t)s;
     dgemm = (dgemm64_t)d;
     spin_ns = spin;
@@ -174,16 +210,20 @@ int sg_start(void *s, void *d, long spin) {
 
 uint64_t sg_push(int kind, int ta, int tb, int64_t m, int64_t n, int64_t k,
                  int64_t lda, int64_t ldb, int64_t ldc, int64_t bytes,
-                 const void *a, const void *b, void *c) {
+                 const void *a, const void *b, void *c, uint64_t dep) {
     pthread_mutex_lock(&push_mu);
     uint64_t h = head;
-    while (h - __atomic_load_n(&tail, __ATOMIC_ACQUIRE) >= RING)
-        ;                                   /* full: the worker drains */
     task_t *t = &ring[h % RING];
+    while (__atomic_load_n(&t->state, __ATOMIC_SEQ_CST) != 2 ||
+           h - __atomic_load_n(&cursor, __ATOMIC_SEQ_CST) >= RING)
+        ;                         /* full: the worker drains it */
     t->kind = kind; t->ta = ta; t->tb = tb;
     t->m = m; t->n = n; t->k = k;
     t->lda = lda; t->ldb = ldb; t->ldc = ldc; t->bytes = bytes;
     t->a = a; t->b = b; t->c = c;
+    t->dep = dep;
+    __atomic_store_n(&t->ticket, h + 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&t->state, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&head, h + 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&push_mu);
     if (__atomic_load_n(&sleeping, __ATOMIC_SEQ_CST)) {
@@ -194,22 +234,51 @@ uint64_t sg_push(int kind, int ta, int tb, int64_t m, int64_t n, int64_t k,
     return h + 1;
 }
 
-/* Wait until the tasks up to ticket are done; the exceptions raised
-   since the last call. */
-int sg_wait(uint64_t ticket) {
-    long until = now_ns() + spin_ns;
-    while (__atomic_load_n(&tail, __ATOMIC_SEQ_CST) < ticket &&
-           now_ns() < until)
-        ;
-    if (__atomic_load_n(&tail, __ATOMIC_SEQ_CST) < ticket) {
-        pthread_mutex_lock(&mu);
-        __atomic_fetch_add(&waiting, 1, __ATOMIC_SEQ_CST);
-        while (__atomic_load_n(&tail, __ATOMIC_SEQ_CST) < ticket)
-            pthread_cond_wait(&done_cv, &mu);
-        __atomic_fetch_sub(&waiting, 1, __ATOMIC_SEQ_CST);
-        pthread_mutex_unlock(&mu);
+/* Wait until the tasks first..last are done, running those the worker
+   has not taken yet itself, the last first (each once its own wait is
+   over); the exceptions raised since the last call. */
+int sg_wait(uint64_t first, uint64_t last) {
+    for (;;) {
+        uint64_t i, seen = __atomic_load_n(&completed, __ATOMIC_SEQ_CST);
+        int all = 1, ran = 0;
+        for (i = last; i >= first && i > 0; i--)
+            if (!is_done(i)) {
+                all = 0;
+                break;
+            }
+        if (all)
+            break;
+        for (i = last; i >= first && i > 0; i--) {
+            task_t *t = &ring[(i - 1) % RING];
+            if (__atomic_load_n(&t->ticket, __ATOMIC_SEQ_CST) != i ||
+                __atomic_load_n(&t->state, __ATOMIC_SEQ_CST) != 0 ||
+                !is_done(t->dep) || !claim(t))
+                continue;
+            finish(t);
+            __atomic_fetch_add(&helped, 1, __ATOMIC_SEQ_CST);
+            ran = 1;
+            break;
+        }
+        if (ran)
+            continue;
+        long until = now_ns() + spin_ns;
+        while (__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == seen &&
+               now_ns() < until)
+            ;
+        if (__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == seen) {
+            pthread_mutex_lock(&mu);
+            __atomic_fetch_add(&waiting, 1, __ATOMIC_SEQ_CST);
+            while (__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == seen)
+                pthread_cond_wait(&done_cv, &mu);
+            __atomic_fetch_sub(&waiting, 1, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&mu);
+        }
     }
     return __atomic_exchange_n(&flags, 0, __ATOMIC_SEQ_CST);
+}
+
+uint64_t sg_helped(void) {
+    return __atomic_load_n(&helped, __ATOMIC_SEQ_CST);
 }
 '''.replace('FLAGS', '(%s)' % native.FLAGS_C.replace('\n', ' '))
 
@@ -219,6 +288,7 @@ _ADD = {numpy.dtype(numpy.float32): 3, numpy.dtype(numpy.float64): 4}
 _ADD_ROWS = {numpy.dtype(numpy.float32): 5, numpy.dtype(numpy.float64): 6}
 
 _state = []      # [(push, wait)] or [why not], once per process
+_helped = []
 _lock = threading.Lock()
 
 
@@ -233,6 +303,11 @@ def worker():
                 _state[:] = [_start()]
     s = _state[0]
     return s if isinstance(s, str) else s[:2]
+
+
+def helped():
+    """How many tasks a waiting caller ran itself (for tests)."""
+    return _helped[0]() if _helped else 0
 
 
 def _start():
@@ -251,10 +326,13 @@ def _start():
                              ctypes.c_long]
     lib.sg_start.restype = ctypes.c_int
     i64, p = ctypes.c_int64, ctypes.c_void_p
-    lib.sg_push.argtypes = [ctypes.c_int] * 3 + [i64] * 7 + [p] * 3
+    lib.sg_push.argtypes = [ctypes.c_int] * 3 + [i64] * 7 + [p] * 3 + [
+        ctypes.c_uint64]
     lib.sg_push.restype = ctypes.c_uint64
-    lib.sg_wait.argtypes = [ctypes.c_uint64]
+    lib.sg_wait.argtypes = [ctypes.c_uint64] * 2
     lib.sg_wait.restype = ctypes.c_int
+    lib.sg_helped.restype = ctypes.c_uint64
+    _helped.append(lib.sg_helped)
     if lib.sg_start(gemms[0], gemms[1], SPIN_US * 1000) != 0:
         return 'the worker thread did not start'
     return lib.sg_push, lib.sg_wait, os.getpid()

@@ -71,15 +71,16 @@ class _Run(object):
     schedule (its results, not to be read before ``end()``), ``end()``
     waits for them."""
 
-    __slots__ = ('stream', 'on_worker', 'measuring', 't0', 'ticket',
-                 'held', 'dtype')
+    __slots__ = ('stream', 'on_worker', 'measuring', 't0', 'first',
+                 'ticket', 'held', 'made', 'dtype')
 
     def __init__(self, stream, on_worker, measuring):
         self.stream = stream
         self.on_worker = on_worker
         self.measuring = measuring
-        self.ticket = 0
+        self.first = self.ticket = 0
         self.held = []     # what the worker's tasks read and write
+        self.made = {}     # id of an array a task writes -> its ticket
         self.dtype = None
         if measuring:
             self.t0 = _perf()
@@ -90,9 +91,18 @@ class _Run(object):
             if task is not None:
                 tasks, outs = task
                 self.held.append((args, outs))
+                made = self.made
+                # (each task waits for the one that writes what it reads:
+                # the first of its list for the op's inputs, the others
+                # for the one before them)
+                dep = max([made.get(id(a), 0) for a in args] or [0])
                 push = self.stream.push
                 for t in tasks:
-                    self.ticket = push(*t)
+                    dep = push(*(t + (dep,)))
+                self.ticket = dep
+                self.first = self.first or dep - len(tasks) + 1
+                for o in outs:
+                    made[id(o)] = dep
                 if self.dtype is None:
                     self.dtype = outs[0].dtype
                 return outs
@@ -101,9 +111,10 @@ class _Run(object):
         return fn(args)
 
     def _wait(self):
-        flags = self.stream.wait(self.ticket)
-        self.ticket = 0
+        flags = self.stream.wait(self.first, self.ticket)
+        self.first = self.ticket = 0
         self.held = []
+        self.made = {}
         if flags:
             native.report(flags, self.dtype)
 
@@ -140,12 +151,13 @@ class Pair(object):
         else:
             tasks, ra = task
             push = self.push
+            ticket = 0
             for t in tasks:
-                ticket = push(*t)
+                ticket = push(*(t + (ticket,)))
             try:
                 rb = fb(*xb)
             finally:
-                flags = self.wait(ticket)
+                flags = self.wait(ticket - len(tasks) + 1, ticket)
             if flags:
                 native.report(flags, ra[0].dtype)
         if measuring:

@@ -27,7 +27,8 @@ def _bits(a):
 
 def _run(task):
     push, wait = blas_stream.worker()
-    return wait(push(*task))
+    ticket = push(*(task + (0,)))
+    return wait(ticket, ticket)
 
 
 @needs_worker
@@ -79,6 +80,31 @@ def test_sum_tasks_give_numpys_bits_and_its_warnings():
     assert blas_stream.add_task(x, x.T.copy().T) is None        # layout
     assert blas_stream.add_task(x, x[1:]) is None               # a view
     assert blas_stream.bias_task(x, x[0].astype(numpy.float64)) is None
+
+
+@needs_worker
+def test_a_waiting_caller_runs_tasks_the_worker_has_not_taken():
+    """Many products, each followed by a sum that waits for it: the
+    caller, waiting, runs some itself; every result is NumPy's."""
+    push, wait = blas_stream.worker()
+    rs = numpy.random.RandomState(2)
+    before = blas_stream.helped()
+    for _ in range(5):
+        ins = [(rs.randn(256, 20).astype(numpy.float32),
+                rs.randn(20, 256).astype(numpy.float32),
+                rs.randn(256, 256).astype(numpy.float32))
+               for i in range(20)]
+        outs, first, last = [], 0, 0
+        for a, b, g in ins:
+            task, out = blas_stream.dot_task(a, b)
+            t = push(*(task + (0,)))
+            first = first or t
+            last = push(*(blas_stream.add_task(g, out)[0] + (t,)))
+            outs.append(out)
+        assert wait(first, last) == 0
+        for out, (a, b, g) in zip(outs, ins):
+            numpy.testing.assert_array_equal(_bits(out), _bits(g + a.dot(b)))
+    assert blas_stream.helped() > before
 
 
 class LM(chainer.Chain):

@@ -21,6 +21,7 @@ faster is kept (another process may hold the other core), measured again
 every few hundred runs. Runs under a NumPy error state other than the
 default run inline (an error then stops where NumPy's own op stops).
 """
+import os
 import time
 
 from schedules import blas_stream
@@ -46,9 +47,11 @@ class Stream(object):
         self.choice = parallel.SplitChoice(min(threads, 2))
         w = blas_stream.worker()
         self.push, self.wait = (None, None) if isinstance(w, str) else w
+        self.pid = os.getpid()
 
     def begin(self):
-        if self.push is None or parallel.caller_errstate() is not None:
+        if self.push is None or parallel.caller_errstate() is not None or \
+                os.getpid() != self.pid:      # (a fork: no worker there)
             return _Run(self, False, False)
         if FORCE is not None:
             return _Run(self, FORCE, False)
@@ -135,6 +138,7 @@ class Pair(object):
     def __init__(self, threads):
         self.choice = parallel.SplitChoice(min(threads, 2))
         self.push, self.wait = blas_stream.worker()
+        self.pid = os.getpid()
 
     def __call__(self, fa, xa, fb, xb):
         if FORCE is None:
@@ -144,7 +148,8 @@ class Pair(object):
         if measuring:
             t0 = _perf()
         task = None
-        if on and len(xa) == 1 and parallel.caller_errstate() is None:
+        if on and len(xa) == 1 and parallel.caller_errstate() is None and \
+                os.getpid() == self.pid:
             task = fa.stream_task(xa[0])
         if task is None:
             ra, rb = fa(*xa), fb(*xb)

@@ -191,7 +191,9 @@ def _linear_grad_data(rop, node, xs):
             if o[0] is None or o[0].dtype != a[1].dtype:
                 return a[1].dot(a[0]),
             return dot(a[1], a[0], out=o[0]),
-        return _same_code(_with_into(lambda a: (a[1].dot(a[0]),), into))
+        kernel = _same_code(_with_into(lambda a: (a[1].dot(a[0]),), into))
+        kernel.stream_task = _grad_data_task
+        return kernel
 
 
 def _linear_grad_weight(rop, node, xs):
@@ -200,6 +202,12 @@ def _linear_grad_weight(rop, node, xs):
         kernel = _same_code(lambda a: (a[1].T.dot(a[0]),))
         kernel.stream_task = _grad_weight_task
         return kernel
+
+
+def _grad_data_task(a):
+    """The kernel as a task of the stream's C worker, or None."""
+    t = blas_stream.dot_task(a[1], a[0])
+    return None if t is None else ([t[0]], (t[1],))
 
 
 def _grad_weight_task(a):

@@ -110,9 +110,10 @@ def pairing(threads):
 
 
 # Ops that may start work on the stream (schedules/stream.py): products
-# whose result only the schedule's outputs need (a weight's gradient), and
-# the sums that follow them (a gradient held from earlier calls added).
-STREAM_HEADS = frozenset(('LinearGradWeight',))
+# whose result only the schedule's outputs need (a weight's gradient; the
+# gradient of recurrent state an earlier call gets), and the sums that
+# follow them (a gradient held from earlier calls added).
+STREAM_HEADS = frozenset(('LinearGradWeight', 'LinearGradData'))
 STREAM_FOLLOWS = frozenset(('Add',))
 
 

@@ -176,6 +176,38 @@ def test_weight_gradients_on_the_worker_give_define_by_runs_bits(
         assert pushed == []
 
 
+@needs_worker
+def test_a_forked_process_runs_the_streamed_ops_itself(monkeypatch):
+    """The worker thread stays in the parent: a child process forked after
+    the schedules compiled runs them inline (not waiting for a worker that
+    is not there), with the same bits."""
+    import multiprocessing
+    from static_graph import blas_idle
+    monkeypatch.setattr(blas_idle, 'numpy_blas_threads', lambda: 1)
+    monkeypatch.setattr(stream, 'FORCE', True)
+    a, b = static_twins(LM, threads=2)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.SGD(0.1)
+        o.setup(m)
+        opts.append(o)
+    _train((a, b), opts, numpy.random.RandomState(0), windows=3)
+
+    def child():
+        # (more tasks than the worker's ring holds: a child that pushed
+        # would fill it and wait for a thread it does not have)
+        _train((a, b), opts, numpy.random.RandomState(1), windows=40)
+    ctx = multiprocessing.get_context('fork')
+    p = ctx.Process(target=child)
+    p.start()
+    p.join(120)
+    if p.is_alive():
+        p.kill()
+        p.join()
+        pytest.fail('the child hung')
+    assert p.exitcode == 0
+
+
 def _op(kind, ins, outs, aliases=None, task=True):
     def fn(a):
         return tuple(a[:len(outs)])

@@ -121,6 +121,12 @@ class _Run(object):
         if flags:
             native.report(flags, self.dtype)
 
+    def __del__(self):
+        # A run left by an exception: its tasks still read and write the
+        # arrays it holds, which must outlive them.
+        if self.ticket:
+            self.stream.wait(self.first, self.ticket)
+
     def end(self):
         if self.ticket:
             self._wait()

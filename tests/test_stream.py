@@ -208,6 +208,40 @@ def test_a_forked_process_runs_the_streamed_ops_itself(monkeypatch):
     assert p.exitcode == 0
 
 
+@needs_worker
+def test_a_run_left_by_an_exception_waits_for_its_tasks(monkeypatch):
+    """A schedule that raises after pushing tasks drops its run: the
+    arrays the tasks write must not be freed under them, so the run waits
+    before it lets go."""
+    monkeypatch.setattr(stream, 'FORCE', True)
+    rs = numpy.random.RandomState(3)
+    a = rs.randn(2600, 20).astype(numpy.float32)
+    b = rs.randn(20, 650).astype(numpy.float32)
+    seen = []
+
+    class Product(object):
+        def stream_task(self, args):
+            task, out = blas_stream.dot_task(args[0], args[1])
+            seen.append(out)
+            return [task], (out,)
+
+    def failing_schedule():
+        run = stream.Stream(2).begin()
+        for _ in range(16):
+            run.put(Product(), (a, b))
+        raise KeyError('a later op failed')
+    want = a.dot(b)
+    try:
+        failing_schedule()
+    except KeyError:
+        pass        # (the run dies with the traceback, here)
+    else:
+        pytest.fail('no exception')
+    assert len(seen) == 16
+    for out in seen[::-1]:       # (the last first: the worker's last)
+        numpy.testing.assert_array_equal(_bits(out), _bits(want))
+
+
 def _op(kind, ins, outs, aliases=None, task=True):
     def fn(a):
         return tuple(a[:len(outs)])

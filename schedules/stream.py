@@ -145,6 +145,9 @@ class Pair(object):
         self.choice = parallel.SplitChoice(min(threads, 2))
         self.push, self.wait = blas_stream.worker()
         self.pid = os.getpid()
+        # for calls the worker cannot take (a result written into given
+        # memory: ``fn.into``): the pool's Python thread
+        self.fallback = parallel.Pair(threads)
 
     def __call__(self, fa, xa, fb, xb):
         if FORCE is None:
@@ -158,6 +161,8 @@ class Pair(object):
                 os.getpid() == self.pid:
             task = fa.stream_task(xa[0])
         if task is None:
+            if on and len(xa) != 1:
+                return self.fallback(fa, xa, fb, xb)
             ra, rb = fa(*xa), fb(*xb)
         else:
             tasks, ra = task

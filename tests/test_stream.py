@@ -325,6 +325,34 @@ def test_a_pair_with_one_product_on_the_worker_gives_the_same_bits(
 
 
 @needs_worker
+def test_a_pair_whose_first_op_writes_into_given_memory_uses_the_pool(
+        monkeypatch):
+    """``fn.into`` calls (a placed result) give the worker no task: such a
+    pair runs as the pool's pairs do, on two threads where measured."""
+    monkeypatch.setattr(stream.parallel.SplitChoice, 'use_pool',
+                        lambda self: (True, False))
+    ran = []
+    run = stream.parallel.Pair._run
+
+    def counting(runner, *args):
+        ran.append(runner is not None)
+        return run(runner, *args)
+    monkeypatch.setattr(stream.parallel.Pair, '_run', staticmethod(counting))
+    a = numpy.arange(6.0).reshape(2, 3)
+
+    def into(args, outs):
+        numpy.dot(args[0], args[1], out=outs[0])
+        return outs[0],
+    into.stream_task = lambda args: pytest.fail('not a task')
+    out = numpy.empty((2, 2))
+    ra, rb = stream.Pair(2)(into, ((a, a.T), (out,)),
+                            lambda args: (args[0] * 2,), ((a,),))
+    assert ra[0] is out and ran == [True]
+    numpy.testing.assert_array_equal(out, a.dot(a.T))
+    numpy.testing.assert_array_equal(rb[0], a * 2)
+
+
+@needs_worker
 def test_an_overflow_on_the_worker_warns_as_numpy_does(monkeypatch):
     monkeypatch.setattr(stream, 'FORCE', True)
 

@@ -82,6 +82,25 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
+/* o = g + x element by element; o = x + b, b one row, row by row */
+#define ADD(T) {                                                        \
+        const T *g = t->a, *x = t->b;                                   \
+        T *o = t->c;                                                    \
+        feclearexcept(FE_ALL_EXCEPT);                                   \
+        for (int64_t i = 0; i < t->m; i++)                              \
+            o[i] = g[i] + x[i];                                         \
+        return FLAGS;                                                   \
+    }
+#define ADD_ROWS(T) {                                                   \
+        const T *x = t->a, *b = t->b;                                   \
+        T *o = t->c;                                                    \
+        feclearexcept(FE_ALL_EXCEPT);                                   \
+        for (int64_t i = 0; i < t->m; i++)                              \
+            for (int64_t j = 0; j < t->n; j++)                          \
+                o[i * t->n + j] = x[i * t->n + j] + b[j];               \
+        return FLAGS;                                                   \
+    }
+
 static int run(const task_t *t) {
     switch (t->kind) {
     case 1:
@@ -94,40 +113,10 @@ static int run(const task_t *t) {
         dgemm(101, t->ta, t->tb, t->m, t->n, t->k, 1., t->a, t->lda,
               t->b, t->ldb, 0., t->c, t->ldc);
         return 0;
-    case 3: {
-        const float *g = t->a, *x = t->b;
-        float *o = t->c;
-        feclearexcept(FE_ALL_EXCEPT);
-        for (int64_t i = 0; i < t->m; i++)
-            o[i] = g[i] + x[i];
-        return FLAGS;
-    }
-    case 4: {
-        const double *g = t->a, *x = t->b;
-        double *o = t->c;
-        feclearexcept(FE_ALL_EXCEPT);
-        for (int64_t i = 0; i < t->m; i++)
-            o[i] = g[i] + x[i];
-        return FLAGS;
-    }
-    case 5: {                     /* rows of x (m of n) plus b */
-        const float *x = t->a, *b = t->b;
-        float *o = t->c;
-        feclearexcept(FE_ALL_EXCEPT);
-        for (int64_t i = 0; i < t->m; i++)
-            for (int64_t j = 0; j < t->n; j++)
-                o[i * t->n + j] = x[i * t->n + j] + b[j];
-        return FLAGS;
-    }
-    case 6: {
-        const double *x = t->a, *b = t->b;
-        double *o = t->c;
-        feclearexcept(FE_ALL_EXCEPT);
-        for (int64_t i = 0; i < t->m; i++)
-            for (int64_t j = 0; j < t->n; j++)
-                o[i * t->n + j] = x[i * t->n + j] + b[j];
-        return FLAGS;
-    }
+    case 3: ADD(float)
+    case 4: ADD(double)
+    case 5: ADD_ROWS(float)
+    case 6: ADD_ROWS(double)
     }
     return 0;
 }
@@ -164,23 +153,29 @@ static void finish(task_t *t) {
     }
 }
 
+/* Until *var is no longer seen: spinning for spin_ns, then asleep on cv
+   (counted in *sleepers, for whoever changes *var to wake). */
+static void await_change(uint64_t *var, uint64_t seen, int *sleepers,
+                         pthread_cond_t *cv) {
+    long until = now_ns() + spin_ns;
+    while (__atomic_load_n(var, __ATOMIC_SEQ_CST) == seen && now_ns() < until)
+        ;
+    if (__atomic_load_n(var, __ATOMIC_SEQ_CST) != seen)
+        return;
+    pthread_mutex_lock(&mu);
+    __atomic_fetch_add(sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(var, __ATOMIC_SEQ_CST) == seen)
+        pthread_cond_wait(cv, &mu);
+    __atomic_fetch_sub(sleepers, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&mu);
+}
+
 static void *worker(void *arg) {
     (void)arg;
     for (;;) {
         uint64_t c = __atomic_load_n(&cursor, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c) {
-            long until = now_ns() + spin_ns;
-            while (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c &&
-                   now_ns() < until)
-                ;
-            if (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c) {
-                pthread_mutex_lock(&mu);
-                __atomic_store_n(&sleeping, 1, __ATOMIC_SEQ_CST);
-                while (__atomic_load_n(&head, __ATOMIC_SEQ_CST) == c)
-                    pthread_cond_wait(&work_cv, &mu);
-                __atomic_store_n(&sleeping, 0, __ATOMIC_SEQ_CST);
-                pthread_mutex_unlock(&mu);
-            }
+            await_change(&head, c, &sleeping, &work_cv);
             continue;
         }
         task_t *t = &ring[c % RING];
@@ -259,20 +254,8 @@ int sg_wait(uint64_t first, uint64_t last) {
             ran = 1;
             break;
         }
-        if (ran)
-            continue;
-        long until = now_ns() + spin_ns;
-        while (__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == seen &&
-               now_ns() < until)
-            ;
-        if (__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == seen) {
-            pthread_mutex_lock(&mu);
-            __atomic_fetch_add(&waiting, 1, __ATOMIC_SEQ_CST);
-            while (__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == seen)
-                pthread_cond_wait(&done_cv, &mu);
-            __atomic_fetch_sub(&waiting, 1, __ATOMIC_SEQ_CST);
-            pthread_mutex_unlock(&mu);
-        }
+        if (!ran)
+            await_change(&completed, seen, &waiting, &done_cv);
     }
     return __atomic_exchange_n(&flags, 0, __ATOMIC_SEQ_CST);
 }

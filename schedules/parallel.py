@@ -343,12 +343,7 @@ class Pair(object):
 
     def describe(self):
         """What the printout says of the pair's measured choice."""
-        c = self.choice
-        if c.choice is None:
-            return ' (measuring two threads against one)'
-        return ' (%s: median %.3g ms, %.3g ms on one, measured)' % (
-            'on two threads' if c.choice else 'not: one thread is faster',
-            c.medians[0] * 1e3, c.medians[1] * 1e3)
+        return describe_choice(self.choice)
 
     @staticmethod
     def _run(runner, fa, xa, fb, xb):
@@ -363,6 +358,16 @@ class Pair(object):
             out[1] = fb(*xb)
         runner.run([[(second, ())], [(first, ())]], caller_errstate())
         return out[0], out[1]
+
+
+def describe_choice(c, per=''):
+    """The printout's words for a two-thread ``SplitChoice`` (``per``:
+    what a median is of)."""
+    if c.choice is None:
+        return ' (measuring two threads against one)'
+    return ' (%s: median %.3g ms%s, %.3g ms on one, measured)' % (
+        'on two threads' if c.choice else 'not: one thread is faster',
+        c.medians[0] * 1e3, per, c.medians[1] * 1e3)
 
 
 class Ranges(object):

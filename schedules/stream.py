@@ -59,14 +59,9 @@ class Stream(object):
         return _Run(self, on_worker, measuring)
 
     def describe(self):
-        c = self.choice
         if self.push is None:
             return ' (not: %s)' % blas_stream.worker()
-        if c.choice is None:
-            return ' (measuring two threads against one)'
-        return ' (%s: median %.3g ms a run, %.3g ms on one, measured)' % (
-            'on two threads' if c.choice else 'not: one thread is faster',
-            c.medians[0] * 1e3, c.medians[1] * 1e3)
+        return parallel.describe_choice(self.choice, ' a run')
 
 
 class _Run(object):
@@ -181,12 +176,7 @@ class Pair(object):
         return ra, rb
 
     def describe(self):
-        c = self.choice
-        if c.choice is None:
-            return ' (measuring two threads against one)'
-        return ' (%s: median %.3g ms, %.3g ms on one, measured)' % (
-            'on two threads' if c.choice else 'not: one thread is faster',
-            c.medians[0] * 1e3, c.medians[1] * 1e3)
+        return parallel.describe_choice(self.choice)
 
 
 def select(schedule, plan, role):

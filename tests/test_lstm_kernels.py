@@ -7,7 +7,6 @@ import numpy
 import pytest
 
 import chainer
-import chainer.functions as F
 import chainer.links as L
 from chainer.functions.rnn import lstm as lstm_module
 
@@ -15,6 +14,7 @@ from schedules import native
 from static_graph import lstm_kernels as K
 from static_graph import static_graph
 from static_graph.decorator import caches_of
+from tests import twins
 
 pytestmark = pytest.mark.skipif(native.compiler() is None,
                                 reason='no C compiler here')
@@ -119,13 +119,7 @@ def test_replayed_lm_runs_the_loops_bit_for_bit(units, batch):
         xs = [rs.randint(0, 30, batch).astype(numpy.int32)
               for _ in range(6)]
         for m, opt in models:
-            loss = 0
-            for x, t in zip(xs[:-1], xs[1:]):
-                loss += F.softmax_cross_entropy(m(x), t)
-            m.cleargrads()
-            loss.backward()
-            loss.unchain_backward()
-            opt.update()
+            twins.bptt_window(m, opt, xs)
     for (na, pa), (nb, pb) in zip(sorted(models[0][0].namedparams()),
                                   sorted(models[1][0].namedparams())):
         assert na == nb and pa.array.tobytes() == pb.array.tobytes(), na

@@ -150,6 +150,25 @@ class TwoBranches(chainer.Chain):
         return F.softmax_cross_entropy(self.d(h), t)
 
 
+def train_two_branches(threads, steps):
+    """(define-by-run, static) TwoBranches trained ``steps`` steps with
+    Adam side by side, equal bit for bit after each."""
+    a, b = static_twins(TwoBranches, threads=threads)
+    oa, ob = chainer.optimizers.Adam(), chainer.optimizers.Adam()
+    oa.setup(a)
+    ob.setup(b)
+    rs = numpy.random.RandomState(0)
+    for i in range(steps):
+        x = rs.randn(32, 40).astype(numpy.float32)
+        t = rs.randint(0, 3, 32).astype(numpy.int32)
+        for m, o in ((a, oa), (b, ob)):
+            m.cleargrads()
+            m(x, t).backward()
+            o.update()
+        compare_chains(a, b, rtol=0, atol=0, grads=True)
+    return a, b
+
+
 def _paired_ops(chain):
     entry = next(iter(stats(chain).entries.values()))
     kinds = []
@@ -183,20 +202,7 @@ def test_independent_products_run_two_at_a_time_with_the_same_bits(
     monkeypatch.setattr(parallel.Pair, '_run', staticmethod(counting))
     monkeypatch.setattr(parallel.SplitChoice, 'use_pool',
                         lambda self: (self.threads > 1, False))
-    a, b = static_twins(TwoBranches, threads=threads)
-    oa, ob = chainer.optimizers.Adam(), chainer.optimizers.Adam()
-    oa.setup(a)
-    ob.setup(b)
-    rs = numpy.random.RandomState(0)
-    for i in range(6):
-        x = rs.randn(32, 40).astype(numpy.float32)
-        t = rs.randint(0, 3, 32).astype(numpy.int32)
-        for m, o in ((a, oa), (b, ob)):
-            m.cleargrads()
-            loss = m(x, t)
-            loss.backward()
-            o.update()
-        compare_chains(a, b, rtol=0, atol=0, grads=True)
+    a, b = train_two_branches(threads, 6)
     pairs = _paired_ops(b)
     if threads == 1 or blas > 1:
         assert pairs == [] and concurrent == []

@@ -14,7 +14,8 @@ from schedules import blas_stream
 from schedules import ir
 from schedules import placement
 from schedules import stream
-from tests.twins import compare_chains, stats, static_twins
+from tests.twins import bptt_window, compare_chains, stats, static_twins
+from tests.twins import twin_optimizers
 
 _worker = blas_stream.worker()
 needs_worker = pytest.mark.skipif(
@@ -130,13 +131,7 @@ def _train(models, opts, rs, windows=4, calls=4, batch=5):
         xs = rs.randint(0, 30, (calls + 1, batch)).astype(numpy.int32)
         for m, o in zip(models, opts):
             numpy.random.seed(w)
-            loss = 0
-            for x, t in zip(xs[:-1], xs[1:]):
-                loss += F.softmax_cross_entropy(m(x), t)
-            m.cleargrads()
-            loss.backward()
-            loss.unchain_backward()
-            o.update()
+            bptt_window(m, o, xs)
         compare_chains(models[0], models[1], rtol=0, atol=0, grads=True)
 
 
@@ -159,11 +154,7 @@ def test_weight_gradients_on_the_worker_give_define_by_runs_bits(
         return push(*t)
     monkeypatch.setattr(blas_stream, 'worker', lambda: (counting, wait))
     a, b = static_twins(LM, threads=2)
-    opts = []
-    for m in (a, b):
-        o = chainer.optimizers.MomentumSGD(0.1)
-        o.setup(m)
-        opts.append(o)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.MomentumSGD(0.1))
     _train((a, b), opts, numpy.random.RandomState(0))
     text = '\n'.join(
         str(run.schedule) for e in stats(b).entries.values()
@@ -186,11 +177,7 @@ def test_a_forked_process_runs_the_streamed_ops_itself(monkeypatch):
     monkeypatch.setattr(blas_idle, 'numpy_blas_threads', lambda: 1)
     monkeypatch.setattr(stream, 'FORCE', True)
     a, b = static_twins(LM, threads=2)
-    opts = []
-    for m in (a, b):
-        o = chainer.optimizers.SGD(0.1)
-        o.setup(m)
-        opts.append(o)
+    opts = twin_optimizers((a, b), lambda: chainer.optimizers.SGD(0.1))
     _train((a, b), opts, numpy.random.RandomState(0), windows=3)
 
     def child():
@@ -303,20 +290,8 @@ def test_a_pair_with_one_product_on_the_worker_gives_the_same_bits(
     monkeypatch.setattr(blas_idle, 'numpy_blas_threads', lambda: 1)
     monkeypatch.setattr(stream.parallel.SplitChoice, 'use_pool',
                         lambda self: (True, False))
-    from tests.test_split_kernels import TwoBranches
-    a, b = static_twins(TwoBranches, threads=2)
-    oa, ob = chainer.optimizers.Adam(), chainer.optimizers.Adam()
-    oa.setup(a)
-    ob.setup(b)
-    rs = numpy.random.RandomState(0)
-    for i in range(5):
-        x = rs.randn(32, 40).astype(numpy.float32)
-        t = rs.randint(0, 3, 32).astype(numpy.int32)
-        for m, o in ((a, oa), (b, ob)):
-            m.cleargrads()
-            m(x, t).backward()
-            o.update()
-        compare_chains(a, b, rtol=0, atol=0, grads=True)
+    from tests.test_split_kernels import train_two_branches
+    a, b = train_two_branches(threads=2, steps=5)
     entry = next(iter(stats(b).entries.values()))
     pairs = entry.run_forward.schedule.pairs
     assert pairs and all(isinstance(p, stream.Pair)

@@ -7,6 +7,7 @@ the optimizer step) every parameter and persistent value must agree.
 import numpy
 
 import chainer
+import chainer.functions as F
 
 from static_graph.decorator import caches_of
 from static_graph.decorator import static_graph
@@ -125,3 +126,16 @@ def static_twins(cls, *args, **options):
     a, b = cls(*args), static(*args)
     b.copyparams(a)
     return a, b
+
+
+def bptt_window(model, opt, xs):
+    """One window of truncated backpropagation (examples/ptb): the loss
+    of the calls over consecutive words ``xs`` summed, backward, the graph
+    cut, the update."""
+    loss = 0
+    for x, t in zip(xs[:-1], xs[1:]):
+        loss += F.softmax_cross_entropy(model(x), t)
+    model.cleargrads()
+    loss.backward()
+    loss.unchain_backward()
+    opt.update()

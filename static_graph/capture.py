@@ -201,8 +201,10 @@ class Capture(object):
         weakref.finalize(node, self.cache.recording_died, self.key, e,
                          self.seen)
         weakref.finalize(node, self.patched.release)
-        outs = nodes.detach_outputs(
-            node.apply(list(leaves) + self.param_objs), e.no_grad_outs)
+        e.rank_depth = nodes.output_depth(inner_outs)
+        outs = nodes.detach_outputs(nodes.deepen(
+            node, node.apply(list(leaves) + self.param_objs), e.rank_depth),
+            e.no_grad_outs)
         vals = [v if k == 'V' else v.raw_array
                 for v, k in zip(outs, out_kinds)]
         link_state.keep_attrs(
@@ -385,8 +387,11 @@ class Capture(object):
         given = grad_outputs
         if recording:
             grad_outputs = self._state_gradients(grad_outputs)
+        # (Not recording: the gradients as Chainer handed them, as the
+        # nodes get them under define-by-run; a node that writes into its
+        # gradient, F.hinge, writes into what other nodes read.)
         outs_for_grad, gys, more, grad_out_bids = \
-            self._outputs_and_gradients(grad_outputs, keep=True)
+            self._outputs_and_gradients(grad_outputs, keep=recording)
         if recording:
             rec.phase = 'backward'
             rec.labels = {id(op.node): op.source for op in rec.forward_ops}

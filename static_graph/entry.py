@@ -102,6 +102,9 @@ class Entry(object):
         self.repeat_backward = False
         self.recording_saved = None
         self.empty_outputs = ()
+        # The rank of the recording's last node (nodes.deepen), which each
+        # replayed call's node takes beyond its inputs'.
+        self.rank_depth = 0
         self.graph_owned = set()     # (their ids)
 
     def move(self, state, reason=None):

@@ -25,6 +25,29 @@ from static_graph import diagnostics
 from static_graph import signature
 
 
+def output_depth(inner_outs):
+    """The rank the nodes that made the recording's outputs got, its
+    leaves being of rank 0 (fresh copies, parameters): the deepest."""
+    return max([v.creator_node.rank for v in inner_outs
+                if isinstance(v, chainer.Variable) and
+                v.creator_node is not None] or [0])
+
+
+def deepen(node, outs, depth):
+    """Give ``node`` (applied: the rank of its deepest input) the rank
+    its method's last node has under define-by-run, ``depth`` more, and
+    its outputs theirs: Chainer's backward takes nodes by rank, and the
+    order matters where nodes outside the call share a gradient with it
+    (an old-style Function's backward dividing its ``grad_outputs`` in
+    place: F.hinge) or add into one gradient."""
+    if depth and chainer.config.enable_backprop:
+        node.rank += depth
+        for y in outs:
+            if isinstance(y, chainer.Variable) and y.creator_node is node:
+                y.node.creator_node = node      # (its rank: node's + 1)
+    return outs
+
+
 def detach_outputs(outs, which):
     """Outputs that needed no gradient at recording (computed from arrays
     alone: ``F.identity(x)``) as Variables that do not require one, as
@@ -252,13 +275,16 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
         the call define-by-run.)"""
         if chainer.get_function_hooks() or \
                 configuration.config.schedule_func is not None:
-            return super(ReplayNode, self).apply(inputs)
+            return deepen(self, super(ReplayNode, self).apply(inputs),
+                          self.entry.rank_depth)
         Variable = chainer.Variable
         input_vars = [x if isinstance(x, Variable) else
                       Variable(x, requires_grad=False) for x in inputs]
         for x in input_vars:
             if x._layout is not None or x._has_chainerx_array:
-                return super(ReplayNode, self).apply(inputs)
+                return deepen(
+                    self, super(ReplayNode, self).apply(inputs),
+                    self.entry.rank_depth)
         in_data = tuple([x._data[0] for x in input_vars])
         self._input_layouts = (None,) * len(input_vars)
         self._input_indexes_to_retain = None
@@ -269,8 +295,8 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
         requires_grad = any([x.requires_grad for x in input_vars])
         ret = tuple([_variable(y, requires_grad) for y in outputs])
         if configuration.config.enable_backprop:
-            self.rank = max([x.rank for x in input_vars]) \
-                if input_vars else 0
+            self.rank = (max([x.rank for x in input_vars])
+                         if input_vars else 0) + self.entry.rank_depth
             for y in ret:
                 y.creator_node = self
             self.inputs = tuple([x.node for x in input_vars])

@@ -19,7 +19,7 @@ import chainer.links as L
 import static_graph
 from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
-from tests.twins import assert_close, compare_chains
+from tests.twins import assert_close, compare_chains, static_twins
 
 rs = numpy.random.RandomState(11)
 
@@ -884,22 +884,16 @@ def test_a_call_let_go_once_records_again_and_replays():
     assert (c.recordings, c.replays, c.fallback_calls) == (2, 2, 0)
 
 
-@pytest.mark.xfail(strict=True, reason='design limit (docs/fallbacks.md, '
-                   'gradient sums whose order the caller decides): a '
-                   'parameter\'s gradient summed over a recording call (its '
-                   'one node) and a define-by-run call of the same backward, '
-                   'on top of a gradient it already held, is summed in '
-                   'another order than define-by-run sums it (last bit)')
 def test_recording_and_define_by_run_calls_in_one_backward(monkeypatch):
     """Found by the differential fuzzer (benchmarks/fuzz.py --exact, seed
     11, with new keys put on probation after 4 recordings): a method that
     reads a value (so each recording falls back), called twice per
     backward ``(l1 + 2 * l2).backward()`` over two micro-batches. Under
     probation the third call of the new key records while the fourth runs
-    define-by-run; W's gradient is then (old + g4) + g3 where
-    define-by-run makes (old + g3) + g4: the recording call is one node
-    of the lowest rank, so Chainer reaches it after the other call's
-    Linear."""
+    define-by-run; W's gradient was (old + g4) + g3 where define-by-run
+    makes (old + g3) + g4 while the recording call, one node, had its
+    inputs' rank: Chainer reached it after the other call's Linear. It
+    now has the rank of the method's last node (nodes.deepen)."""
     from static_graph import cache as cache_module
     from tests import fuzz_grammar as G
     monkeypatch.setattr(cache_module, 'RECORDING_WINDOW', 4)
@@ -1021,3 +1015,49 @@ def test_recorder_wrappers_are_let_go_whatever_the_recording_call_does():
     assert let_go()
     r(x).backward()
     assert let_go()
+
+
+class _Branching(chainer.Chain):
+    """A branch on a value (each recording falls back) before F.hinge,
+    whose old-style backward divides the gradient it is handed in place."""
+
+    def __init__(self):
+        super(_Branching, self).__init__()
+        with self.init_scope():
+            self.out1 = L.Linear(10, 2)
+
+    def forward(self, x, t):
+        h = x
+        if float(F.sum(h).array) > 0:
+            h = F.relu(h)
+        else:
+            h = h * -0.5
+        h = F.relu(F.relu(F.relu(h)))
+        return F.hinge(self.out1(h), t)
+
+
+def test_an_in_place_gradient_write_reaches_other_calls_as_in_define_by_run():
+    """Found by the differential fuzzer (fuzz.py --exact --seed 121): two
+    calls taking different branches (graphs of different depth), then
+    ``(l0 + 2 * l1).backward()``. Chainer's Hinge divides the gradient
+    Add hands both losses in place, and reaches the first call's Hinge
+    before ``2 * l1`` (their ranks tie), which then doubles the divided
+    gradient. The recording calls give the same gradients: each call's
+    node has the rank of its last node, and a call that fell back hands
+    its inner graph the gradient Chainer handed it, not a copy."""
+    rs = numpy.random.RandomState(162)
+    x0 = numpy.abs(rs.standard_normal((3, 1, 2, 5))).astype('f')
+    x1 = -numpy.abs(rs.standard_normal((3, 1, 2, 5))).astype('f')
+    t0, t1 = rs.randint(0, 2, 3).astype('i'), rs.randint(0, 2, 3).astype('i')
+    a, b = static_twins(_Branching)
+    grads = []
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for m in (a, b):
+            with chainer.using_config('train', True):
+                m.cleargrads()
+                l0 = m(x0.copy(), t0)
+                l1 = m(x1.copy(), t1)
+                (l0 + 2 * l1).backward()
+            grads.append(m.out1.W.grad.copy())
+    numpy.testing.assert_array_equal(grads[0], grads[1])

@@ -11,12 +11,11 @@ is kernel_checks.py's; element-wise kernels are in elementwise_kernels.py.
 """
 import numpy
 
-from schedules import blas_stream
-
 from static_graph import elementwise_kernels as ew
 from static_graph import kernel_memory
 from static_graph import lstm_kernels
 from static_graph import split_kernels
+from static_graph import stream_tasks
 from static_graph.elementwise_kernels import out_like
 from static_graph.elementwise_kernels import plain_cpu as _plain_cpu
 from static_graph.elementwise_kernels import with_into as _with_into
@@ -162,23 +161,8 @@ def _linear(rop, node, xs):
             y += a[2]
         return y,
     kernel = _same_code(_with_into(kernel, into))
-    kernel.stream_task = _linear_task
+    kernel.stream_task = stream_tasks.linear
     return kernel
-
-
-def _linear_task(a):
-    """``dot(x, W.T, out=y)`` (then ``y += b``) as tasks of the stream's
-    C worker, or None (schedules/stream.py)."""
-    t = blas_stream.dot_task(a[0], a[1].T)
-    if t is None:
-        return None
-    tasks, y = [t[0]], t[1]
-    if len(a) > 2:
-        bias = blas_stream.bias_task(y, a[2])
-        if bias is None:
-            return None
-        tasks.append(bias)
-    return tasks, (y,)
 
 
 def _linear_grad_data(rop, node, xs):
@@ -192,7 +176,7 @@ def _linear_grad_data(rop, node, xs):
                 return a[1].dot(a[0]),
             return dot(a[1], a[0], out=o[0]),
         kernel = _same_code(_with_into(lambda a: (a[1].dot(a[0]),), into))
-        kernel.stream_task = _grad_data_task
+        kernel.stream_task = stream_tasks.grad_data
         return kernel
 
 
@@ -200,21 +184,8 @@ def _linear_grad_weight(rop, node, xs):
     if _plain_cpu(xs) and xs[0].dtype == xs[1].dtype == node._w_dtype and \
             _blas_ready(xs[1]):
         kernel = _same_code(lambda a: (a[1].T.dot(a[0]),))
-        kernel.stream_task = _grad_weight_task
+        kernel.stream_task = stream_tasks.grad_weight
         return kernel
-
-
-def _grad_data_task(a):
-    """The kernel as a task of the stream's C worker, or None."""
-    t = blas_stream.dot_task(a[1], a[0])
-    return None if t is None else ([t[0]], (t[1],))
-
-
-def _grad_weight_task(a):
-    """The kernel as a task of the stream's C worker (NumPy's gemm
-    call), or None (schedules/stream.py)."""
-    t = blas_stream.dot_task(a[1].T, a[0])
-    return None if t is None else ([t[0]], (t[1],))
 
 
 def _same_code(kernel):

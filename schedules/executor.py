@@ -204,9 +204,9 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         the same time (``_pairs``), a runner ``runner(fa, xa, fb, xb) ->
         (fa(*xa), fb(*xb))`` that may run them on two threads, or None
         (``parallel.Pair``).
-    stream: ``stream(threads) -> role``: ``role(op)`` says which ops may
-        go to a second thread (``stream.select``), ``role.threads`` how
-        many threads there are; None: none go.
+    stream: ``stream(op)``, 'head', 'follow' or None: which ops may go to
+        the stream's worker thread (``stream.select``), with
+        ``stream.threads`` the threads allowed; None: none go.
     """
     bufs = schedule.buffers
     env = {'copyto': copyto, 'copy': copy, 'take': placement.take}

@@ -20,6 +20,7 @@ import numpy
 import chainer
 from chainer import backend as backend_module
 
+from schedules import bits
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import analysis
@@ -323,6 +324,7 @@ class Capture(object):
         (double backpropagation follows their graph)."""
         rec = self.rec
         outs, gys, more, bids = [], [], [], []
+        self.grad_copies = []
         position = {}   # id(output Variable) -> its index in outs
         grad_outputs = nodes.empty_gradients(self.inner_outs, grad_outputs)
         for o, g in zip(self.inner_outs, grad_outputs):
@@ -332,6 +334,7 @@ class Capture(object):
             if keep:
                 ga = arrayutil.copy_exact(nodes.raw(g))
                 bids.append(rec.new_buffer(ga, ir.GRAD_OUT, name='grad'))
+                self.grad_copies.append((nodes.raw(g), ga))
                 g = chainer.Variable(ga)
             else:
                 g = chainer.as_variable(g)
@@ -400,6 +403,8 @@ class Capture(object):
                     grads = self._backprop(outs_for_grad, gys, more)
             finally:
                 self.patched.release()
+            if grad_outputs is given:
+                self._write_back_gradients()
         else:
             grads = self._backprop(
                 outs_for_grad, gys, more, earlier=None if earlier is None
@@ -426,6 +431,21 @@ class Capture(object):
             self._check_state_outputs()
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
+
+    def _write_back_gradients(self):
+        """What a node of the recorded backward wrote into the copy of a
+        gradient it was handed (an old-style Function dividing its
+        ``grad_outputs`` in place: F.hinge), written into the gradient
+        Chainer handed this call: under define-by-run that node writes
+        into it, and other nodes that read it after see the change."""
+        for given, copy in self.grad_copies:
+            if given is copy or not getattr(
+                    getattr(given, 'flags', None), 'writeable', True):
+                continue
+            xp = backend_module.get_array_module(given)
+            if not bits.same_bits(given, copy, xp.array_equal):
+                arrayutil.copyto_for((given,))(given, copy)
+        self.grad_copies = []
 
     def _state_outputs(self):
         """Indexes of the hidden outputs that are recurrent state: left on

@@ -1061,3 +1061,38 @@ def test_an_in_place_gradient_write_reaches_other_calls_as_in_define_by_run():
                 (l0 + 2 * l1).backward()
             grads.append(m.out1.W.grad.copy())
     numpy.testing.assert_array_equal(grads[0], grads[1])
+
+
+class _TwoDepths(chainer.Chain):
+    """A graph whose depth an argument chooses (a key each), ending in
+    F.hinge, which divides the gradient it is handed in place."""
+
+    def __init__(self):
+        super(_TwoDepths, self).__init__()
+        with self.init_scope():
+            self.out1 = L.Linear(10, 2)
+
+    def forward(self, x, t, deep):
+        h = F.relu(F.relu(F.relu(x))) if deep else x
+        return F.hinge(self.out1(h), t)
+
+
+def test_a_recording_call_writes_back_what_its_backward_wrote_into_a_grad():
+    """Two calls of new keys (both record) before one backward: the deep
+    one's Hinge is reached first (its rank is higher) and divides the
+    gradient Add hands both losses; ``2 * l1`` then doubles the divided
+    one. The recording's backward works on a copy of that gradient: what
+    it wrote there is written into the gradient Chainer handed it, so the
+    recording iteration gives define-by-run's gradients (it differed by
+    up to 1.0), as the replays do."""
+    rs = numpy.random.RandomState(0)
+    x0, x1 = (rs.standard_normal((3, 10)).astype('f') for _ in range(2))
+    t0, t1 = (rs.randint(0, 2, 3).astype('i') for _ in range(2))
+    a, b = static_twins(_TwoDepths)
+    for _ in range(3):
+        grads = []
+        for m in (a, b):
+            m.cleargrads()
+            (m(x0, t0, True) + 2 * m(x1, t1, False)).backward()
+            grads.append(m.out1.W.grad.copy())
+        numpy.testing.assert_array_equal(grads[0], grads[1])

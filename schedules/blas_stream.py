@@ -270,6 +270,10 @@ _GEMM = {numpy.dtype(numpy.float32): 1, numpy.dtype(numpy.float64): 2}
 _ADD = {numpy.dtype(numpy.float32): 3, numpy.dtype(numpy.float64): 4}
 _ADD_ROWS = {numpy.dtype(numpy.float32): 5, numpy.dtype(numpy.float64): 6}
 
+# NumPy 1 wheels export OpenBLAS's own names; NumPy 2's scipy-openblas
+# prefixes them.
+OPENBLAS_PREFIXES = ('', 'scipy_')
+
 _state = []      # [(push, wait)] or [why not], once per process
 _helped = []
 _lock = threading.Lock()
@@ -321,28 +325,36 @@ def _start():
     return lib.sg_push, lib.sg_wait, os.getpid()
 
 
-def _numpy_gemms():
-    """Addresses of (cblas_sgemm, cblas_dgemm) of the ILP64 OpenBLAS that
-    NumPy calls, or None."""
+def loaded_openblas():
+    """Paths of the OpenBLAS libraries mapped into this process."""
     paths = []
     try:
         with open('/proc/self/maps') as f:
             for line in f:
-                path = line.split()[-1] if len(line.split()) >= 6 else ''
-                if 'openblas' in os.path.basename(path).lower() and \
-                        '.so' in path and path not in paths:
+                parts = line.split()
+                if len(parts) < 6:
+                    continue
+                path = parts[-1]
+                if ('openblas' in os.path.basename(path).lower()
+                        and '.so' in path and path not in paths):
                     paths.append(path)
     except OSError:
-        return None
+        pass
+    return paths
+
+
+def _numpy_gemms():
+    """Addresses of (cblas_sgemm, cblas_dgemm) of the ILP64 OpenBLAS that
+    NumPy calls, or None."""
     numpy_dir = os.path.dirname(os.path.dirname(numpy.__file__))
-    paths = [p for p in paths if p.startswith(numpy_dir)]
+    paths = [p for p in loaded_openblas() if p.startswith(numpy_dir)]
     mode = getattr(os, 'RTLD_NOLOAD', 0) | getattr(os, 'RTLD_LAZY', 0)
     for path in paths:
         try:
             lib = ctypes.CDLL(path, mode=mode)
         except OSError:
             continue
-        for prefix in ('', 'scipy_'):
+        for prefix in OPENBLAS_PREFIXES:
             try:
                 fns = [getattr(lib, '%scblas_%sgemm64_' % (prefix, t))
                        for t in 'sd']

@@ -265,7 +265,7 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         release_at.setdefault(i, []).append(h)
 
     streamed = stream_module.select(schedule, plan, stream) \
-        if free and stream is not None else {}
+        if free and stream is not None else frozenset()
     if streamed:
         env['S'] = schedule.stream = stream_module.Stream(stream.threads)
         lines.append('    R = S.begin()')

@@ -162,9 +162,9 @@ class Schedule(object):
         # Ops a compiled run may run at the same time as the next one:
         # {index: runner} (executor._pairs), set when it compiles.
         self.pairs = {}
-        # Ops a compiled run hands to the stream's worker: {index: task
-        # number} and the ``stream.Stream`` (stream.select), likewise.
-        self.streamed = {}
+        # Ops a compiled run hands to the stream's worker (their indexes)
+        # and the ``stream.Stream`` (stream.select), likewise.
+        self.streamed = frozenset()
         self.stream = None
 
     # -- checks -------------------------------------------------------------

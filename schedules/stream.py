@@ -39,9 +39,9 @@ def available():
     return blas_stream.worker()
 
 
-class Stream(object):
-    """One compiled schedule's use of the worker: ``begin()`` starts a
-    run."""
+class _User(object):
+    """What uses the worker: its ``push`` and ``wait`` (None where there
+    is no worker), the measured ``choice``."""
 
     def __init__(self, threads):
         self.choice = parallel.SplitChoice(min(threads, 2))
@@ -49,9 +49,20 @@ class Stream(object):
         self.push, self.wait = (None, None) if isinstance(w, str) else w
         self.pid = os.getpid()
 
+    def usable(self):
+        """Not without a worker, not under a NumPy error state other than
+        the default, not in a forked child (the thread stayed in the
+        parent)."""
+        return self.push is not None and os.getpid() == self.pid and \
+            parallel.caller_errstate() is None
+
+
+class Stream(_User):
+    """One compiled schedule's use of the worker: ``begin()`` starts a
+    run."""
+
     def begin(self):
-        if self.push is None or parallel.caller_errstate() is not None or \
-                os.getpid() != self.pid:      # (a fork: no worker there)
+        if not self.usable():
             return _Run(self, False, False)
         if FORCE is not None:
             return _Run(self, FORCE, False)
@@ -129,7 +140,7 @@ class _Run(object):
             self.stream.choice.took(self.on_worker, _perf() - self.t0)
 
 
-class Pair(object):
+class Pair(_User):
     """Two neighbouring independent ops (``executor._pairs``): the first
     pushed to the worker (``fn.stream_task``) while the calling thread
     runs the second, or one after the other, whichever measures faster
@@ -137,9 +148,7 @@ class Pair(object):
     the same bits."""
 
     def __init__(self, threads):
-        self.choice = parallel.SplitChoice(min(threads, 2))
-        self.push, self.wait = blas_stream.worker()
-        self.pid = os.getpid()
+        super(Pair, self).__init__(threads)
         # for calls the worker cannot take (a result written into given
         # memory: ``fn.into``): the pool's Python thread
         self.fallback = parallel.Pair(threads)
@@ -149,28 +158,17 @@ class Pair(object):
             on, measuring = self.choice.use_pool()
         else:
             on, measuring = FORCE, False
+        if on and len(xa) != 1:
+            return self.fallback(fa, xa, fb, xb)
         if measuring:
             t0 = _perf()
-        task = None
-        if on and len(xa) == 1 and parallel.caller_errstate() is None and \
-                os.getpid() == self.pid:
-            task = fa.stream_task(xa[0])
-        if task is None:
-            if on and len(xa) != 1:
-                return self.fallback(fa, xa, fb, xb)
-            ra, rb = fa(*xa), fb(*xb)
-        else:
-            tasks, ra = task
-            push = self.push
-            ticket = 0
-            for t in tasks:
-                ticket = push(*(t + (ticket,)))
-            try:
-                rb = fb(*xb)
-            finally:
-                flags = self.wait(ticket - len(tasks) + 1, ticket)
-            if flags:
-                native.report(flags, ra[0].dtype)
+        # (a run of one op: pushed, or run here where there is no task)
+        run = _Run(self, on and self.usable(), False)
+        try:
+            ra = run.put(fa, xa[0])
+            rb = fb(*xb)
+        finally:
+            run.end()
         if measuring:
             self.choice.took(on, _perf() - t0)
         return ra, rb
@@ -180,8 +178,8 @@ class Pair(object):
 
 
 def select(schedule, plan, role):
-    """{op index: task number} of the ops of ``schedule`` that go to the
-    worker, in schedule order. ``role(op)``: 'head' (an op that may start
+    """The indexes of the ops of ``schedule`` that go to the worker (a
+    frozenset). ``role(op)``: 'head' (an op that may start
     work on the worker: a product), 'follow' (one that may go where it
     reads a result of an op on the worker: a sum) or None. An op goes
     where:
@@ -195,7 +193,7 @@ def select(schedule, plan, role):
       the calling thread after it writes into.
     """
     if role is None:
-        return {}
+        return frozenset()
     bufs = schedule.buffers
     ops = schedule.ops
     root = _memory(schedule, plan)
@@ -249,7 +247,7 @@ def select(schedule, plan, role):
         if drop:
             ops_on -= drop
             changed = True
-    return dict((i, k) for k, i in enumerate(sorted(ops_on)))
+    return frozenset(ops_on)
 
 
 def _writes(op):

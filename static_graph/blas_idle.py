@@ -23,35 +23,18 @@ import ctypes
 import os
 import threading
 
+from schedules import blas_stream
+
 ENV = 'OPENBLAS_THREAD_TIMEOUT'
 LOG2_CYCLES = 4             # OpenBLAS's lowest
 DEFAULT_LOG2_CYCLES = 28    # OpenBLAS's THREAD_TIMEOUT when the env is unset
-# NumPy 1 wheels export OpenBLAS's own names; NumPy 2's scipy-openblas
-# prefixes them.
-_PREFIXES = ('', 'scipy_')
+_PREFIXES = blas_stream.OPENBLAS_PREFIXES
+_loaded_openblas = blas_stream.loaded_openblas
 _NAMES = ('openblas_read_env', 'blas_thread_shutdown_',
           'openblas_thread_timeout')
 
 _lock = threading.Lock()
 _state = None               # the result of the first quiet()
-
-
-def _loaded_openblas():
-    """Paths of the OpenBLAS libraries mapped into this process."""
-    paths = []
-    try:
-        with open('/proc/self/maps') as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 6:
-                    continue
-                path = parts[-1]
-                if ('openblas' in os.path.basename(path).lower()
-                        and '.so' in path and path not in paths):
-                    paths.append(path)
-    except OSError:
-        pass
-    return paths
 
 
 def _int_functions(path, names, suffixes=('',)):

@@ -439,8 +439,7 @@ class Capture(object):
         Chainer handed this call: under define-by-run that node writes
         into it, and other nodes that read it after see the change."""
         for given, copy in self.grad_copies:
-            if given is copy or not getattr(
-                    getattr(given, 'flags', None), 'writeable', True):
+            if not getattr(getattr(given, 'flags', None), 'writeable', True):
                 continue
             xp = backend_module.get_array_module(given)
             if not bits.same_bits(given, copy, xp.array_equal):

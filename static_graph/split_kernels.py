@@ -85,14 +85,21 @@ PAIRABLE = frozenset((
     'Deconvolution2DFunction'))
 
 
+def _products_side_by_side(threads):
+    """May products run two at a time? With two threads allowed, and only
+    where NumPy's BLAS runs a product on one thread
+    (``OPENBLAS_NUM_THREADS=1``): a BLAS that takes every core for each
+    product leaves nothing to a second one, two such products at once
+    oversubscribe the cores (the measured choice would keep them apart,
+    but its probes cost the first iterations), and OpenBLAS's results
+    depend on its thread count."""
+    return threads_of(threads) >= 2 and blas_idle.numpy_blas_threads() == 1
+
+
 def pairing(threads):
     """The executor's ``pair`` for a schedule of ``threads`` (None: none
-    run at the same time). Only where NumPy's BLAS runs a product on one
-    thread (``OPENBLAS_NUM_THREADS=1``): a BLAS that takes every core for
-    each product leaves nothing to a second one, and two such products at
-    once oversubscribe the cores (the measured choice would keep them
-    apart, but its probes cost the first iterations)."""
-    if threads_of(threads) < 2 or blas_idle.numpy_blas_threads() != 1:
+    run at the same time; ``_products_side_by_side``)."""
+    if not _products_side_by_side(threads):
         return None
 
     native = not isinstance(stream.available(), str)
@@ -119,9 +126,9 @@ STREAM_FOLLOWS = frozenset(('Add',))
 
 def streaming(threads):
     """The executor's ``stream`` for a schedule of ``threads`` (None: no
-    op leaves the calling thread); as ``pairing``, only where NumPy's BLAS
-    runs a product on one thread, and where the C worker runs."""
-    if threads_of(threads) < 2 or blas_idle.numpy_blas_threads() != 1 or \
+    op leaves the calling thread; ``_products_side_by_side``, and only
+    where the C worker runs)."""
+    if not _products_side_by_side(threads) or \
             isinstance(stream.available(), str):
         return None
 

@@ -265,21 +265,21 @@ def test_select_keeps_what_the_calling_thread_reads_or_writes():
     # the calling thread reads the product: neither goes
     ops.append(_op('M', [2], [5]))
     s = _schedule(ops, 6, (0, 1), (3, 4, 5))
-    assert stream.select(s, plan, _role) == {}
+    assert stream.select(s, plan, _role) == frozenset()
     # the calling thread writes into the product's input afterwards
     ops = [_op('H', [0], [2]), _op('M', [0], [4], aliases=(0,))]
     s = _schedule(ops, 5, (0,), (2, 4))
-    assert stream.select(s, plan, _role) == {}
+    assert stream.select(s, plan, _role) == frozenset()
     # a sum that would write into memory the worker did not make
     ops = [_op('F', [1, 0], [3], aliases=(1,))]
     s = _schedule(ops, 4, (0, 1), (3,))
-    assert stream.select(s, plan, _role) == {}
+    assert stream.select(s, plan, _role) == frozenset()
     # an op without a task stays
     ops = [_op('H', [0], [2], task=False)]
     s = _schedule(ops, 3, (0,), (2,))
     assert stream.select(s, plan, lambda op: 'head'
                          if getattr(op.fn, 'stream_task', None) else None) \
-        == {}
+        == frozenset()
 
 
 @needs_worker

@@ -161,8 +161,11 @@ class GpuUpdate(object):
             if rule is None or not rule.enabled:
                 continue
             news += self._rule(p, rule, st, bumped, fixed)
+        # Chainer calls the optimizer's post hooks after each parameter
+        # took its new array (use_fp32_update): they read that one.
+        new_arrays = dict((id(p), new) for p, new in news)
         for hook in structure.opt_post:
-            self._opt_hook(hook, opt, params, st)
+            self._opt_hook(hook, opt, params, st, new_arrays)
         return news
 
     def _rule(self, p, rule, st, bumped, fixed):
@@ -244,11 +247,12 @@ class GpuUpdate(object):
         rule._init_states(param_)       # Chainer's: init, or to the device
 
     # -- hooks ---------------------------------------------------------------
-    def _opt_hook(self, hook, opt, params, st):
+    def _opt_hook(self, hook, opt, params, st, new_arrays=None):
         if getattr(hook, 'call_for_each_param', False):
             for p in params:
                 if p.array is not None:
-                    self._param_hook(hook, p, None, p._loss_scale, st)
+                    self._param_hook(hook, p, None, p._loss_scale, st,
+                                     (new_arrays or {}).get(id(p)))
             return
         # GradientClipping (the one optimizer-wide hook it knows)
         grads = [p.grad for p in params if p.array is not None]
@@ -265,11 +269,12 @@ class GpuUpdate(object):
         st.zero_d.append((j, 0))
         st.op(_clip_op, ([p for p in params if p.array is not None],), j)
 
-    def _param_hook(self, hook, param_, grad_of, loss_scale, st):
+    def _param_hook(self, hook, param_, grad_of, loss_scale, st,
+                    array=None):
         cupy = self.cupy
         R.hook_kind(hook, True)
         kernel = R.hook_kernel(hook)
-        p = param_.array
+        p = param_.array if array is None else array
         g = _GradRef(param_, grad_of)
         dtype = p.dtype
         name = type(hook).__name__

@@ -27,7 +27,8 @@ class FakeTwins(object):
     """``a``: Chainer's update on NumPy; ``b``: the captured update's CuPy
     path on fake CuPy arrays. Gradients are set, not computed."""
 
-    def __init__(self, make_opt, dtype=numpy.float32, hooks=()):
+    def __init__(self, make_opt, dtype=numpy.float32, hooks=(),
+                 cuda_graph=False):
         numpy.random.seed(0)
         self.a, self.b = Net(dtype), Net(dtype)
         self.b.copyparams(self.a)
@@ -38,7 +39,8 @@ class FakeTwins(object):
         for h in hooks:
             self.oa.add_hook(h())
             self.ob.add_hook(h())
-        static_graph.capture_update(self.ob, threads=1)
+        static_graph.capture_update(self.ob, threads=1,
+                                    cuda_graph=cuda_graph)
         self.rs = numpy.random.RandomState(3)
         self.dtype = dtype
 
@@ -64,7 +66,7 @@ class FakeTwins(object):
             self.ob.update()
             self.check()
 
-    def check(self):
+    def check(self, grads=False):
         tol = dict(rtol=2e-3, atol=2e-3) if self.dtype == numpy.float16 \
             else dict(rtol=1e-5, atol=1e-6)
         for (na, pa), (nb, pb) in zip(sorted(self.a.namedparams()),
@@ -78,6 +80,10 @@ class FakeTwins(object):
             assert pa.array.dtype == pb.array.dtype
             numpy.testing.assert_allclose(
                 numpy.asarray(pb.array), pa.array, err_msg=na, **tol)
+            if grads:
+                numpy.testing.assert_allclose(
+                    numpy.asarray(pb.grad), pa.grad, err_msg='grad of ' + na,
+                    **tol)
             for k in ra.state:
                 numpy.testing.assert_allclose(
                     numpy.asarray(rb.state[k]), ra.state[k],
@@ -106,9 +112,13 @@ def test_hook_on_fake_cupy(name):
     t.step(3)
 
 
-def test_rule_hooks_loss_scale_and_fp32_on_fake_cupy():
+@pytest.mark.parametrize('graph', [False, True])
+def test_rule_hooks_loss_scale_and_fp32_on_fake_cupy(graph):
+    """graph: the option of a CUDA graph (no graph forms on fake CuPy,
+    but the float16 values go into the parameters' own arrays)."""
     t = FakeTwins(RULES['MomentumSGD'][0], dtype=numpy.float16,
-                  hooks=[HOOKS['WeightDecay'], HOOKS['GradientClipping']])
+                  hooks=[HOOKS['WeightDecay'], HOOKS['GradientClipping']],
+                  cuda_graph=graph)
     t.for_both(lambda m, o: o.use_fp32_update())
     t.for_both(lambda m, o: m.l1.W.update_rule.add_hook(H.Lasso(0.01)))
     t.for_both(lambda m, o: m.l2.W.update_rule.add_hook(
@@ -119,10 +129,27 @@ def test_rule_hooks_loss_scale_and_fp32_on_fake_cupy():
                                        timing='post'))
     arrays = [p.array for p in t.b.params()]
     t.step(3, loss_scale=8.0)
-    # as Chainer: a new float16 array each step
-    assert all(p.array is not a for p, a in zip(t.b.params(), arrays))
+    t.check(grads=True)
+    if graph:
+        assert all(p.array is a for p, a in zip(t.b.params(), arrays))
+        assert captured(t.ob).gpu.captures == 0
+    else:   # as Chainer: a new float16 array each step
+        assert all(p.array is not a for p, a in zip(t.b.params(), arrays))
     assert all(p.update_rule._fp32_param.grad is None
                for p in t.b.params())
+
+
+def test_post_hook_reads_the_new_float16_parameter_on_fake_cupy():
+    """An optimizer's post hook runs after each parameter took its new
+    float16 array (use_fp32_update): it reads that one, not the array the
+    step started from (a large rate and step make the two differ)."""
+    t = FakeTwins(lambda: chainer.optimizers.SGD(lr=0.5),
+                  dtype=numpy.float16)
+    t.for_both(lambda m, o: o.use_fp32_update())
+    t.for_both(lambda m, o: o.add_hook(H.WeightDecay(1.0), timing='post'))
+    for _ in range(2):
+        t.step()
+        t.check(grads=True)
 
 
 def test_disable_update_and_rule_hyperparameter_on_fake_cupy():

@@ -48,10 +48,11 @@ def _no_fallback(t, steps):
     assert cap.gpu is not None and cap.gpu.steps == steps
 
 
+@pytest.mark.parametrize('graph', [True, False])
 @pytest.mark.parametrize('name', sorted(RULES))
-def test_rule_bit_for_bit_on_gpu(name):
+def test_rule_bit_for_bit_on_gpu(name, graph):
     make, attr = RULES[name]
-    t = Twins(make, device=DEV)
+    t = Twins(make, device=DEV, capture=dict(cuda_graph=graph))
     _train(t, 4, shift_from=2, attr=attr)
     _no_fallback(t, 4)
 
@@ -89,12 +90,15 @@ def test_update_rule_hook_on_gpu(name):
     _no_fallback(t, 3)
 
 
+@pytest.mark.parametrize('graph', [True, False])
 @pytest.mark.parametrize('rule', ['MomentumSGD', 'AMSBound'])
-def test_fp32_update_loss_scale_and_hooks_on_gpu(rule):
+def test_fp32_update_loss_scale_and_hooks_on_gpu(rule, graph):
     """float16 parameters updated in float32, static loss scaling, hooks
-    of every kind (the optimizer's on float16, the rule's on float32)."""
+    of every kind (the optimizer's on float16, the rule's on float32; the
+    optimizer's post hook reads each parameter's new float16 values)."""
     t = Twins(RULES[rule][0], dtype=numpy.float16, device=DEV, hooks=[
-        HOOKS['GradientClipping'], HOOKS['GradientLARS']])
+        HOOKS['GradientClipping'], HOOKS['GradientLARS']],
+        capture=dict(cuda_graph=graph))
     t.for_both(lambda m, o: o.use_fp32_update())
     t.for_both(lambda m, o: o.loss_scaling(scale=64.0))
     t.for_both(lambda m, o: o.add_hook(H.WeightDecay(1e-3), timing='post'))
@@ -222,17 +226,23 @@ def test_fp32_update_in_a_graph_writes_in_place():
     assert captured(t.ob).gpu.graph_launches == 3
 
 
-def test_graph_refused_where_cublas_computes_a_norm():
-    """GradientClipping's norm is Chainer's cuBLAS dot, which CuPy refuses
-    under stream capture: the step stays launch by launch, same bits."""
+def test_graph_with_a_cublas_norm():
+    """GradientClipping's norm is Chainer's cuBLAS dot. Where CuPy lets it
+    run under stream capture (CuPy 14 on an H100 did) the update replays as
+    a graph; where CuPy refuses (older CuPy), the step stays launch by
+    launch and explain_update says why. The same bits either way."""
     t = Twins(RULES['Adam'][0], device=DEV, capture=dict(cuda_graph=True),
               hooks=[HOOKS['GradientClipping']])
     fixed = _FixedGrads(t)
     for i in range(4):
         fixed.step()
     gpu = captured(t.ob).gpu
-    assert gpu.captures == 0 and gpu.refused
-    assert 'refused' in static_graph.explain_update(t.ob)
+    if gpu.captures:
+        assert gpu.captures == 1 and gpu.graph_launches == 3, gpu.describe()
+        assert not gpu.refused
+    else:
+        assert gpu.refused
+        assert 'refused' in static_graph.explain_update(t.ob)
     _no_fallback(t, 4)
 
 

@@ -81,8 +81,8 @@ EOF
     ;;
   tests)
     log tests
-    # The captured optimizer update on CuPy first: never run on a GPU yet
-    # (small parameters, few steps).
+    # The captured optimizer update on CuPy first (small parameters, few
+    # steps).
     timeout 120 $PY -m pytest -q -p no:cacheprovider \
         tests/test_captured_update_gpu.py tests/test_captured_update_cuda.py \
         tests/test_captured_update_fake_gpu.py 2>&1 \

@@ -53,7 +53,7 @@ _uids = itertools.count()
 
 
 def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
-                   block=BLOCK, quiet_blas=True, cuda_graph=False,
+                   block=BLOCK, quiet_blas=True, cuda_graph=True,
                    native=True):
     """Run ``optimizer.update()`` as captured in-place kernels from now
     on; returns ``optimizer``.
@@ -74,10 +74,10 @@ def capture_update(optimizer, threads=None, min_split=MIN_SPLIT,
     loop (one pass over memory, the same bits; built once with the C
     compiler and cached, see ``schedules.update_native``) where a C
     compiler is found, else as NumPy ufuncs; False: NumPy ufuncs.
-    ``cuda_graph``: on CuPy, capture a step whose device work touches the
-    same arrays as the step before into a CUDA graph, and launch it for
-    later such steps (``static_graph.update_cupy``; not verified on a GPU
-    yet, see docs/captured_update.md).
+    ``cuda_graph`` (default True): on CuPy, capture a step whose device
+    work touches the same arrays as the step before into a CUDA graph, and
+    launch it for later such steps (``static_graph.update_cupy``; see
+    docs/captured_update.md); False: every step launch by launch.
 
     Works on a ChainerMN multi-node optimizer (it captures the optimizer
     it wraps) and on an optimizer not set up yet. Calling it again changes

@@ -3,9 +3,11 @@
     LD_LIBRARY_PATH=<site-packages>/nvidia/cuda_nvrtc/lib \
         PYTHONPATH=. python benchmarks/compile_update_kernels.py
 
-Needs CuPy (13: it uses CuPy's own code generator, private names of
-``cupy._core._kernel``), ``nvidia-cuda-nvrtc-cu12`` and
-``nvidia-cuda-runtime-cu12`` (headers); no Chainer, no device. For each
+Needs CuPy (it uses CuPy's own code generator, private names of
+``cupy._core._kernel``: CuPy 13 with ``nvidia-cuda-nvrtc-cu12`` and
+``nvidia-cuda-runtime-cu12``, or CuPy 14 with ``nvidia-cuda-nvrtc``,
+``nvidia-cuda-runtime`` and ``nvidia-cuda-cccl`` 13, LD_LIBRARY_PATH then
+``<site-packages>/nvidia/cu13/lib``); no Chainer, no device. For each
 kernel of ``schedules.update_cuda`` and each dtype pair a step can use
 (P/T: float32, float64, float16 rules without fp32, Adam on float16
 parameters with float32 T), the source CuPy generates for an
@@ -103,10 +105,20 @@ def main():
     nd, ix = _kinds()
     site = os.path.dirname(os.path.dirname(cupy.__file__))
     inc = os.path.join(os.path.dirname(cupy.__file__), '_core', 'include')
-    opts = ('-arch=compute_90', '--device-as-default-execution-space',
-            '-ftz=true', '-I' + inc,
-            '-I' + os.path.join(inc, 'cupy', '_cuda', 'cuda-12'),
-            '-I' + os.path.join(site, 'nvidia', 'cuda_runtime', 'include'))
+    opts = ['-arch=compute_90', '--device-as-default-execution-space',
+            '-ftz=true', '-I' + inc]
+    # CuPy 13 (CUDA 12 wheels) or CuPy 14 (CUDA 13: CCCL headers, C++17).
+    for sub in ('cupy/_cuda/cuda-12', 'cupy/_cuda/cuda-13',
+                'cupy/_cccl/libcudacxx', 'cupy/_cccl/thrust',
+                'cupy/_cccl/cub'):
+        if os.path.isdir(os.path.join(inc, sub)):
+            opts.append('-I' + os.path.join(inc, sub))
+    for sub in ('nvidia/cuda_runtime/include', 'nvidia/cu13/include'):
+        if os.path.isdir(os.path.join(site, sub)):
+            opts.append('-I' + os.path.join(site, sub))
+    if os.path.isdir(os.path.join(inc, 'cupy', '_cccl')):
+        opts.append('-std=c++17')
+    opts = tuple(opts)
     head = ('#include <cupy/complex.cuh>\n#include <cupy/carray.cuh>\n'
             '#include <cupy/atomics.cuh>\n')
     ok, fails = 0, []

@@ -5,13 +5,13 @@
 # GPU benchmark and the main job on @cupy:0. Logs and results go to $OUT
 # (or ./device_out). Each step has its own time limit, so one that hangs
 # leaves the others their time; the limits of the default steps add up to
-# 550 s, under the device tool's 600 s a command (run it with timeout_s=600;
+# 570 s, under the device tool's 600 s a command (run it with timeout_s=600;
 # a machine's start is not counted there but is in the session's budget).
 #
 #   (here)  pip wheel --no-deps --no-build-isolation chainer==7.8.1 -w .whl
 #   (there) bash benchmarks/device_check.sh            # carry: .whl
 #
-# STEPS picks steps (default "probe tests bench main"; "fuzz", the GPU
+# STEPS picks steps (default "probe tests fuzz_update bench main"; "fuzz", the GPU
 # differential fuzzer, 150 s, in a second call where time is left);
 # BENCH_CASES the benchmark's cases.
 set -u
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"probe tests bench main"}
+STEPS=${STEPS:-"probe tests fuzz_update bench main"}
 PY=${PY:-python3}
 
 log() { echo "== $* ($(date +%T))"; }
@@ -92,9 +92,15 @@ EOF
         tests/test_real_code.py tests/test_chainer_examples.py 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
     ;;
+  fuzz_update)
+    log fuzz_update
+    # The captured update against Chainer's CuPy update, random set-ups.
+    timeout 40 $PY benchmarks/fuzz_update.py --device @cupy:0 --minutes 0.4 \
+        --seed 1 --quiet 2>&1 | tee "$OUT/fuzz_update.txt" | tail -6
+    ;;
   bench)
     log bench
-    timeout 170 $PY benchmarks/gpu.py --device @cupy:0 \
+    timeout 150 $PY benchmarks/gpu.py --device @cupy:0 \
         --json "$OUT/gpu.json" ${BENCH_CASES:+--cases $BENCH_CASES} 2>&1 \
         | tee "$OUT/bench.txt"
     ;;

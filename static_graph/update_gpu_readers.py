@@ -70,8 +70,26 @@ def _rmsprop(rule, dtype):
     return kernel, (hp.lr, hp.alpha, eps), ('ms',), dtype
 
 
+# Rules and dtypes whose captured update on CuPy differed from Chainer's:
+# Chainer's update runs them, with the reason, until the difference is
+# understood (tests/test_captured_update_gpu.py tries them without this).
+DIFFERED_ON_GPU = {
+    ('rmsprop_graves', 'float64'):
+        'RMSpropGraves on float64 on CuPy: the GPU fuzzer found last-bit '
+        'differences from Chainer\'s update (H100, CuPy 14.2), not '
+        'explained yet (the kernels compile to the same instructions)',
+}
+
+
+def _differed(name, dtype):
+    reason = DIFFERED_ON_GPU.get((name, numpy.dtype(dtype).name))
+    if reason is not None:
+        raise Unsupported(reason)
+
+
 @_rule('rmsprop_graves', 'RMSpropGravesRule')
 def _rmsprop_graves(rule, dtype):
+    _differed('rmsprop_graves', dtype)
     hp = rule.hyperparam
     return (C.RMSPROP_GRAVES, (hp.lr, hp.alpha, hp.momentum, hp.eps),
             ('n', 'g', 'delta'), dtype)

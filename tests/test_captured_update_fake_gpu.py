@@ -152,6 +152,16 @@ def test_post_hook_reads_the_new_float16_parameter_on_fake_cupy():
         t.check(grads=True)
 
 
+def test_rule_that_differed_on_a_gpu_runs_chainers_update_on_fake_cupy():
+    t = FakeTwins(RULES['RMSpropGraves'][0], dtype=numpy.float64)
+    t.check = lambda: None           # it asserts no fallback
+    with pytest.warns(static_graph.StaticGraphWarning, match='RMSpropGraves'):
+        t.step()
+    cap = captured(t.ob)
+    assert cap.fallback_steps == 1 and cap.gpu.steps == 0
+    assert any('last-bit' in r for r in cap.reasons)
+
+
 def test_disable_update_and_rule_hyperparameter_on_fake_cupy():
     t = FakeTwins(RULES['Adam'][0])
     t.step(1)

@@ -60,7 +60,7 @@ def test_rule_bit_for_bit_on_gpu(name, graph):
 @pytest.mark.parametrize('name,dtype', [
     (n, 'float16') for n in ('SGD', 'MomentumSGD', 'Adam', 'AMSBound',
                              'AdaDelta')] + [
-    (n, 'float64') for n in ('SGD', 'Adam', 'RMSprop', 'AdaDelta')])
+    (n, 'float64') for n in sorted(RULES) if n != 'RMSpropGraves'])
 def test_other_dtypes_on_gpu(name, dtype):
     """float64, and float16 updated in float16 (Adam: in float32 inside
     its kernel, as Chainer's), with float16 device scalars."""
@@ -69,6 +69,21 @@ def test_other_dtypes_on_gpu(name, dtype):
         warnings.simplefilter('ignore', RuntimeWarning)
         _train(t, 3, shift_from=1, attr=RULES[name][1])
     _no_fallback(t, 3)
+
+
+@pytest.mark.xfail(strict=True, reason='in update_gpu_readers.'
+                   'DIFFERED_ON_GPU: differed from Chainer on an H100')
+@pytest.mark.parametrize('graph', [True, False])
+def test_rmsprop_graves_float64_without_its_fallback(graph, monkeypatch):
+    """RMSpropGraves on float64 runs Chainer's update on CuPy (its
+    captured update differed in the last bits, not explained yet). Here
+    it runs captured: where this passes, the fallback can go."""
+    from static_graph import update_gpu_readers
+    monkeypatch.setattr(update_gpu_readers, 'DIFFERED_ON_GPU', {})
+    t = Twins(RULES['RMSpropGraves'][0], device=DEV,
+              dtype=numpy.dtype('float64'), capture=dict(cuda_graph=graph))
+    _train(t, 4, shift_from=1)
+    _no_fallback(t, 4)
 
 
 @pytest.mark.parametrize('name', sorted(HOOKS))

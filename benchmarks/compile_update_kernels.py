@@ -20,6 +20,12 @@ arithmetic left out), as sequences and as multisets. A compiler may
 reorder independent instructions or compute a common subexpression twice
 (the same value); what would change a result is another operation or
 another FMA contraction, which the multisets show.
+
+Where ``ptxas`` and ``nvdisasm`` are installed next to NVRTC
+(``nvidia-cuda-nvcc`` and ``nvidia-cuda-nvdisasm`` 13: ``nvidia/cu13/bin``),
+each PTX is also assembled for ``sm_90`` and the SASS arithmetic of both
+kernels compared the same way (what the device runs: ``ptxas`` may fuse a
+PTX ``mul`` and ``add`` that carry no rounding modifier).
 """
 import collections
 import re
@@ -65,6 +71,8 @@ def _source(rk, P, T, nd, ix):
         tuple(infos), type_map, k.params, k.operation, k.name, k.preamble)
 
 
+_SASS_OP = re.compile(r'\b(DFMA|DMUL|DADD|FFMA|FMUL|FADD|HFMA2|HMUL2|HADD2|'
+                      r'MUFU\.[A-Z0-9]+)\b')
 _FLOAT_OP = re.compile(r'^\s*(?:@%\w+\s+)?((?:add|sub|mul|fma|div|sqrt|rsqrt|'
                        r'max|min|neg|cvt|rcp|abs)\.[\w.]*f(?:16|32|64)\b'
                        r'[\w.]*)')
@@ -124,6 +132,8 @@ def main():
     ok, fails = 0, []
     same_seq = same_set = 0
     notes = []
+    sass_tools = _sass_tools(site)
+    sass_notes = collections.defaultdict(list)
 
     def ptx(source):
         return compiler._NVRTCProgram(head + source, 'kern.cu', (), (),
@@ -150,6 +160,14 @@ def main():
                 notes.append('%s %s/%s: Chainer %s; here %s' % (
                     rk.name, P, T, dict(collections.Counter(theirs)),
                     dict(collections.Counter(mine))))
+        if sass_tools:
+            for P, T in pairs:
+                a = _sass_ops(ptx(_source(rk, P, T, nd, ix)), sass_tools)
+                b = _sass_ops(ptx(_chainer_source(rk, P, T, nd, ix)),
+                              sass_tools)
+                sass_notes[(a == b, collections.Counter(a) ==
+                            collections.Counter(b))].append(
+                    '%s %s/%s' % (rk.name, P, T))
     print('compiled %d kernel sources for compute_90, %d failed' % (
         ok, len(fails)))
     for f in fails:
@@ -159,7 +177,36 @@ def main():
               same_seq, same_set, ok - same_seq - same_set))
     for n in notes:
         print('  ' + n)
+    if sass_tools:
+        print('SASS for sm_90 (ptxas, nvdisasm), against Chainer\'s: %d the '
+              'same arithmetic sequence; the same multiset in another order: '
+              '%s; other: %s' % (
+                  len(sass_notes[(True, True)]),
+                  ', '.join(sass_notes[(False, True)]) or 'none',
+                  ', '.join(sass_notes[(False, False)]) or 'none'))
     return 1 if fails else 0
+
+
+def _sass_tools(site):
+    d = os.path.join(site, 'nvidia', 'cu13', 'bin')
+    tools = [os.path.join(d, n) for n in ('ptxas', 'nvdisasm')]
+    return tools if all(os.path.exists(t) for t in tools) else None
+
+
+def _sass_ops(ptx, tools):
+    import subprocess
+    import tempfile
+    ptxas, nvdisasm = tools
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, 'k.ptx'), os.path.join(tmp, 'k.cubin')
+        with open(src, 'wb') as f:
+            f.write(ptx if isinstance(ptx, bytes) else ptx.encode())
+        subprocess.run([ptxas, '-arch=sm_90', src, '-o', cubin], check=True)
+        out = subprocess.run([nvdisasm, cubin], check=True,
+                             capture_output=True, text=True).stdout
+    # HFMA2 with zero operands (-RZ, RZ) is a move of a constant.
+    return [m.group(1) for m in map(_SASS_OP.search, (
+        ln for ln in out.splitlines() if '-RZ, RZ' not in ln)) if m]
 
 
 if __name__ == '__main__':

@@ -75,9 +75,10 @@ def test_other_dtypes_on_gpu(name, dtype):
                    'DIFFERED_ON_GPU: differed from Chainer on an H100')
 @pytest.mark.parametrize('graph', [True, False])
 def test_rmsprop_graves_float64_without_its_fallback(graph, monkeypatch):
-    """RMSpropGraves on float64 runs Chainer's update on CuPy (its
-    captured update differed in the last bits, not explained yet). Here
-    it runs captured: where this passes, the fallback can go."""
+    """RMSpropGraves on float64 runs Chainer's update on CuPy (ptxas
+    fuses its kernel's FMAs differently with the scalars in a device
+    array). Here it runs captured: where this passes, the fallback can
+    go."""
     from static_graph import update_gpu_readers
     monkeypatch.setattr(update_gpu_readers, 'DIFFERED_ON_GPU', {})
     t = Twins(RULES['RMSpropGraves'][0], device=DEV,

@@ -54,9 +54,33 @@ def _kinds():
     raise RuntimeError('this CuPy\'s _ArgInfo is not understood')
 
 
-def _source(rk, P, T, nd, ix):
+_CTYPES = {'f': 'float', 'd': 'double', 'e': 'float16'}
+
+
+def _source(rk, P, T, nd, ix, scalars='array'):
+    """The kernel made here, its scalars read as ``scalars`` says:
+    'array' (what schedules.update_cuda does: ``const T lr = _s[0];`` at
+    the top of the loop body), 'hoisted' (the same reads before the loop,
+    CuPy's ``loop_prep``) or 'constant' (from a ``__constant__`` array,
+    before the loop: an experiment, nothing here fills it)."""
     ins, outs, body = rk.source()
-    k = cupy.ElementwiseKernel(ins, outs, body, 'static_graph_' + rk.name)
+    preamble, prep = '', ''
+    if scalars != 'array':
+        ins = ', '.join(rk.arrays() + (['raw %s _s' % rk.ctype]
+                                       if scalars == 'hoisted' else []))
+        body = rk.body
+        ct = _CTYPES[{'P': P, 'T': T}[rk.ctype]]
+        src = '_s' if scalars == 'hoisted' else '_sc'
+        if scalars == 'constant':
+            preamble = '__constant__ %s _sc[%d];\n' % (
+                ct, max(1, len(rk.scalars)))
+            if not any(a.split()[-2] == rk.ctype for a in rk.arrays()):
+                # Adam's T is known from its scalars and dtype carrier only.
+                preamble += 'typedef %s %s;\n' % (ct, rk.ctype)
+        prep = ''.join('const %s %s = %s[%d];\n' % (ct, n, src, i)
+                       for i, n in enumerate(rk.scalars))
+    k = cupy.ElementwiseKernel(ins, outs, body, 'static_graph_' + rk.name,
+                               preamble=preamble)
     pick = {'P': P, 'T': T}
     in_dt = [pick[p.split()[-2]] for p in ins.split(',')]
     out_dt = [pick[p.split()[-2]] for p in outs.split(',')]
@@ -68,7 +92,8 @@ def _source(rk, P, T, nd, ix):
              for d in in_dt + out_dt]
     infos.append(_kernel._ArgInfo(ix, _carray.Indexer, None, 1, True, True))
     return _kernel._get_elementwise_kernel_code(
-        tuple(infos), type_map, k.params, k.operation, k.name, k.preamble)
+        tuple(infos), type_map, k.params, k.operation, k.name, k.preamble,
+        prep, '')
 
 
 _SASS_OP = re.compile(r'\b(DFMA|DMUL|DADD|FFMA|FMUL|FADD|HFMA2|HMUL2|HADD2|'
@@ -109,7 +134,14 @@ def _chainer_source(rk, P, T, nd, ix, sk=3):
         tuple(infos), type_map, k.params, k.operation, k.name, k.preamble)
 
 
-def main():
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--scalars', default='array',
+                        choices=('array', 'hoisted', 'constant'),
+                        help='how the kernels made here read their scalars '
+                             '(see _source; default: as update_cuda does)')
+    variant = parser.parse_args(argv).scalars
     nd, ix = _kinds()
     site = os.path.dirname(os.path.dirname(cupy.__file__))
     inc = os.path.join(os.path.dirname(cupy.__file__), '_core', 'include')
@@ -144,7 +176,7 @@ def main():
             pairs = [('f', 'f'), ('d', 'd'), ('e', 'f')]    # Adam's T
         for P, T in pairs:
             try:
-                mine = _float_ops(ptx(_source(rk, P, T, nd, ix)))
+                mine = _float_ops(ptx(_source(rk, P, T, nd, ix, variant)))
                 ok += 1
             except Exception as e:
                 fails.append((rk.name, P, T, str(e)[-800:]))
@@ -162,7 +194,10 @@ def main():
                     dict(collections.Counter(mine))))
         if sass_tools:
             for P, T in pairs:
-                a = _sass_ops(ptx(_source(rk, P, T, nd, ix)), sass_tools)
+                if (rk.name, P, T) in [f[:3] for f in fails]:
+                    continue
+                a = _sass_ops(ptx(_source(rk, P, T, nd, ix, variant)),
+                              sass_tools)
                 b = _sass_ops(ptx(_chainer_source(rk, P, T, nd, ix)),
                               sass_tools)
                 sass_notes[(a == b, collections.Counter(a) ==

@@ -155,7 +155,7 @@ class GpuUpdate(object):
                 raise Unsupported('parameter or gradient of %s is not a CuPy '
                                   'array of its dtype and shape' % p.name)
         for hook in structure.opt_pre:
-            self._opt_hook(hook, opt, params, st)
+            self._opt_hook(hook, opt, params, st, {})
         news = []
         for p, rule in zip(params, structure.rules):
             if rule is None or not rule.enabled:
@@ -208,6 +208,7 @@ class GpuUpdate(object):
         reader = G.RULES[type(rule)]
         state = rule._state
         kernel, values, state_keys, sdt = reader(rule, dtype)
+        G.check_differed(kernel, dtype)
         if not isinstance(state, dict):
             state = {}
         arrays = []
@@ -247,12 +248,12 @@ class GpuUpdate(object):
         rule._init_states(param_)       # Chainer's: init, or to the device
 
     # -- hooks ---------------------------------------------------------------
-    def _opt_hook(self, hook, opt, params, st, new_arrays=None):
+    def _opt_hook(self, hook, opt, params, st, new_arrays):
         if getattr(hook, 'call_for_each_param', False):
             for p in params:
                 if p.array is not None:
                     self._param_hook(hook, p, None, p._loss_scale, st,
-                                     (new_arrays or {}).get(id(p)))
+                                     new_arrays.get(id(p)))
             return
         # GradientClipping (the one optimizer-wide hook it knows)
         grads = [p.grad for p in params if p.array is not None]

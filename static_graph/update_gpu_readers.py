@@ -85,15 +85,16 @@ DIFFERED_ON_GPU = {
 }
 
 
-def _differed(name, dtype):
-    reason = DIFFERED_ON_GPU.get((name, numpy.dtype(dtype).name))
+def check_differed(kernel, dtype):
+    """Unsupported where ``kernel`` (a RuleKernel) on ``dtype`` is in
+    DIFFERED_ON_GPU."""
+    reason = DIFFERED_ON_GPU.get((kernel.name, numpy.dtype(dtype).name))
     if reason is not None:
         raise Unsupported(reason)
 
 
 @_rule('rmsprop_graves', 'RMSpropGravesRule')
 def _rmsprop_graves(rule, dtype):
-    _differed('rmsprop_graves', dtype)
     hp = rule.hyperparam
     return (C.RMSPROP_GRAVES, (hp.lr, hp.alpha, hp.momentum, hp.eps),
             ('n', 'g', 'delta'), dtype)

@@ -85,9 +85,7 @@ def _rule_and_param(make, dtype, t):
 def test_kernel_and_scalars_are_chainers(monkeypatch, name, dtype, t):
     """The kernel text (parameters and C body) is the one Chainer's
     update_core_gpu makes, minus the scalars, which the reader gives with
-    Chainer's values (same type and value, so CuPy casts them alike);
-    also of a rule that runs Chainer's update after differing on a GPU."""
-    monkeypatch.setattr(G, 'DIFFERED_ON_GPU', {})
+    Chainer's values (same type and value, so CuPy casts them alike)."""
     rule, p = _rule_and_param(SETTINGS[name], numpy.dtype(dtype), t)
     try:
         kernel, values, keys, sdt = G.RULES[type(rule)](rule, p.array.dtype)

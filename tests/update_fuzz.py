@@ -60,10 +60,9 @@ def make_case(seed, index, device=None):
         'dtype': dtype,
         'fp32': dtype == 'float16' and rs.rand() < 0.7,
         'loss_scale': _pick(rs, (None, None, 8.0, 64.0)),
-        'opt_hooks': [(name, _pick(rs, ('pre', 'post')), int(rs.randint(99)))
+        'opt_hooks': [(name, _pick(rs, ('pre', 'post')))
                       for name in sorted(OPT_HOOKS) if rs.rand() < 0.25],
-        'rule_hooks': [(p, _pick(rs, RULE_HOOKS), _pick(rs, ('pre', 'post')),
-                        int(rs.randint(99)))
+        'rule_hooks': [(p, _pick(rs, RULE_HOOKS), _pick(rs, ('pre', 'post')))
                        for p in PARAMS if rs.rand() < 0.2],
         'capture': {'threads': _pick(rs, (1, 2)),
                     'min_split': _pick(rs, (0, 64, 32768)),
@@ -85,8 +84,8 @@ def describe(case):
         parts.append('fp32-update')
     if case['loss_scale']:
         parts.append('loss-scale %g' % case['loss_scale'])
-    parts += ['%s(%s)' % h[:2] for h in case['opt_hooks']]
-    parts += ['%s:%s(%s)' % h[:3] for h in case['rule_hooks']]
+    parts += ['%s(%s)' % h for h in case['opt_hooks']]
+    parts += ['%s:%s(%s)' % h for h in case['rule_hooks']]
     parts.append(' '.join('%s=%s' % kv for kv in sorted(
         case['capture'].items())))
     parts.append('steps ' + ' | '.join(','.join(s) or '-'
@@ -134,19 +133,21 @@ def _set_up(t, case):
         t.for_both(lambda m, o: o.use_fp32_update())
     if case['loss_scale']:
         t.for_both(lambda m, o: o.loss_scaling(scale=case['loss_scale']))
-    for i, (name, timing, k) in enumerate(case['opt_hooks']):
-        state = hook_rs.get_state()
-        for m, o in ((t.a, t.oa), (t.b, t.ob)):
-            hook_rs.set_state(state)           # the same hook for both
-            o.add_hook(OPT_HOOKS[name](hook_rs), name='h%d' % i,
-                       timing=timing)
-    for i, (pname, name, timing, k) in enumerate(case['rule_hooks']):
-        state = hook_rs.get_state()
-        for m in (t.a, t.b):
-            hook_rs.set_state(state)
-            p = dict(m.namedparams())[pname]
-            p.update_rule.add_hook(OPT_HOOKS[name](hook_rs), name='r%d' % i,
-                                   timing=timing)
+    for i, (name, timing) in enumerate(case['opt_hooks']):
+        for o, hook in zip((t.oa, t.ob), _twin_hooks(hook_rs, name)):
+            o.add_hook(hook, name='h%d' % i, timing=timing)
+    for i, (pname, name, timing) in enumerate(case['rule_hooks']):
+        for m, hook in zip((t.a, t.b), _twin_hooks(hook_rs, name)):
+            dict(m.namedparams())[pname].update_rule.add_hook(
+                hook, name='r%d' % i, timing=timing)
+
+
+def _twin_hooks(rs, name):
+    """Two hooks ``name`` with the same random settings."""
+    state = rs.get_state()
+    a = OPT_HOOKS[name](rs)
+    rs.set_state(state)
+    return a, OPT_HOOKS[name](rs)
 
 
 def _step(t, case, events, shifts, rs, res):
@@ -174,11 +175,8 @@ def _step(t, case, events, shifts, rs, res):
     if 'add_hook' in events:
         name = _pick(rs, sorted(OPT_HOOKS))
         timing = _pick(rs, ('pre', 'post'))
-        state = rs.get_state()
-        for o in (t.oa, t.ob):
-            rs.set_state(state)
-            o.add_hook(OPT_HOOKS[name](rs), name='added%d' % res.steps,
-                       timing=timing)
+        for o, hook in zip((t.oa, t.ob), _twin_hooks(rs, name)):
+            o.add_hook(hook, name='added%d' % res.steps, timing=timing)
     if 'serialize' in events:
         for o in (t.oa, t.ob):
             saved = {}

@@ -118,7 +118,7 @@ def run_case(case):
             s.initialize(None)
         for events in case['steps']:
             res.steps += 1
-            if _step(t, case, events, shifts, rs, res):
+            if _step(t, events, shifts, rs, res):
                 break
     cap = captured(t.ob)
     res.fallback = cap.fallback_steps
@@ -138,8 +138,12 @@ def _set_up(t, case):
             o.add_hook(hook, name='h%d' % i, timing=timing)
     for i, (pname, name, timing) in enumerate(case['rule_hooks']):
         for m, hook in zip((t.a, t.b), _twin_hooks(hook_rs, name)):
-            dict(m.namedparams())[pname].update_rule.add_hook(
+            _param(m, pname).update_rule.add_hook(
                 hook, name='r%d' % i, timing=timing)
+
+
+def _param(model, name):
+    return dict(model.namedparams())[name]
 
 
 def _twin_hooks(rs, name):
@@ -150,7 +154,7 @@ def _twin_hooks(rs, name):
     return a, OPT_HOOKS[name](rs)
 
 
-def _step(t, case, events, shifts, rs, res):
+def _step(t, events, shifts, rs, res):
     """One step of both twins; True where both raised alike (the case ends
     there)."""
     if 'shift' in events:
@@ -159,18 +163,17 @@ def _step(t, case, events, shifts, rs, res):
     pname = _pick(rs, PARAMS)
     if 'param_hyperparam' in events:
         for m in (t.a, t.b):
-            hp = dict(m.namedparams())[pname].update_rule.hyperparam
+            hp = _param(m, pname).update_rule.hyperparam
             for name in ('lr', 'alpha', 'eps'):
                 if hasattr(hp, name):
                     setattr(hp, name, getattr(hp, name) * 0.5)
                     break
     if 'disable' in events or 'enable' in events:
         for m in (t.a, t.b):
-            dict(m.namedparams())[pname].update_rule.enabled = \
-                'enable' in events
+            _param(m, pname).update_rule.enabled = 'enable' in events
     if 'new_array' in events:
         for m in (t.a, t.b):
-            p = dict(m.namedparams())[pname]
+            p = _param(m, pname)
             p.array = p.array.copy()
     if 'add_hook' in events:
         name = _pick(rs, sorted(OPT_HOOKS))
@@ -217,4 +220,4 @@ def _backward(m, o, x, events, pname):
     for _ in range(2 if 'accumulate' in events else 1):
         loss_of(m, x).backward(loss_scale=o._loss_scale)
     if 'no_grad' in events:
-        dict(m.namedparams())[pname].grad = None
+        _param(m, pname).grad = None

@@ -383,13 +383,13 @@ def _rebindable_params(bufs, params, held, sources):
     return tuple(out)
 
 
-def release_recording(rec):
-    """Let go of what only the recording needed: the arrays of buffers
-    replay rebinds every call (activations, gradients), and the data that
-    recorded nodes retained for a backward that replay never runs through
-    them. Static buffers, parameters, persistents and constants stay."""
+def release_arrays(rec, keep_stable=False):
+    """Let go of the arrays the recording holds: its buffers' (but, with
+    ``keep_stable``, static buffers, parameters, persistents and
+    constants), and the gradients its backward steps computed. The
+    recorded nodes keep what they retained."""
     for buf in rec.buffers.values():
-        if not buf.static and buf.role not in STABLE_ROLES:
+        if not keep_stable or not (buf.static or buf.role in STABLE_ROLES):
             buf.storage = None
     rec.arrays = []
     rec.traced_views = {}
@@ -397,6 +397,14 @@ def release_recording(rec):
     for step in rec.steps:
         step.raw = None     # the recorded call's gradients
     rec.steps = []
+
+
+def release_recording(rec):
+    """Let go of what only the recording needed: the arrays of buffers
+    replay rebinds every call (activations, gradients), and the data that
+    recorded nodes retained for a backward that replay never runs through
+    them. Static buffers, parameters, persistents and constants stay."""
+    release_arrays(rec, keep_stable=True)
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
         if rop.rebind:

@@ -83,6 +83,9 @@ class Cache(object):
         self.entries = collections.OrderedDict()
         self.lock = threading.RLock()
         self.recordings = 0
+        # Of them, recordings of a key whose earlier recording still waited
+        # for its backward (not counted by the retrace warning).
+        self.repeats = 0
         self.new_keys = 0       # recordings of keys not in the cache
         self.replays = 0
         self.fallback_calls = 0
@@ -112,11 +115,13 @@ class Cache(object):
         self.shortcuts = {}
         self._family_hits = None     # ((config, outline), reason, count)
         # Keys whose recordings got no backward ({key: how many in a row});
-        # at FORWARD_ONLY_AFTER, {key: reason}: their calls with backprop
-        # enabled (evaluation outside no_backprop_mode) run define-by-run
-        # instead of recording each time.
+        # at FORWARD_ONLY_AFTER, {key: None}: the next call (evaluation
+        # outside no_backprop_mode) records its backward from a stand-in
+        # gradient, and the key replays; {key: reason} where that cannot
+        # be done: their calls run define-by-run.
         self._no_backward = {}
         self.forward_only = {}
+        self.stand_ins = []     # captures let go, for run_stand_ins
         # Recurrent state: [(link __dict__, name)] where a call read a
         # Variable an earlier call left on the links; their values are part
         # of every later key. ``written``: where calls left Variables,
@@ -212,27 +217,63 @@ class Cache(object):
                 out.append(('O', type(v).__name__))
         return tuple(out)
 
-    def recording_died(self, key, e, seen):
+    def recording_died(self, key, e, seen, stand_in=None):
         """A recording call's node was let go: without a backward
         (``seen[0]`` false), the key's pending entry is dropped, and the
-        second time in a row the key's calls run define-by-run."""
+        second time in a row the key's next call records to have its
+        backward recorded from a stand-in gradient (``stand_in``: that
+        call's capture, whose backward the next call records:
+        take_stand_ins)."""
         if seen[0]:
             self._no_backward.pop(key, None)
             return
         with self.lock:
             if e.state != 'recording':
                 return
+            if stand_in is not None:
+                self.stand_ins.append(stand_in)
+                return
             e.move('discarded')
             self.discard(key, e)
             n = self._no_backward.get(key, 0) + 1
             self._no_backward[key] = n
-            if n >= FORWARD_ONLY_AFTER:
-                self.forward_only[key] = (
-                    'its calls with backprop enabled get no backward (%d '
-                    'recordings in a row were let go without one); they '
-                    'run define-by-run, as recording each would cost more. '
-                    'Evaluate under chainer.no_backprop_mode() to replay '
-                    'them' % n)
+            if n >= FORWARD_ONLY_AFTER and key not in self.forward_only:
+                # The next call records; let go, its backward is recorded
+                # from a stand-in gradient (stand_in.py), or, where that
+                # cannot be done, the key's calls run define-by-run.
+                self.forward_only[key] = None
+
+    def take_stand_ins(self):
+        """The stand-in recordings let go since the last call, whose
+        backward it records (stand_in.record)."""
+        with self.lock:
+            todo, self.stand_ins = self.stand_ins, []
+        return todo
+
+    def covering(self, key, e, mask, chain):
+        """The key's entry in the cache where it is a complete one (not
+        ``e``) that replays for ``chain``, built from a call whose outputs
+        got every gradient ``mask`` says and maybe more (a backward with
+        fewer gradients runs from it: masked.py); else None."""
+        kept = self.get(key)
+        if kept is None or kept is e or kept.state != 'complete' or \
+                kept.backward is None or \
+                len(kept.grad_out_mask) != len(mask) or \
+                not all(k or not n for k, n in zip(kept.grad_out_mask, mask)):
+            return None
+        return kept if kept.matches(chain) else None
+
+    def no_stand_in(self, key, why):
+        """The calls of ``key`` get no backward, and their backward cannot
+        be recorded from a stand-in gradient (``why``): they run
+        define-by-run."""
+        self.forward_only[key] = (
+            'its calls with backprop enabled get no backward (%d '
+            'recordings in a row were let go without one), and its backward '
+            'cannot be recorded without one: %s; they run define-by-run, as '
+            'recording each would cost more. Evaluate under '
+            'chainer.no_backprop_mode() to replay them'
+            % (FORWARD_ONLY_AFTER, why))
 
     def family_hit(self, key, reason, outline):
         """A call of ``key`` ran define-by-run for its family's fallback
@@ -312,11 +353,12 @@ def caches_of(chain):
 def maybe_warn_retrace(cache, key, why=None):
     last = cache.last_recorded_key
     cache.last_recorded_key = key
-    if cache.recordings < cache.warn_retrace or last is None:
+    count = cache.recordings - cache.repeats
+    if count < cache.warn_retrace or last is None:
         return
     # Warn at warn_retrace x 1, 2, 4, 8... recordings: a chain that keeps
     # recording is reported, but a long run does not fill the log.
-    n = cache.recordings // cache.warn_retrace
+    n = count // cache.warn_retrace
     if n & (n - 1):
         return
     change = why or describe_key_change(last, key)
@@ -324,7 +366,7 @@ def maybe_warn_retrace(cache, key, why=None):
         ('retrace', cache.owner_name, n),
         '%s has recorded %d times; each new argument shape, dtype, value or '
         'config flag records again. Why the last one recorded: %s'
-        % (cache.owner_name, cache.recordings, change))
+        % (cache.owner_name, count, change))
 
 
 def describe_key_change(old, new):

@@ -50,8 +50,10 @@ class Capture(object):
     again, for the retrace warning)."""
 
     def __init__(self, chain, method, name, cache, key, why=None,
-                 prev=None):
+                 prev=None, stand_in=False):
         self.chain = chain
+        self.stand_in = stand_in   # let go, its backward is recorded
+        #                            from a stand-in gradient (stand_in.py)
         self.method = method
         self.name = name
         self.cache = cache
@@ -60,6 +62,11 @@ class Capture(object):
         self.prev = prev
         self.rec = recorder.Recording(chain)
         self.entry = entry_module.Entry(key, name)
+        # Another call of this key records and waits for its backward (a
+        # loss summed over calls: PTB's truncated BPTT): not a retrace.
+        self.repeat = prev is not None and \
+            prev.state == entry_module.RECORDING
+        self.served_by = None   # the entry that serves this key, if not ours
 
     # -- the forward ----------------------------------------------------------
     @with_gc_paused
@@ -138,7 +145,10 @@ class Capture(object):
                         self.hidden_slots.append((d, k))
         rec.phase = 'done'
         self.cache.recordings += 1
-        cache_module.maybe_warn_retrace(self.cache, self.key, self.why)
+        if self.repeat:
+            self.cache.repeats += 1
+        else:
+            cache_module.maybe_warn_retrace(self.cache, self.key, self.why)
         # Recurrent state (Variables the links hold from an earlier call,
         # L.LSTM's h and c) that the method read: inputs of this call and
         # of every replay of its key, after the arguments; its gradient
@@ -199,8 +209,10 @@ class Capture(object):
         # Whether a backward comes through this call, for the cache once
         # the node is let go (evaluation outside no_backprop_mode).
         self.seen = [False]
+        # (A stand-in recording's capture outlives the node: let go
+        # without a backward, its backward is recorded at the next call.)
         weakref.finalize(node, self.cache.recording_died, self.key, e,
-                         self.seen)
+                         self.seen, self if self.stand_in else None)
         weakref.finalize(node, self.patched.release)
         e.rank_depth = nodes.output_depth(inner_outs)
         outs = nodes.detach_outputs(nodes.deepen(
@@ -530,9 +542,26 @@ class Capture(object):
                 'records again', type(self.chain).__name__, self.name)
         elif rec.reasons:
             self.fall_back(rec.reasons[0])
+        elif self.cache.covering(self.key, e, tuple(
+                b is not None for b in grad_out_bids), self.chain):
+            # A later call of this key, recorded before this backward (a
+            # loss summed over calls), built an entry that replays this
+            # call too: building it again would give the same schedules
+            # (34 of PTB's 35 calls in its first step). A second backward
+            # through this call tells that entry (RecordNode.backward_from).
+            self.served_by = self.cache.get(self.key)
+            e.move(entry_module.DISCARDED)
+            # (What a build would have let go of: the recorded nodes keep
+            # what a second backward through them reads.)
+            build.release_arrays(rec)
         elif self._try_build(grad_in=grad_in, grad_targets=targets,
                              grad_out_bids=grad_out_bids):
-            if not self._kept_is_wider(e):
+            # Calls of a truncated sequence record in one backward (the
+            # last one's state gets no gradient): an entry whose outputs
+            # got more gradients stays.
+            kept = self.cache.covering(self.key, e, e.grad_out_mask,
+                                       self.chain)
+            if kept is None or kept.grad_out_mask == e.grad_out_mask:
                 self.cache.put(self.key, e)
         if e.state != entry_module.COMPLETE:
             return result
@@ -544,23 +573,6 @@ class Capture(object):
                 a = arrayutil.copy_exact(a)
             result[pos] = a
         return result
-
-    def _kept_is_wider(self, e):
-        """Is the key's entry in the cache one that replays where ``e``
-        would, and more: built from a call whose outputs got every
-        gradient ``e``'s got and more? Calls of a truncated sequence
-        record in one backward (the last one's state gets no gradient): a
-        backward with fewer gradients can run from the wider entry
-        (masked.py), not the other way round."""
-        kept = self.cache.get(self.key)
-        if kept is None or kept is e or kept.state != entry_module.COMPLETE \
-                or kept.backward is None or \
-                len(kept.grad_out_mask) != len(e.grad_out_mask):
-            return False
-        wider = all(k or not n for k, n in zip(kept.grad_out_mask,
-                                                e.grad_out_mask))
-        return wider and kept.grad_out_mask != e.grad_out_mask and \
-            kept.matches(self.chain)
 
     def _double_backprop(self, grad_outputs):
         """A backward asked for double backpropagation (an input-gradient

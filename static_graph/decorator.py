@@ -16,6 +16,7 @@ if compat.UNSUPPORTED is None:
     from static_graph import recorder
     from static_graph import replay
     from static_graph import signature
+    from static_graph import stand_in
 
 from static_graph.cache import caches_of  # NOQA  (public: tests, explain)
 from static_graph.cache import DEFAULT_CACHE_SIZE, DEFAULT_WARN_RETRACE
@@ -112,6 +113,9 @@ def static_graph(method=None, **options):
                                                      name))
             return method(self, *args, **kwargs)
         cache = cache_module.cache_for(self, name, opts)
+        if cache.stand_ins:
+            for c in cache.take_stand_ins():
+                stand_in.record(c)
         if cache.define_by_run is not None:
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
@@ -143,12 +147,8 @@ def static_graph(method=None, **options):
                 cache.family_hit(key, reason, signature.outline(args, kwargs))
                 return _define_by_run(method, self, args, kwargs)
             if cache.forward_only and key in cache.forward_only:
-                diagnostics.warn_once(
-                    (type(self), name, 'forward only', key),
-                    '%s.%s runs define-by-run for this call signature: %s'
-                    % (type(self).__name__, name, cache.forward_only[key]))
-                cache.fallback_calls += 1
-                return _define_by_run(method, self, args, kwargs)
+                return _forward_only(method, self, name, cache, key, args,
+                                     kwargs, leaves, paths)
             if cache.must_repeat(key) is not None:
                 diagnostics.warn_once(
                     (type(self), name, 'must repeat'),
@@ -176,6 +176,11 @@ def static_graph(method=None, **options):
                            'parameters or persistent arrays were replaced, '
                            'or the links changed')
             else:
+                if cache.forward_only and key in cache.forward_only:
+                    # (Evaluation that keeps the last call's output while
+                    # it calls again: ``loss = model(x, t)`` in a loop.)
+                    return _forward_only(method, self, name, cache, key,
+                                         args, kwargs, leaves, paths)
                 # Its recording waits for the backward (a loss summed over
                 # calls, PTB's truncated BPTT). This call records too, not
                 # define-by-run: one backward through recording nodes and
@@ -188,6 +193,24 @@ def static_graph(method=None, **options):
 
     wrapper.__static_graph__ = True
     return wrapper
+
+
+def _forward_only(method, self, name, cache, key, args, kwargs, leaves,
+                  paths):
+    """A call of a key whose calls get no backward: it records its
+    backward from a stand-in gradient, or, where that cannot be done, runs
+    define-by-run (warned once)."""
+    reason = cache.forward_only[key]
+    if reason is None:
+        return capture.Capture(self, method, name, cache, key,
+                               stand_in=True).forward(args, kwargs, leaves,
+                                                      paths)
+    diagnostics.warn_once(
+        (type(self), name, 'forward only', key),
+        '%s.%s runs define-by-run for this call signature: %s'
+        % (type(self).__name__, name, reason))
+    cache.fallback_calls += 1
+    return _define_by_run(method, self, args, kwargs)
 
 
 def _define_by_run(method, self, args, kwargs):

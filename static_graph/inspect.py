@@ -145,8 +145,11 @@ def explain(chain):
                              outline_text(outline), flags_text(config),
                              cache_module.SHORTCUT_AFTER, reason))
         for key, reason in cache.forward_only.items():
-            lines.append('  %s runs define-by-run: %s'
-                         % (key_text(key), reason))
+            lines.append(
+                '  %s runs define-by-run: %s' % (key_text(key), reason)
+                if reason is not None else
+                '  %s: its calls get no backward; its backward was recorded '
+                'from a stand-in gradient' % key_text(key))
         for key, e in cache.entries.items():
             line = '  %s: %s' % (key_text(key), e.state)
             if e.state == 'complete':

@@ -338,6 +338,16 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
         return self.backward_from(indexes, grad_outputs)[0]
 
 
+def _repeats_backward(entry):
+    """A second backward came through a recording call of ``entry``'s key:
+    its calls keep their saved activations for another backward."""
+    if not entry.repeat_backward:
+        entry.repeat_backward = True
+        diagnostics.logger.info(
+            '%s: a second backward through one call; calls keep their '
+            'saved activations for another backward', entry.method_name)
+
+
 class RecordNode(_Replayed, function_node.FunctionNode):
     """The recording call: forward already ran define-by-run; backward runs
     the inner graph's backward while recording it, then builds the entry.
@@ -382,14 +392,12 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         if self.capture is not None:
             return self.backward(indexes, grad_outputs), ()
         if self.entry is not None:
-            if not self.entry.repeat_backward:
-                self.entry.repeat_backward = True
-                diagnostics.logger.info(
-                    '%s: a second backward through one call; calls keep '
-                    'their saved activations for another backward',
-                    self.entry.method_name)
+            _repeats_backward(self.entry)
             return _Replayed.backward_from(self, indexes, grad_outputs,
                                            earlier)
+        if self.again.served_by is not None:
+            # (The entry built from another call of this key.)
+            _repeats_backward(self.again.served_by)
         held = dict((i, g) for i, g in zip(indexes, earlier)
                     if g is not None)
         grads = self.again.backward(grad_outputs, held)

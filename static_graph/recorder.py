@@ -118,6 +118,12 @@ def _describe_type(impl):
             bool(getattr(cls, 'static_graph_pure', False)))
 
 
+def user_defined(node):
+    """Is ``node`` (or the old-style Function it adapts) defined outside
+    Chainer?"""
+    return _describe_type(getattr(node, '_function', None) or node)[1]
+
+
 _RANGES = tuple(tuple(range(n)) for n in range(8))
 _ndarray = numpy.ndarray
 _Buffer = ir.Buffer

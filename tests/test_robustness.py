@@ -146,6 +146,53 @@ def test_warn_retrace_repeats_at_doubling_counts():
     assert not any('keys do not repeat' in m for m in ours)
 
 
+def test_calls_of_one_key_before_one_backward_build_once():
+    """A loss summed over calls of one key (PTB's truncated BPTT): each
+    call records (the first has no entry before the backward), one builds,
+    the others are served by its entry, none of it is a retrace to warn
+    about, and the numbers are define-by-run's."""
+    from static_graph import build as build_module
+    a, b = make_twins(mlp, warn_retrace=2)
+    with warnings.catch_warnings(record=True) as caught, \
+            mock.patch.object(build_module, 'build',
+                              wraps=build_module.build) as built:
+        warnings.simplefilter('always')
+        for k in range(3):
+            xs = [data(2, 3) for _ in range(5)]
+            for m in (a, b):
+                m.cleargrads()
+                loss = sum(m(x) for x in xs)
+                loss.backward()
+            compare_chains(a, b)
+            if k == 0:
+                assert built.call_count == 1
+    assert built.call_count == 1
+    c = cache(b)
+    assert (c.recordings, c.replays) == (5, 10)
+    assert not [w for w in caught
+                if issubclass(w.category, StaticGraphWarning)], \
+        [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize('again', [0, 1])
+def test_second_backward_through_a_call_another_call_built_for(again):
+    """Two calls of one key before one backward, then a second backward
+    through one of them: where that call's entry was not built (the other
+    call's serves the key), it tells the entry that serves its key, so
+    that replayed calls keep what a second backward reads."""
+    a, b = make_twins(mlp)
+    for k in range(3):
+        x1, x2 = data(2, 3), data(2, 3)
+        for m in (a, b):
+            m.cleargrads()
+            losses = m(x1), m(x2)
+            (losses[0] + 2 * losses[1]).backward()
+            losses[again].backward()
+        compare_chains(a, b)
+    c = cache(b)
+    assert (c.recordings, c.replays) == (2, 4)
+
+
 def test_keys_that_do_not_repeat_stop_recording():
     """After 8 recordings of new keys with fewer than 3 replays each, a
     new key runs define-by-run (at its speed, with its numbers) until its
@@ -845,11 +892,14 @@ def test_a_fallback_at_one_size_only_is_not_the_familys():
     assert (c.recordings, c.replays) == (3, 2) and not c.family_fallbacks
 
 
-def test_calls_that_never_get_a_backward_stop_recording():
+def test_calls_that_never_get_a_backward_replay_their_forward():
     """Evaluation with backprop enabled (no no_backprop_mode): each call's
-    outputs are let go without a backward. Two recordings in a row like
-    that, then the key runs define-by-run, warned once and shown by
-    explain(); other keys (training) keep replaying."""
+    outputs are let go without a backward. After two recordings in a row
+    like that, the next call records (its backward recorded from a
+    stand-in gradient once it too is let go) and the key replays, with define-by-run's numbers, unwarned;
+    other keys (training) keep replaying. A backward that does come later
+    through a replayed call, even long after, gives define-by-run's
+    gradients."""
     a, b = make_twins(mlp)
     x, xe = data(4, 3), data(5, 3)
     with warnings.catch_warnings(record=True) as caught:
@@ -861,12 +911,78 @@ def test_calls_that_never_get_a_backward_stop_recording():
             with chainer.using_config('train', False):
                 ya, yb = a(xe), b(xe)     # let go: no backward
             assert ya.array == yb.array
+            if i == 4:
+                kept = ya, yb             # a replayed call's
             del ya, yb
     c = cache(b)
-    assert (c.recordings, c.replays, c.fallback_calls) == (3, 5, 4)
+    assert (c.recordings, c.replays, c.fallback_calls) == (4, 8, 0)
+    assert not [w for w in caught
+                if issubclass(w.category, StaticGraphWarning)], \
+        [str(w.message) for w in caught]
+    assert 'stand-in gradient' in static_graph.explain(b)
+    with chainer.using_config('train', False):
+        later = a(xe), b(xe)
+    step(a, x)
+    step(b, x)
+    for ya, yb in (later, kept):
+        a.cleargrads()
+        b.cleargrads()
+        ya.backward()
+        yb.backward()
+        compare_chains(a, b, rtol=0, atol=0)
+
+
+def test_evaluation_that_keeps_the_last_output_replays():
+    """Chainer's custom-loop example evaluates with ``loss = model(x, t)``
+    in a loop, backprop enabled: each call's output lives until the next
+    call returns, so each call finds the last one's recording waiting for
+    a backward. Those calls stop recording too (they recorded at every
+    call, twice define-by-run's time), with define-by-run's numbers: two
+    recordings let go, one of them seen late, the stand-in recording and
+    one more made while it waited."""
+    a, b = make_twins(mlp)
+    xs = [data(5, 3) for _ in range(8)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        with chainer.using_config('train', False):
+            for x in xs:
+                ya = a(x)
+                yb = b(x)
+                assert ya.array == yb.array
+    c = cache(b)
+    assert (c.recordings, c.replays, c.fallback_calls) == (5, 3, 0)
+    assert not [w for w in caught
+                if issubclass(w.category, StaticGraphWarning)], \
+        [str(w.message) for w in caught]
+    for m, y in ((a, ya), (b, yb)):
+        m.cleargrads()
+        y.backward()
+    compare_chains(a, b, rtol=0, atol=0)
+
+
+def test_calls_that_never_get_a_backward_of_two_outputs_run_define_by_run():
+    """Where a backward cannot be recorded from a stand-in gradient (two
+    outputs: which would a later backward come through?), such calls run
+    define-by-run after two recordings let go, warned once, shown by
+    explain()."""
+    def two(self, x):
+        y = self.l2(F.relu(self.l1(x)))
+        return F.sum(y * y), y
+
+    a, b = make_twins(two)
+    xe = data(5, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(5):
+            ra, rb = a(xe), b(xe)
+            assert ra[0].array == rb[0].array
+            del ra, rb
+    c = cache(b)
+    assert (c.recordings, c.replays, c.fallback_calls) == (3, 0, 2)
     ours = [str(w.message) for w in caught
             if issubclass(w.category, StaticGraphWarning)]
-    assert len(ours) == 1 and 'get no backward' in ours[0], ours
+    assert len(ours) == 1 and 'get no backward' in ours[0] and \
+        'returns 2 Variables' in ours[0], ours
     assert 'get no backward' in static_graph.explain(b)
 
 
@@ -910,6 +1026,29 @@ def test_recording_and_define_by_run_calls_in_one_backward(monkeypatch):
            S('eval', 2, 1, False, None, None, 'array', False),
            S('train', 2, 1, False, 'sum', None, 'var', True),
            S('train', 2, 2, False, 'sum', None, 'var_nograd', True)]
+    G.check_example(prog, seq, 0)
+
+
+def test_a_stand_in_backward_changes_nothing_a_real_backward_reads(
+        monkeypatch):
+    """Found by the differential fuzzer (benchmarks/fuzz.py --exact, seed
+    441) in a first version that recorded the stand-in backward at once,
+    through the very call whose outputs the user held: F.hinge's backward
+    flips the sign of part of its node's ``bottom_diff`` in place, and
+    the training call's real backward, served from that call's saved
+    arrays, flipped it back (an input gradient 1.06 off). The stand-in
+    backward now runs only on a call whose outputs were let go."""
+    from tests import fuzz_grammar as G
+    monkeypatch.setattr(G, 'EXACT', True)
+    prog = G.Program(
+        'float32', (2,), 'ce', 2, ['self.out1 = L.Linear(2, 2)'],
+        ['h = chainer.as_variable(h)', 'h = F.relu(h)', 'y = self.out1(h)',
+         'loss = F.hinge(y, t)'], 'loss,', ['linear'], 6)
+    S = G.Step
+    seq = [S('forward_only', 3, 1, True, 'sum', None, 'var', False),
+           S('train', 3, 1, True, None, None, 'var', True),
+           S('forward_only', 3, 2, True, 'sum', None, 'var', False),
+           S('train', 3, 2, True, 'separate', None, 'var', True)]
     G.check_example(prog, seq, 0)
 
 

@@ -8,8 +8,9 @@ from benchmarks import kit
 from benchmarks.kit import runner
 
 
-@pytest.mark.parametrize('name', ['vae', 'memnn'])
+@pytest.mark.parametrize('name', ['vae', 'memnn', 'mnist-custom-loop'])
 def test_kit_case_trains_bit_for_bit_and_replays(name):
+    # (mnist-custom-loop: its evaluation, backprop on, replays too.)
     case = kit.make(name)
     r = runner.run_case(case, steps=3, warmup=1)
     assert r['error'] is None, r['error']

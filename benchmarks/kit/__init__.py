@@ -1,6 +1,7 @@
 """A kit of real models: Chainer's examples (``examples/ptb``, ``seq2seq``,
 ``text_classification``, ``pos``, ``memnn``, ``word2vec``, ``vae``,
-``dcgan``, ``reinforcement_learning``, ``cifar``) rebuilt at CPU sizes on
+``dcgan``, ``reinforcement_learning``, ``cifar``, and ``mnist``'s custom
+loop) rebuilt at CPU sizes on
 synthetic data, each decorated as a user would decorate it, to be trained
 next to its undecorated twin by ``benchmarks/kit_run.py``.
 
@@ -38,6 +39,7 @@ CASES = [
     ('double-dqn', 'dqn', dict(target_type='double_dqn', steps=200), True,
      40),
     ('cifar-vgg', 'cifar', dict(steps=24), True, 6),
+    ('mnist-custom-loop', 'mnist', dict(steps=24), True, 6),
 ]
 
 NAMES = [c[0] for c in CASES]

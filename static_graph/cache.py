@@ -121,7 +121,7 @@ class Cache(object):
         # be done: their calls run define-by-run.
         self._no_backward = {}
         self.forward_only = {}
-        self.stand_ins = []     # captures let go, for run_stand_ins
+        self.stand_ins = []     # captures let go, for take_stand_ins
         # Recurrent state: [(link __dict__, name)] where a call read a
         # Variable an earlier call left on the links; their values are part
         # of every later key. ``written``: where calls left Variables,

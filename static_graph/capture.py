@@ -542,14 +542,14 @@ class Capture(object):
                 'records again', type(self.chain).__name__, self.name)
         elif rec.reasons:
             self.fall_back(rec.reasons[0])
-        elif self.cache.covering(self.key, e, tuple(
-                b is not None for b in grad_out_bids), self.chain):
+        elif (served := self.cache.covering(self.key, e, tuple(
+                b is not None for b in grad_out_bids), self.chain)):
             # A later call of this key, recorded before this backward (a
             # loss summed over calls), built an entry that replays this
             # call too: building it again would give the same schedules
             # (34 of PTB's 35 calls in its first step). A second backward
             # through this call tells that entry (RecordNode.backward_from).
-            self.served_by = self.cache.get(self.key)
+            self.served_by = served
             e.move(entry_module.DISCARDED)
             # (What a build would have let go of: the recorded nodes keep
             # what a second backward through them reads.)

@@ -52,8 +52,7 @@ class Capture(object):
     def __init__(self, chain, method, name, cache, key, why=None,
                  prev=None, stand_in=False):
         self.chain = chain
-        self.stand_in = stand_in   # let go, its backward is recorded
-        #                            from a stand-in gradient (stand_in.py)
+        self.stand_in = stand_in   # (stand_in.py)
         self.method = method
         self.name = name
         self.cache = cache
@@ -209,8 +208,8 @@ class Capture(object):
         # Whether a backward comes through this call, for the cache once
         # the node is let go (evaluation outside no_backprop_mode).
         self.seen = [False]
-        # (A stand-in recording's capture outlives the node: let go
-        # without a backward, its backward is recorded at the next call.)
+        # (A stand-in recording's capture outlives the node: its backward
+        # is recorded at the next call, from a stand-in gradient.)
         weakref.finalize(node, self.cache.recording_died, self.key, e,
                          self.seen, self if self.stand_in else None)
         weakref.finalize(node, self.patched.release)

@@ -108,10 +108,11 @@ class Cache(object):
         self.family_fallbacks = {}
         # Once SHORTCUT_AFTER calls in a row of one configuration and
         # argument outline (signature.outline) ran define-by-run through
-        # family fallbacks for one reason, and nothing of that
-        # configuration replays: {(config, outline): reason}, whose calls
-        # run define-by-run without computing their keys (the key of 128
-        # arrays costs about 2% of a text classifier's step).
+        # fallbacks (their family's or their key's) for one reason, and
+        # nothing of that configuration replays: {(config, outline):
+        # reason}, whose calls run define-by-run without computing their
+        # keys (the key of 64 arrays costs 1-2% of a text classifier's
+        # step).
         self.shortcuts = {}
         self._family_hits = None     # ((config, outline), reason, count)
         # Keys whose recordings got no backward ({key: how many in a row});
@@ -276,8 +277,9 @@ class Cache(object):
             % (FORWARD_ONLY_AFTER, why))
 
     def family_hit(self, key, reason, outline):
-        """A call of ``key`` ran define-by-run for its family's fallback
-        ``reason``; enough of them in a row make a shortcut."""
+        """A call of ``key`` ran define-by-run for a fallback ``reason``,
+        its family's or its own; enough of them in a row make a shortcut
+        (while nothing of their configuration replays)."""
         config = key[1]
         at = (config, outline)
         hits = self._family_hits

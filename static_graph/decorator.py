@@ -159,6 +159,8 @@ def static_graph(method=None, **options):
         else:
             if e.state == entry_module.FALLBACK:
                 cache.fallback_calls += 1
+                cache.family_hit(key, e.reason,
+                                 signature.outline(args, kwargs))
                 return _define_by_run(method, self, args, kwargs)
             if e.state == entry_module.COMPLETE:
                 if e.recheck is None and e.matches(self):

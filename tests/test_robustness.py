@@ -146,6 +146,44 @@ def test_warn_retrace_repeats_at_doubling_counts():
     assert not any('keys do not repeat' in m for m in ours)
 
 
+def test_a_keys_own_fallback_skips_the_key_after_enough_calls():
+    """The same for one key's own fallback (the kit's CNN text classifier
+    on sentences of one length: one key, 64 arrays to key at every call,
+    4% of its forward): after SHORTCUT_AFTER calls of its outline in a
+    row, they run define-by-run without computing their key, with the
+    same numbers; another configuration computes it again."""
+    from static_graph import cache as cache_module
+    from static_graph import signature
+
+    def body(self, x):
+        h = self.l1(x)
+        scale = 2.0 if float(h.array.sum()) > 0 else 3.0
+        return F.sum(self.l2(h)) * scale
+
+    a, b = make_twins(body)
+    walks = []
+    flatten = signature.flatten
+
+    def counting(*args):
+        walks.append(1)
+        return flatten(*args)
+    x = data(4, 3)
+    with warnings.catch_warnings(), mock.patch.object(
+            signature, 'flatten', counting):
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        for _ in range(1 + cache_module.SHORTCUT_AFTER + 5):
+            step(a, x)
+            step(b, x)
+            compare_chains(a, b, rtol=0, atol=0)
+        c = cache(b)
+        assert (c.recordings, c.replays) == (1, 0)
+        assert c.shortcuts and len(walks) == 1 + cache_module.SHORTCUT_AFTER
+        assert 'without computing its key' in static_graph.explain(b)
+        with chainer.using_config('train', False):
+            step(b, x)
+        assert len(walks) == 2 + cache_module.SHORTCUT_AFTER
+
+
 def test_calls_of_one_key_before_one_backward_build_once():
     """A loss summed over calls of one key (PTB's truncated BPTT): each
     call records (the first has no entry before the backward), one builds,

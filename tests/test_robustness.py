@@ -146,44 +146,6 @@ def test_warn_retrace_repeats_at_doubling_counts():
     assert not any('keys do not repeat' in m for m in ours)
 
 
-def test_a_keys_own_fallback_skips_the_key_after_enough_calls():
-    """The same for one key's own fallback (the kit's CNN text classifier
-    on sentences of one length: one key, 64 arrays to key at every call,
-    4% of its forward): after SHORTCUT_AFTER calls of its outline in a
-    row, they run define-by-run without computing their key, with the
-    same numbers; another configuration computes it again."""
-    from static_graph import cache as cache_module
-    from static_graph import signature
-
-    def body(self, x):
-        h = self.l1(x)
-        scale = 2.0 if float(h.array.sum()) > 0 else 3.0
-        return F.sum(self.l2(h)) * scale
-
-    a, b = make_twins(body)
-    walks = []
-    flatten = signature.flatten
-
-    def counting(*args):
-        walks.append(1)
-        return flatten(*args)
-    x = data(4, 3)
-    with warnings.catch_warnings(), mock.patch.object(
-            signature, 'flatten', counting):
-        warnings.simplefilter('ignore', StaticGraphWarning)
-        for _ in range(1 + cache_module.SHORTCUT_AFTER + 5):
-            step(a, x)
-            step(b, x)
-            compare_chains(a, b, rtol=0, atol=0)
-        c = cache(b)
-        assert (c.recordings, c.replays) == (1, 0)
-        assert c.shortcuts and len(walks) == 1 + cache_module.SHORTCUT_AFTER
-        assert 'without computing its key' in static_graph.explain(b)
-        with chainer.using_config('train', False):
-            step(b, x)
-        assert len(walks) == 2 + cache_module.SHORTCUT_AFTER
-
-
 def test_calls_of_one_key_before_one_backward_build_once():
     """A loss summed over calls of one key (PTB's truncated BPTT): each
     call records (the first has no entry before the backward), one builds,
@@ -871,12 +833,15 @@ def test_a_fallback_for_every_size_is_remembered_for_the_family():
         assert c.recordings == 3
 
 
-def test_a_familys_fallback_skips_the_key_after_enough_calls():
+@pytest.mark.parametrize('sizes', ['new at each call', 'one'])
+def test_a_fallback_skips_the_key_after_enough_calls(sizes):
     """After SHORTCUT_AFTER calls in a row of one argument outline ran
-    define-by-run for their family's fallback, calls of that outline and
-    configuration run define-by-run without computing their key (the same
-    numbers); another outline or configuration computes it again; and
-    explain() says so."""
+    define-by-run for one fallback reason, their family's (a new size at
+    each call: two sizes fell back for one reason) or their key's own (one
+    size: the kit's CNN text classifier on sentences of one length, 64
+    arrays to key at every call), calls of that outline and configuration
+    run define-by-run without computing their key (the same numbers);
+    another configuration computes it again; and explain() says so."""
     from static_graph import cache as cache_module
     from static_graph import signature
 
@@ -892,21 +857,23 @@ def test_a_familys_fallback_skips_the_key_after_enough_calls():
     def counting(*args):
         walks.append(1)
         return flatten(*args)
-    n_calls = 2 + cache_module.SHORTCUT_AFTER + 5
+    recorded = 2 if sizes == 'new at each call' else 1
     with warnings.catch_warnings(), mock.patch.object(
             signature, 'flatten', counting):
         warnings.simplefilter('ignore', StaticGraphWarning)
-        for n in range(1, n_calls + 1):
-            x = data(n, 3)
+        for n in range(1, recorded + cache_module.SHORTCUT_AFTER + 6):
+            x = data(n if recorded == 2 else 4, 3)
             step(a, x)
             step(b, x)
             compare_chains(a, b, rtol=0, atol=0)
         c = cache(b)
-        assert c.shortcuts and len(walks) == 2 + cache_module.SHORTCUT_AFTER
+        assert (c.recordings, c.replays) == (recorded, 0)
+        assert c.shortcuts and \
+            len(walks) == recorded + cache_module.SHORTCUT_AFTER
         assert 'without computing its key' in static_graph.explain(b)
         with chainer.using_config('train', False):
             step(b, data(4, 3))
-        assert len(walks) == 3 + cache_module.SHORTCUT_AFTER
+        assert len(walks) == recorded + 1 + cache_module.SHORTCUT_AFTER
 
 
 def test_a_fallback_at_one_size_only_is_not_the_familys():

@@ -12,7 +12,8 @@
 #   (there) bash benchmarks/device_check.sh            # carry: .whl
 #
 # STEPS picks steps (default "probe tests fuzz_update bench main"; "fuzz", the GPU
-# differential fuzzer, 150 s, in a second call where time is left);
+# differential fuzzer, 150 s, and "profile", where a replayed step's host
+# time goes (benchmarks/gpu_profile.py), 60 s, where time is left);
 # BENCH_CASES the benchmark's cases.
 set -u
 cd "$(dirname "$0")/.."
@@ -108,6 +109,13 @@ EOF
     log main job
     timeout 80 $PY examples/mnist/train_mnist.py --compare \
         --device @cupy:0 2>&1 | tee "$OUT/main.txt" | tail -8
+    ;;
+  profile)
+    log profile
+    timeout 60 $PY benchmarks/gpu_profile.py --device @cupy:0 \
+        --case mlp-b8-adam-capture --steps 1000 --top 40 \
+        > "$OUT/profile.txt" 2>&1
+    grep -E "^(dbr|graph) " "$OUT/profile.txt"
     ;;
   fuzz)
     log fuzz

@@ -36,13 +36,12 @@ argument positions keep their address, which results stay in the graph
 (static) and which are copied out, and the arrays the schedule updates in
 place. ``Backend`` is the seam that tests replace where there is no GPU.
 """
-import ctypes
-import os
-import threading
+import sys
 
 import numpy
 
 from schedules import bits
+from schedules import capture_guard
 from schedules import ir
 
 _STABLE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
@@ -54,8 +53,7 @@ _STABLE_ROLES = (ir.PARAM, ir.PERSIST, ir.CONST)
 counts = {'captured': 0, 'refused': 0, 'stale': 0}
 
 
-class NotCapturable(Exception):
-    """Why a schedule runs launch by launch instead of as a graph."""
+NotCapturable = capture_guard.NotCapturable
 
 
 class GraphTier(object):
@@ -70,13 +68,15 @@ class GraphTier(object):
     does static buffers); the rest are copied out. ``state()``: the arrays
     the schedule updates in place, for the check; ``allowed()``: may a
     capture happen now (the front end says no while an earlier call still
-    needs the static results); ``on_capture(graph)``: told of each graph.
+    needs the static results); ``on_capture(graph)``: told of each graph;
+    ``lend``: results copied out may be lent instead (see HELD).
     (A graph dropped as stale leaves its static results where they are: a
     call from before may still read them.)
     """
 
     def __init__(self, tiered, backend, after=1, static_results=(),
-                 state=None, allowed=None, on_capture=None, owned=None):
+                 state=None, allowed=None, on_capture=None, owned=None,
+                 lend=False):
         self.tiered = tiered
         self.backend = backend
         self.after = after
@@ -85,11 +85,14 @@ class GraphTier(object):
         self.allowed = allowed
         self.on_capture = on_capture
         self.owned = owned
+        self.lend = lend
+        self.unlent = set()        # positions found held: copied out
         self.graph = None
         self.reason = None         # why not (for good), or None
         self.captures = 0
         self.launches = 0
         self.stale = 0             # graphs dropped for a replaced parameter
+        self.held = 0              # calls run launch by launch: see HELD
         self._compiled_runs = 0
 
     @property
@@ -108,6 +111,15 @@ class GraphTier(object):
         g = self.graph
         if g is not None:
             out = g.replay(args)
+            if out is HELD:
+                # A result lent by the last launch is still held: this
+                # call runs launch by launch, the graph's memory untouched,
+                # and the next captures a graph that copies it out (its
+                # holder may keep it for good).
+                self.held += 1
+                self.unlent.update(g.lent)
+                self.graph = None
+                return self.tiered(args)
             if out is not None:
                 self.launches += 1
                 return out
@@ -129,7 +141,8 @@ class GraphTier(object):
         try:
             g, out = capture(self.tiered.run, self.schedule, args,
                              self.backend, self.static_results,
-                             self.state() if self.state else (), self.owned)
+                             self.state() if self.state else (), self.owned,
+                             self.lend, self.unlent)
         except NotCapturable as e:
             self.reason = str(e)
             counts['refused'] += 1
@@ -149,7 +162,7 @@ class GraphedRun(object):
     argument read in place is no longer the captured array."""
 
     def __init__(self, graph, inputs, in_place, outputs, copy_out, backend,
-                 keep, written=()):
+                 keep, written=(), lend=False, unlent=()):
         self.graph = graph
         self.inputs = inputs          # the captured arrays, per argument
         # Per argument: read in place ('param': stale if another array
@@ -164,11 +177,47 @@ class GraphedRun(object):
         # Results that are host values are handed out as captured.
         self.copy_out = tuple(c and backend.is_array(o)
                               for o, c in zip(outputs, copy_out))
+        # Results that may be lent: handed out as the graph's own array,
+        # not a copy, while nothing holds the one lent before (see HELD).
+        # (Only results that own their memory, none an argument's array,
+        # each once: a view would not count views of its base, an
+        # argument's array is held by others anyway.)
+        shared = set(id(a) for a in inputs)
+        mine = [id(o) for o in outputs]
+        self.lend = set(i for i, (o, c) in enumerate(zip(outputs,
+                                                          self.copy_out))
+                        if lend and c and i not in unlent and
+                        _owns_memory(o) and
+                        id(o) not in shared and mine.count(id(o)) == 1)
+        self.lent = ()           # positions lent by the last launch
+        self.alone = None        # per result: its reference count unlent
+        self.lent_results = 0    # results handed out without a copy
+
+    def _refs(self, i):
+        return sys.getrefcount(self.outputs[i])
+
+    def _still_held(self):
+        """Positions lent by the last launch whose array something still
+        holds (a reference from outside, a view of it)."""
+        alone = self.alone
+        return tuple(i for i in self.lent if self._refs(i) > alone[i])
 
     def replay(self, args):
         """This call's results, or None (and ``stale`` says why) where the
         graph no longer fits: an argument read in place is another array,
         or a host value differs from the captured one."""
+        if self.alone is None:
+            # The first replay after the capture: only this object and
+            # the backend hold the results (the capture's own launch
+            # copied them all out).
+            self.alone = tuple(self._refs(i)
+                               for i in range(len(self.outputs)))
+        elif self.lent:
+            held = self._still_held()
+            if held:
+                self.lent = held
+                return HELD
+            self.lent = ()
         copyto = self.backend.copyto
         for a, s, how in zip(args, self.inputs, self.in_place):
             if a is s:
@@ -198,13 +247,47 @@ class GraphedRun(object):
         for a, i in zip(back, self.written):
             _copy_back(self.backend, a, self.inputs[i])
         copy = self.backend.copy
-        return tuple(copy(o) if c else o
-                     for o, c in zip(self.outputs, self.copy_out))
+        if self.alone is None or not self.lend:
+            return tuple(copy(o) if c else o
+                         for o, c in zip(self.outputs, self.copy_out))
+        lend = self.lend
+        self.lent = tuple(lend)
+        self.lent_results += len(lend)
+        return tuple(o if i in lend else copy(o) if c else o
+                     for i, (o, c) in enumerate(zip(self.outputs,
+                                                    self.copy_out)))
 
     def static_arrays(self):
         """The results that stay the graph's memory (not copied out)."""
         return [o for o, c in zip(self.outputs, self.copy_out)
                 if not c and self.backend.is_array(o)]
+
+
+# ``GraphedRun.replay``'s answer where a result the last launch lent is
+# still held: the next launch would overwrite what its holder sees.
+#
+# A result that escapes (a loss, the gradients handed to Chainer) would be
+# copied out of the graph's memory after every launch, so that a later
+# launch does not change what the caller holds: one allocation and one
+# copy launch each (on CuPy about 15-20 microseconds of host time). A tier
+# made with ``lend`` hands such a result out as the graph's own array
+# instead. Before the next launch, the lent arrays' reference counts say
+# whether anything still holds one (the caller, or a view of it: a view
+# refers to the array that owns the memory, and only arrays that own
+# theirs are lent). If nothing does, the graph launches into them again.
+# If one is held, that call runs the schedule launch by launch (fresh
+# results, the graph's memory untouched), and the next captures a new
+# graph that copies that result out (its holder may keep it for good).
+# Gradients, which ``cleargrads`` lets go of before the next step, are lent
+# at every step; a loop that keeps them costs one call launch by launch
+# and one capture.
+HELD = object()
+
+
+def _owns_memory(a):
+    """An array that owns its memory (views of it refer to it)."""
+    return not isinstance(a, numpy.generic) and \
+        getattr(a, 'base', 0) is None and hasattr(a, 'shape')
 
 
 def _copy_back(backend, a, s):
@@ -241,7 +324,7 @@ def _same(backend, a, b):
 
 
 def capture(run, schedule, args, backend, static_results=(), state=(),
-            owned=None):
+            owned=None, lend=False, unlent=()):
     """Run the compiled schedule ``run`` on this call's ``args`` launch by
     launch, capture it, launch the graph from the same state and check that
     both agree bit for bit; return ``(GraphedRun, this call's results)``.
@@ -328,7 +411,7 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     restore(before)
     copy_out = tuple(i not in static_results for i in range(len(outputs)))
     g = GraphedRun(graph, inputs, tuple(in_place), tuple(outputs),
-                   copy_out, backend, keep, written)
+                   copy_out, backend, keep, written, lend, unlent)
     result = g.launch([args[i] for i in written])
     bad = [i for i, (o, w) in enumerate(zip(outputs, want))
            if not _same(backend, o, w)]
@@ -345,175 +428,6 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     return g, result
 
 
-class _Guard(object):
-    """While a schedule is captured on this thread: refuse what a graph
-    cannot repeat and CUDA would let pass (transfers from host memory,
-    random draws), by hooks on CuPy's pinned-memory allocator and its
-    random generators."""
-
-    def __init__(self, cupy):
-        self.cupy = cupy
-        self.thread = threading.get_ident()
-        self.undo = []
-
-    def _mine(self):
-        return threading.get_ident() == self.thread
-
-    def __enter__(self):
-        cupy = self.cupy
-        pinned = cupy.get_default_pinned_memory_pool().malloc
-        guard = self
-
-        def pinned_malloc(size):
-            if guard._mine():
-                raise NotCapturable(
-                    'a kernel copies from host memory (%d bytes through '
-                    'pinned memory): a graph would copy that host buffer '
-                    'again at every replay' % size)
-            return pinned(size)
-
-        cupy.cuda.set_pinned_memory_allocator(pinned_malloc)
-        self.undo.append(
-            lambda: cupy.cuda.set_pinned_memory_allocator(pinned))
-        self._hook_random()
-        self._hook_cublas()
-        self._host_rng = _host_random_states()
-        return self
-
-    def _hook_cublas(self):
-        """CuPy refuses any cuBLAS call while a stream captures (its
-        ``setStream`` raises NotImplementedError; cuBLAS itself supports
-        capture). Its matrix products reach cuBLAS through attributes of
-        ``cupy_backends.cuda.libs.cublas`` looked up at each call, so while
-        capturing, the GEMM entry points CuPy uses go to the same cuBLAS
-        functions of the same library, on the same handle and with the same
-        arguments, through ctypes, after setting the handle's stream
-        without that check. (The first replay's comparison with the run
-        launch by launch stands behind this too.)"""
-        try:
-            from cupy_backends.cuda.libs import cublas
-            lib = _cublas_library()
-        except Exception:   # no cuBLAS: nothing calls it
-            return
-        cupy = self.cupy
-        guard = self
-        for name, (symbol, sig) in _CUBLAS_GEMMS.items():
-            old = getattr(cublas, name, None)
-            fn = getattr(lib, symbol, None)
-            if old is None or fn is None:
-                continue
-            fn.restype = ctypes.c_int
-            fn.argtypes = [_CTYPES[c] for c in sig]
-
-            def direct(handle, *args, _fn=fn, _old=old, _name=symbol):
-                if not guard._mine():
-                    return _old(handle, *args)
-                stream = cupy.cuda.get_current_stream().ptr
-                status = lib.cublasSetStream_v2(handle, stream)
-                if status == 0:
-                    status = _fn(handle, *args)
-                if status != 0:
-                    raise NotCapturable('%s returned cuBLAS status %d while '
-                                        'capturing' % (_name, status))
-
-            setattr(cublas, name, direct)
-            self.undo.append(
-                lambda name=name, old=old: setattr(cublas, name, old))
-
-    def _hook_random(self):
-        import cupy.random._generator as generator
-        guard = self
-
-        def refuse(name, inner):
-            def hooked(*a, **k):
-                if guard._mine():
-                    raise NotCapturable(
-                        'it draws random numbers from CuPy (%s): a graph '
-                        'would not advance the generator as a launch from '
-                        'Python does' % name)
-                return inner(*a, **k)
-            return hooked
-
-        cls = generator.RandomState
-        old_seed = cls.__dict__['_get_seed']
-        cls._get_seed = refuse('RandomState', old_seed)
-        self.undo.append(lambda: setattr(cls, '_get_seed', old_seed))
-        try:
-            from cupy_backends.cuda.libs import curand
-            names = [n for n in dir(curand) if n.startswith('generate')]
-        except Exception:   # no cuRAND: nothing draws from it
-            return
-        for n in names:
-            old = getattr(curand, n)
-            try:
-                setattr(curand, n, refuse('cuRAND ' + n, old))
-            except (AttributeError, TypeError):   # a read-only module
-                continue
-            self.undo.append(
-                lambda n=n, old=old: setattr(curand, n, old))
-
-    def check(self):
-        """After the captured run: did it draw from NumPy's or Python's
-        global generator (a host value the graph would freeze)?"""
-        if _host_random_states() != self._host_rng:
-            raise NotCapturable(
-                'it draws random numbers on the host (NumPy\'s or Python\'s '
-                'global generator): a graph would repeat the first draw')
-
-    def __exit__(self, *exc):
-        while self.undo:
-            self.undo.pop()()
-        return False
-
-
-def _host_random_states():
-    import random
-    import numpy
-    st = numpy.random.get_state()
-    return (st[0], st[1].tobytes(), st[2:], random.getstate())
-
-
-# cuBLAS GEMM entry points of CuPy's binding -> (C symbol, argument kinds:
-# h handle, p pointer, i int, q 64-bit int), as cublas_api.h declares them.
-_CUBLAS_GEMMS = {
-    'gemmEx': ('cublasGemmEx', 'hiiiiippiipiippiiii'),
-    'gemmStridedBatchedEx': ('cublasGemmStridedBatchedEx',
-                             'hiiiiippiiqpiiqppiiqiii'),
-    'gemmBatchedEx': ('cublasGemmBatchedEx', 'hiiiiippiipiippiiiii'),
-    'sgemmEx': ('cublasSgemmEx', 'hiiiiippiipiippii'),
-    'sgemm': ('cublasSgemm_v2', 'hiiiiippipippi'),
-    'dgemm': ('cublasDgemm_v2', 'hiiiiippipippi'),
-    'sgemmBatched': ('cublasSgemmBatched', 'hiiiiippipippii'),
-    'dgemmBatched': ('cublasDgemmBatched', 'hiiiiippipippii'),
-    'sgemmStridedBatched': ('cublasSgemmStridedBatched',
-                            'hiiiiippiqpiqppiqi'),
-    'dgemmStridedBatched': ('cublasDgemmStridedBatched',
-                            'hiiiiippiqpiqppiqi'),
-}
-_CTYPES = {'h': ctypes.c_void_p, 'p': ctypes.c_void_p, 'i': ctypes.c_int,
-           'q': ctypes.c_longlong}
-_cublas_lib = []
-
-
-def _cublas_library():
-    """The libcublas this process loaded (CuPy's), through ctypes."""
-    if not _cublas_lib:
-        path = None
-        with open('/proc/self/maps') as f:
-            for line in f:
-                name = line.rsplit(None, 1)[-1]
-                if os.path.basename(name).startswith('libcublas.so'):
-                    path = name
-                    break
-        if path is None:
-            raise OSError('libcublas is not loaded')
-        lib = ctypes.CDLL(path)
-        lib.cublasSetStream_v2.restype = ctypes.c_int
-        lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        _cublas_lib.append(lib)
-    return _cublas_lib[0]
-
-
 # Arrays up to this size are compared after a copy to the host.
 HOST_COMPARE_BYTES = 16 << 20
 
@@ -525,8 +439,23 @@ class CupyBackend(object):
     def __init__(self):
         import cupy
         self.cupy = cupy
-        self.copyto = cupy.copyto
+        self._ndarray = cupy.ndarray
+        self._copyto = cupy.copyto
         self.serves = cupy.copyto    # the array module's: CuPy's arrays
+
+    def copyto(self, dst, src):
+        """``cupy.copyto``; an argument into its static buffer (the same
+        dtype and shape, both C-contiguous, one device) as the one memcpy
+        ``cupy.copyto`` ends in, without its Python checks (a few
+        microseconds a copy, several copies a step)."""
+        if type(src) is self._ndarray and src.dtype == dst.dtype and \
+                src.shape == dst.shape and src.flags.c_contiguous and \
+                dst.flags.c_contiguous and \
+                src.data.device_id == dst.data.device_id:
+            if src.size:
+                dst.data.copy_from_async(src.data, src.nbytes)
+            return
+        self._copyto(dst, src)
 
     def is_array(self, a):
         return isinstance(a, self.cupy.ndarray)
@@ -559,7 +488,7 @@ class CupyBackend(object):
         stream = cupy.cuda.Stream()
         outputs = graph = err = None
         with cupy.cuda.using_allocator(pool.malloc), stream, \
-                _Guard(cupy) as guard:
+                capture_guard.Guard(cupy) as guard:
             stream.begin_capture()
             try:
                 outputs = run(inputs)

@@ -9,9 +9,10 @@ its variants) is wrapped in a ``GraphTier``:
   a second call before the first one's backward puts them aside and back as
   it does static buffers (``ReplayNode``); the forward captures only when no
   earlier call still waits for its backward;
-* its results and reported values, and every gradient the backward hands
-  to Chainer, are copied out of the graph after each launch (the next launch
-  overwrites the graph's memory).
+* its results and reported values are copied out of the graph after each
+  launch (the next launch overwrites the graph's memory); the gradients the
+  backward hands to Chainer are lent, handed out as the graph's own arrays
+  while nothing holds those of the launch before (``cuda_graph.HELD``).
 
 ``BACKEND`` is None where there is no GPU; tests replace it.
 """
@@ -103,12 +104,12 @@ def forward_tier(entry, tiered, b):
 
 def backward_tier(entry, tiered, b):
     """A backward schedule (or a variant) as a graph: the forward graph's
-    saved activations are read in place; every gradient is copied out."""
+    saved activations are read in place; the gradients are lent."""
     ref = weakref.ref(entry)
     return cuda_graph.GraphTier(
         tiered, b, after=CAPTURE_AFTER,
         state=lambda: written_in_place(ref(), tiered.schedule),
-        owned=lambda a: id(a) in ref().graph_owned)
+        owned=lambda a: id(a) in ref().graph_owned, lend=True)
 
 
 def tiers(entry):
@@ -126,8 +127,14 @@ def describe(entry):
     parts = []
     for name, t in tiers(entry):
         if t.graph is not None:
+            lent = t.graph.lent_results
             parts.append('%s replays as one launch (%d launches, %d '
-                         'captures)' % (name, t.launches, t.captures))
+                         'captures%s%s)' % (
+                             name, t.launches, t.captures,
+                             '; %d results lent, not copied' % lent
+                             if lent else '',
+                             '; %d calls launch by launch, a lent result '
+                             'still held' % t.held if t.held else ''))
         elif t.reason is not None:
             parts.append('%s replays launch by launch: %s' % (name,
                                                               t.reason))

@@ -182,6 +182,12 @@ def test_training_replays_as_graphs_bit_for_bit(target):
         assert t[name].graph is not None and t[name].captures == 1
         # Recording, 2 interpreted runs, 1 compiled, then the graph.
         assert t[name].launches == 5, name
+    # Every gradient of the graph launches after the capture's own was
+    # lent (cleargrads let go of the last ones): six parameters, four
+    # launches; the loss is copied out.
+    assert t['backward'].graph.lent_results == 6 * 4
+    assert t['backward'].held == 0
+    assert t['forward'].graph.lent_results == 0
     assert 'forward replays as one launch' in explain(models[1])
 
 
@@ -211,7 +217,14 @@ def test_what_the_caller_keeps_is_not_overwritten(target):
         same(acc, acc0, 'a reported value kept from an earlier step')
         for n in grads:
             same(grads[n], grads0[n], 'a gradient kept from an earlier step')
-    assert tiers(models[1])['forward'].launches > 0
+    t = tiers(models[1])
+    assert t['forward'].launches > 0
+    # The gradients lent by the first launch after the capture were still
+    # held (kept above): that call ran launch by launch, the next captured
+    # a graph that copies them out.
+    g = t['backward']
+    assert (g.held, g.captures, g.launches) == (1, 2, 3)
+    assert g.graph.lent_results == 0 and g.unlent
 
 
 def test_two_calls_before_their_backwards(target):

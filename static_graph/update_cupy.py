@@ -157,10 +157,11 @@ class GpuUpdate(object):
         for hook in structure.opt_pre:
             self._opt_hook(hook, opt, params, st, {})
         news = []
+        memo = {}
         for p, rule in zip(params, structure.rules):
             if rule is None or not rule.enabled:
                 continue
-            news += self._rule(p, rule, st, bumped, fixed)
+            news += self._rule(p, rule, st, bumped, fixed, memo)
         # Chainer calls the optimizer's post hooks after each parameter
         # took its new array (use_fp32_update): they read that one.
         new_arrays = dict((id(p), new) for p, new in news)
@@ -168,7 +169,7 @@ class GpuUpdate(object):
             self._opt_hook(hook, opt, params, st, new_arrays)
         return news
 
-    def _rule(self, p, rule, st, bumped, fixed):
+    def _rule(self, p, rule, st, bumped, fixed, memo):
         cupy = self.cupy
         a = p.array
         if a is None:            # Chainer's rule only counts the step
@@ -205,10 +206,8 @@ class GpuUpdate(object):
         ls_ = param_._loss_scale if fp32 else loss_scale
         for hook in rule._hookable._pre_update_hooks.values():
             self._param_hook(hook, param_, grad_of, ls_, st)
-        reader = G.RULES[type(rule)]
         state = rule._state
-        kernel, values, state_keys, sdt = reader(rule, dtype)
-        G.check_differed(kernel, dtype)
+        kernel, values, state_keys, sdt = _read_rule(rule, dtype, memo)
         if not isinstance(state, dict):
             state = {}
         arrays = []
@@ -389,6 +388,40 @@ class GpuUpdate(object):
                 self.captures, self.graph_launches, ''.join(
                     '; refused: ' + r for r in set(self.refused.values()))))
         return '\n'.join(lines)
+
+
+_SCALAR_TYPES = (int, float, bool, type(None))
+
+
+def _read_rule(rule, dtype, memo):
+    """``G.RULES``' reader of ``rule`` for gradients of ``dtype``, checked
+    against ``G.DIFFERED_ON_GPU``; once per step for rules that agree in
+    everything a reader reads (``memo``, one step's): their type, ``t``,
+    their hyperparameters along the parent chain and their own scalar
+    attributes (AdamRule's ``initial_alpha``). An optimizer's rules usually
+    all do: the reader then runs once a step, not once per parameter."""
+    key = None
+    try:
+        items = [type(rule), dtype]
+        items += [kv for kv in vars(rule).items()
+                  if type(kv[1]) in _SCALAR_TYPES]
+        hp = rule.hyperparam
+        while hp is not None:
+            d = vars(hp)
+            items += [kv for kv in d.items() if kv[0] != '_parent']
+            items.append(None)
+            hp = d.get('_parent')
+        key = tuple(items)
+        found = memo.get(key)
+    except TypeError:       # a value that is not hashable
+        key = found = None
+    if found is not None:
+        return found
+    found = G.RULES[type(rule)](rule, dtype)
+    G.check_differed(found[0], dtype)
+    if key is not None:
+        memo[key] = found
+    return found
 
 
 def _where(a):

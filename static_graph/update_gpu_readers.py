@@ -88,9 +88,9 @@ DIFFERED_ON_GPU = {
 def check_differed(kernel, dtype):
     """Unsupported where ``kernel`` (a RuleKernel) on ``dtype`` is in
     DIFFERED_ON_GPU."""
-    reason = DIFFERED_ON_GPU.get((kernel.name, numpy.dtype(dtype).name))
-    if reason is not None:
-        raise Unsupported(reason)
+    for (name, dt), reason in DIFFERED_ON_GPU.items():
+        if name == kernel.name and numpy.dtype(dtype).name == dt:
+            raise Unsupported(reason)
 
 
 @_rule('rmsprop_graves', 'RMSpropGravesRule')

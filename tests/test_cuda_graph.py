@@ -227,6 +227,31 @@ def test_what_the_caller_keeps_is_not_overwritten(target):
     assert g.graph.lent_results == 0 and g.unlent
 
 
+def test_a_view_of_a_lent_gradient_keeps_its_values(target):
+    """A view of a lent gradient, kept past cleargrads (the gradient
+    itself let go), holds the graph's array as its base: the next
+    backward sees it held and runs launch by launch."""
+    models, opts = twins(target)
+    train(target, models, opts, steps=6)     # captured, then lent
+    m, o = models[1], opts[1]
+    g = tiers(m)['backward']
+    assert g.graph is not None and g.graph.lent_results > 0
+    rs = numpy.random.RandomState(5)
+    x, t = batch(target, rs)
+    m.cleargrads()
+    m(x, t).backward()
+    row = m.l1.W.grad[0]          # a view; the gradient itself let go
+    want = cpu(row).copy()
+    o.update()
+    for _ in range(2):
+        x, t = batch(target, rs)
+        m.cleargrads()
+        m(x, t).backward()
+        o.update()
+    same(row, want, 'a view of a gradient kept from an earlier step')
+    assert g.held == 1
+
+
 def test_two_calls_before_their_backwards(target):
     """Two calls, then both backwards: the first call's backward reads its
     own saved activations (put aside from the graph's memory by the second

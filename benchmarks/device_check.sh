@@ -5,22 +5,23 @@
 # GPU benchmark and the main job on @cupy:0. Logs and results go to $OUT
 # (or ./device_out). Each step has its own time limit, so one that hangs
 # leaves the others their time; the limits of the default steps add up to
-# 570 s, under the device tool's 600 s a command (run it with timeout_s=600;
+# 540 s (on an H200, 2026-11-27, they took about 170 s), under the device
+# tool's 600 s a command (run it with timeout_s=600;
 # a machine's start is not counted there but is in the session's budget).
 #
 #   (here)  pip wheel --no-deps --no-build-isolation chainer==7.8.1 -w .whl
 #   (there) bash benchmarks/device_check.sh            # carry: .whl
 #
-# STEPS picks steps (default "probe tests fuzz_update bench main"; "fuzz", the GPU
-# differential fuzzer, 150 s, and "profile", where a replayed step's host
-# time goes (benchmarks/gpu_profile.py), 60 s, where time is left);
+# STEPS picks steps (default "probe tests fuzz_update bench main profile",
+# the last where a replayed step's host time goes, benchmarks/gpu_profile.py;
+# "fuzz", the GPU differential fuzzer, 150 s, where time is left);
 # BENCH_CASES the benchmark's cases.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"probe tests fuzz_update bench main"}
+STEPS=${STEPS:-"probe tests fuzz_update bench main profile"}
 PY=${PY:-python3}
 
 log() { echo "== $* ($(date +%T))"; }
@@ -88,7 +89,7 @@ EOF
         tests/test_captured_update_gpu.py tests/test_captured_update_cuda.py \
         tests/test_captured_update_fake_gpu.py 2>&1 \
         | tee "$OUT/tests_update.txt" | tail -25
-    timeout 150 $PY -m pytest -q -p no:cacheprovider \
+    timeout 90 $PY -m pytest -q -p no:cacheprovider \
         tests/test_cuda_graph.py tests/test_cupy.py tests/test_outputs.py \
         tests/test_real_code.py tests/test_chainer_examples.py 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
@@ -101,7 +102,7 @@ EOF
     ;;
   bench)
     log bench
-    timeout 150 $PY benchmarks/gpu.py --device @cupy:0 \
+    timeout 120 $PY benchmarks/gpu.py --device @cupy:0 \
         --json "$OUT/gpu.json" ${BENCH_CASES:+--cases $BENCH_CASES} 2>&1 \
         | tee "$OUT/bench.txt"
     ;;

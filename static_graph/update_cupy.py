@@ -33,6 +33,9 @@ from static_graph.update_readers import Unsupported
 
 FLOAT16 = numpy.dtype(numpy.float16)
 _REAL = (int, float, bool)
+# A step like the one before reuses its device work and reads only the
+# rules' scalars (update_cupy_steady.py); False reads every step in full.
+STEADY = True
 
 
 def cupy_module():
@@ -62,6 +65,7 @@ class Step(object):
         self.ops = []
         self.keys = []
         self.zero_d = []     # (segment, index) of scalars ufuncs read
+        self.reads = []      # (rule, dtype, kernel, state keys, sdt)
 
     def scalars(self, dtype, values):
         for v in values:
@@ -107,6 +111,8 @@ class GpuUpdate(object):
         self.refused = {}        # keys -> reason
         self.steps = self.graph_launches = self.captures = 0
         self._dtypes = {}
+        self.steady = None       # the last step's template (steady path)
+        self.steady_steps = 0    # steps read through it
 
     # -- reading a step ------------------------------------------------------
     def step(self, opt, params, structure):
@@ -118,6 +124,25 @@ class GpuUpdate(object):
                 'dynamic loss scaling on CuPy: Chainer checks on the host '
                 'whether every gradient is finite (a synchronization that '
                 'decides the step)')
+        steady = self.steady
+        if steady is not None and STEADY and steady.fits(structure):
+            bumped = []
+            with self.cupy.cuda.Device(steady.dev):
+                try:
+                    st = steady.read(opt, bumped)
+                    ring = self._ring(st)
+                except BaseException as e:
+                    for rule in bumped:
+                        rule.t -= 1
+                    if not isinstance(e, Exception):
+                        raise
+                    st = None    # read in full below (which raises, if)
+                if st is not None:
+                    self._run(opt, st, ring, ())
+                    self.steps += 1
+                    self.steady_steps += 1
+                    return
+        self.steady = None
         dev = _device_of(params)
         bumped = []
         fixed = self.cuda_graph
@@ -130,8 +155,12 @@ class GpuUpdate(object):
                 for rule in bumped:
                     rule.t -= 1
                 raise
+            before = self.last_keys
             self._run(opt, st, ring, news)
         self.steps += 1
+        if STEADY and not news and self.last_keys == before:
+            # Two steps on the same arrays: the next may read in part.
+            self.steady = _steady.Steady.of(structure, dev, st)
 
     def _read(self, opt, params, structure, st, bumped, fixed):
         cupy = self.cupy
@@ -208,6 +237,7 @@ class GpuUpdate(object):
             self._param_hook(hook, param_, grad_of, ls_, st)
         state = rule._state
         kernel, values, state_keys, sdt = _read_rule(rule, dtype, memo)
+        st.reads.append((rule, dtype, kernel, state_keys, sdt))
         if not isinstance(state, dict):
             state = {}
         arrays = []
@@ -376,9 +406,10 @@ class GpuUpdate(object):
         return True
 
     def describe(self):
-        lines = ['  on CuPy: %d steps; scalars: one copy a step into %d '
+        lines = ['  on CuPy: %d steps (%d like the step before: only the '
+                 'scalars read); scalars: one copy a step into %d '
                  'device array(s) (%s)' % (
-                     self.steps, len(self.rings),
+                     self.steps, self.steady_steps, len(self.rings),
                      ', '.join('%d B, %d pinned buffer(s), %d copies, '
                                '%d waits' % (r.layout.nbytes, len(r.slots),
                                              r.copies, r.waits)
@@ -559,3 +590,6 @@ def _clip_op(cupy, params, ring, j):
     for p in params:
         grad = p.grad
         grad *= rate
+
+
+from static_graph import update_cupy_steady as _steady  # NOQA (uses names above)

@@ -35,8 +35,8 @@ class Steady(object):
     def __init__(self, structure, dev, checks, reads, st):
         self.structure = structure
         self.dev = dev
-        self.checks = checks   # (param, rule, enabled, array, grad place,
-        #                         state dict, ((key, state array), ...))
+        self.checks = checks   # per parameter: (param, rule, updated?,
+        #  array, gradient's place, state dict, ((key, state array), ...))
         self.reads = reads     # (rule, dtype, kernel, state keys, sdt)
         self.st = st
 
@@ -49,13 +49,23 @@ class Steady(object):
         checks = []
         reads = iter(st.reads)
         for p, rule in zip(structure.params, structure.rules):
-            if rule is None:
-                continue
-            if not rule.enabled:
-                checks.append((p, rule, False, None, None, None, ()))
-                continue
             a, g = p.array, p.grad
-            if a is None or g is None or not _plain(p, rule, a):
+            if a is None:
+                # (read in full: the rule only counts the step; an array
+                # given later changes the work)
+                if rule is not None and rule.enabled:
+                    return None
+                checks.append((p, rule, rule is not None and rule.enabled,
+                               None, None, None, ()))
+                continue
+            if g is None:
+                return None      # (read in full: zeros, as Chainer's)
+            if rule is None or not rule.enabled:
+                # Not updated; its gradient read in full all the same
+                # (zeros where there is none, the same checks).
+                checks.append((p, rule, False, a, U._where(g), None, ()))
+                continue
+            if not _plain(p, rule, a):
                 return None
             state = rule._state
             r = next(reads, None)
@@ -70,19 +80,24 @@ class Steady(object):
         return cls(structure, dev, tuple(checks), tuple(st.reads), st)
 
     def fits(self, structure):
-        """May this step reuse the template?"""
+        """May this step reuse the template? Every parameter's array and
+        gradient as before (the full read's checks and zeros are for all,
+        updated or not), and for a rule that updates, its state too."""
         if structure is not self.structure:
             return False
         for p, rule, enabled, a, gw, state, arrays in self.checks:
-            if rule.enabled != enabled:
+            if (rule is not None and rule.enabled) != enabled or \
+                    p.array is not a:
+                return False
+            if a is None:
+                continue
+            g = p.grad
+            if g is None or U._where(g) != gw:
                 return False
             if not enabled:
                 continue
-            if p.array is not a or not _plain(p, rule, a):
-                return False
-            g = p.grad
-            if g is None or U._where(g) != gw or rule._state is not state \
-                    or len(state) != len(arrays):
+            if not _plain(p, rule, a) or rule._state is not state or \
+                    len(state) != len(arrays):
                 return False
             for k, s in arrays:
                 if state.get(k) is not s:

@@ -16,7 +16,6 @@ import warnings
 
 import numpy
 
-import chainer
 from chainer import optimizer_hooks as H
 from chainer import serializers
 from chainer.training import extensions
@@ -112,10 +111,7 @@ def run_case(case):
                   device=case['device'])
         _set_up(t, case)
         rs = numpy.random.RandomState([case['seed'], case['index'], 1])
-        shifts = [extensions.ExponentialShift(attr, 0.7, optimizer=o)
-                  for o in (t.oa, t.ob)]
-        for s in shifts:
-            s.initialize(None)
+        shifts = make_shifts(t, attr)
         for events in case['steps']:
             res.steps += 1
             if _step(t, events, shifts, rs, res):
@@ -154,9 +150,18 @@ def _twin_hooks(rs, name):
     return a, OPT_HOOKS[name](rs)
 
 
-def _step(t, events, shifts, rs, res):
-    """One step of both twins; True where both raised alike (the case ends
-    there)."""
+def make_shifts(t, attr):
+    """A learning-rate shift of each twin's optimizer (the 'shift' event)."""
+    shifts = [extensions.ExponentialShift(attr, 0.7, optimizer=o)
+              for o in (t.oa, t.ob)]
+    for s in shifts:
+        s.initialize(None)
+    return shifts
+
+
+def apply_events(t, events, shifts, rs, n):
+    """A step's events before its gradients, on both twins (``n``: the
+    step's number); returns the parameter the step picked."""
     if 'shift' in events:
         for s in shifts:
             s(None)
@@ -179,13 +184,20 @@ def _step(t, events, shifts, rs, res):
         name = _pick(rs, sorted(OPT_HOOKS))
         timing = _pick(rs, ('pre', 'post'))
         for o, hook in zip((t.oa, t.ob), _twin_hooks(rs, name)):
-            o.add_hook(hook, name='added%d' % res.steps, timing=timing)
+            o.add_hook(hook, name='added%d' % n, timing=timing)
     if 'serialize' in events:
         for o in (t.oa, t.ob):
             saved = {}
             o.serialize(serializers.DictionarySerializer(saved))
             saved = dict((k, _host(v)) for k, v in saved.items())
             o.serialize(serializers.NpzDeserializer(saved, strict=False))
+    return pname
+
+
+def _step(t, events, shifts, rs, res):
+    """One step of both twins; True where both raised alike (the case ends
+    there)."""
+    pname = apply_events(t, events, shifts, rs, res.steps)
     x = t.batch()
     errors = []
     for m, o in ((t.a, t.oa), (t.b, t.ob)):
@@ -195,14 +207,23 @@ def _step(t, events, shifts, rs, res):
             errors.append(None)
         except Exception as e:  # NOQA: compared below
             errors.append(e)
-    ea, eb = errors
-    if ea is not None or eb is not None:
-        assert type(ea) is type(eb), (
-            'Chainer\'s step raised %r, the captured one\'s %r' % (ea, eb))
-        res.raised = '%s: %s' % (type(ea).__name__, ea)
+    if both_raised(errors, res, ('Chainer\'s step', 'the captured one\'s')):
         return True
     t.check()
     return False
+
+
+def both_raised(errors, res, names):
+    """Did the twins' steps raise (``errors``: each one's exception or
+    None)? Where one did, the other must have raised alike (asserted; the
+    twins ``names`` in the message); recorded in ``res.raised``."""
+    ea, eb = errors
+    if ea is None and eb is None:
+        return False
+    assert type(ea) is type(eb), '%s raised %r, %s %r' % (
+        names[0], ea, names[1], eb)
+    res.raised = '%s: %s' % (type(ea).__name__, ea)
+    return True
 
 
 def _backward(m, o, x, events, pname):

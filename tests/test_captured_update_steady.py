@@ -13,6 +13,7 @@ from chainer import optimizer_hooks as H
 import static_graph
 from static_graph import update_cupy
 from tests import fake_cupy
+from tests.update_steady_fuzz import steady_path
 from tests.update_twins import RULES, Net, captured
 
 
@@ -67,12 +68,8 @@ class Twins(object):
                         numpy.copyto(g, values[name])
                         p.grad = g
                     p._loss_scale = loss_scale    # (backward sets it)
-                old = update_cupy.STEADY
-                update_cupy.STEADY = steady
-                try:
+                with steady_path(steady):
                     o.update()
-                finally:
-                    update_cupy.STEADY = old
             self.check()
 
     def check(self):
@@ -168,15 +165,10 @@ def test_a_reader_that_raises_is_read_in_full():
     assert t.steady_steps()[0] == 1
     t.for_both(lambda m, o: setattr(o, 'eps', 1e-50))
     for m, o, steady in zip(t.models, t.opts, (True, False)):
-        old = update_cupy.STEADY
-        update_cupy.STEADY = steady
-        try:
-            with pytest.warns(static_graph.StaticGraphWarning,
-                              match='underflows'):
-                with pytest.raises(ValueError, match='too small'):
-                    o.update()
-        finally:
-            update_cupy.STEADY = old
+        with steady_path(steady), pytest.warns(
+                static_graph.StaticGraphWarning, match='underflows'), \
+                pytest.raises(ValueError, match='too small'):
+            o.update()
         assert captured(o).fallback_steps == 1
     t.check()
     assert t.steady_steps()[0] == 1

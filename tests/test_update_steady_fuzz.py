@@ -5,23 +5,15 @@ tests/update_steady_fuzz.py): a fixed run in CI; the long run is
 import pytest
 
 from static_graph import update_cupy_steady
+from tests import update_fuzz
 from tests import update_steady_fuzz
 
 CI_CASES = 150
 
 
 def _run(n):
-    steps = steady = 0
-    for i in range(n):
-        case = update_steady_fuzz.make_case(0, i)
-        try:
-            res = update_steady_fuzz.run_case(case)
-        except AssertionError as e:
-            pytest.fail('case %d (%s): %s' % (
-                i, update_steady_fuzz.describe(case), e))
-        steps += res.steps
-        steady += res.steady
-    return steps, steady
+    results = update_fuzz.run_cases(update_steady_fuzz, n)
+    return sum(r.steps for r in results), sum(r.steady for r in results)
 
 
 def test_steady_path_fuzz():

@@ -77,6 +77,22 @@ def make_case(seed, index, device=None):
     return case
 
 
+def run_cases(fuzz, n, seed=0):
+    """The results of cases 0 to n - 1 of run ``seed`` of ``fuzz`` (this
+    module or ``update_steady_fuzz``: ``make_case``, ``run_case``,
+    ``describe``), for the tests: a divergence fails the test, naming the
+    case."""
+    import pytest
+    out = []
+    for i in range(n):
+        case = fuzz.make_case(seed, i)
+        try:
+            out.append(fuzz.run_case(case))
+        except AssertionError as e:
+            pytest.fail('case %d (%s): %s' % (i, fuzz.describe(case), e))
+    return out
+
+
 def describe(case):
     parts = [case['rule'], case['dtype']]
     if case['fp32']:

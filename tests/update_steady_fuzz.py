@@ -16,6 +16,7 @@ its own change what the path's template must notice: a rule's own hook
 added, a state array replaced by a copy, a loss scale for one step,
 ``use_fp32_update()`` turned on.
 """
+import contextlib
 import warnings
 
 import numpy
@@ -54,6 +55,17 @@ def make_case(seed, index):
 # path's template: a rule's own hook added, a state array replaced by a
 # copy, a loss scale for one step only, use_fp32_update() turned on.
 EVENTS = F.EVENTS + ('rule_hook', 'new_state', 'scaled', 'fp32')
+
+
+@contextlib.contextmanager
+def steady_path(on):
+    """``update_cupy.STEADY`` set to ``on`` inside, put back after."""
+    old = update_cupy.STEADY
+    update_cupy.STEADY = on
+    try:
+        yield
+    finally:
+        update_cupy.STEADY = old
 
 
 class Result(object):
@@ -147,15 +159,12 @@ def _step(t, events, shifts, rs, res, case):
                 numpy.copyto(g, values[name])
             p.grad = g
             p._loss_scale = scale
-        old = update_cupy.STEADY
-        update_cupy.STEADY = steady
         try:
-            o.update()
+            with steady_path(steady):
+                o.update()
             errors.append(None)
         except Exception as e:  # NOQA: compared below
             errors.append(e)
-        finally:
-            update_cupy.STEADY = old
     if F.both_raised(errors, res, ('the steady twin', 'the full one')):
         return True
     assert_same(t.a, t.b, t.oa, t.ob)

@@ -5,7 +5,8 @@
 # GPU benchmark and the main job on @cupy:0. Logs and results go to $OUT
 # (or ./device_out). Each step has its own time limit, so one that hangs
 # leaves the others their time; the limits of the default steps add up to
-# 540 s (on an H200, 2026-11-27, they took about 170 s), under the device
+# 580 s (on an H200, 2026-11-27, they took about 150 s, 190 s with the
+# steady update fuzzer and the main job's phases), under the device
 # tool's 600 s a command (run it with timeout_s=600;
 # a machine's start is not counted there but is in the session's budget).
 #
@@ -13,7 +14,8 @@
 #   (there) bash benchmarks/device_check.sh            # carry: .whl
 #
 # STEPS picks steps (default "probe tests fuzz_update bench main profile",
-# the last where a replayed step's host time goes, benchmarks/gpu_profile.py;
+# the last where a replayed step's host time goes, benchmarks/gpu_profile.py,
+# and the main job's, benchmarks/main_job_phases.py;
 # "fuzz", the GPU differential fuzzer, 150 s, where time is left);
 # BENCH_CASES the benchmark's cases.
 set -u
@@ -46,7 +48,7 @@ for step in $STEPS; do
   case $step in
   probe)
     log probe
-    timeout 30 $PY - <<'EOF' 2>&1 | tee "$OUT/probe.txt"
+    timeout 30 $PY - <<'EOF' 2>&1 | tee -a "$OUT/env.txt"
 # Can CuPy capture what a schedule does: a matmul, an elementwise kernel,
 # a reduction, allocations from a private pool?
 import cupy
@@ -85,20 +87,26 @@ EOF
     log tests
     # The captured optimizer update on CuPy first (small parameters, few
     # steps).
-    timeout 120 $PY -m pytest -q -p no:cacheprovider \
+    timeout 100 $PY -m pytest -q -p no:cacheprovider \
         tests/test_captured_update_gpu.py tests/test_captured_update_cuda.py \
         tests/test_captured_update_fake_gpu.py 2>&1 \
         | tee "$OUT/tests_update.txt" | tail -25
-    timeout 90 $PY -m pytest -q -p no:cacheprovider \
+    timeout 80 $PY -m pytest -q -p no:cacheprovider \
         tests/test_cuda_graph.py tests/test_cupy.py tests/test_outputs.py \
         tests/test_real_code.py tests/test_chainer_examples.py 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
     ;;
   fuzz_update)
     log fuzz_update
-    # The captured update against Chainer's CuPy update, random set-ups.
+    # The captured update against Chainer's CuPy update, random set-ups;
+    # then with steps like the one before (the steady path).
     timeout 40 $PY benchmarks/fuzz_update.py --device @cupy:0 --minutes 0.4 \
-        --seed 1 --quiet 2>&1 | tee "$OUT/fuzz_update.txt" | tail -6
+        --seed 1 --quiet > "$OUT/fuzz_update.txt" 2>&1
+    echo "exit status $?" >> "$OUT/fuzz_update.txt"
+    timeout 40 $PY benchmarks/fuzz_update.py --device @cupy:0 --minutes 0.4 \
+        --steady --seed 2 --quiet >> "$OUT/fuzz_update.txt" 2>&1
+    echo "exit status $?" >> "$OUT/fuzz_update.txt"
+    grep -E "DIVERGED|cases,|steady path|exit status" "$OUT/fuzz_update.txt"
     ;;
   bench)
     log bench
@@ -113,10 +121,14 @@ EOF
     ;;
   profile)
     log profile
-    timeout 60 $PY benchmarks/gpu_profile.py --device @cupy:0 \
+    timeout 45 $PY benchmarks/gpu_profile.py --device @cupy:0 \
         --case mlp-b8-adam-capture --steps 1000 --top 40 \
         > "$OUT/profile.txt" 2>&1
     grep -E "^(dbr|graph) " "$OUT/profile.txt"
+    # The main job's iteration, phase by phase (what stays outside).
+    timeout 45 $PY benchmarks/main_job_phases.py --device @cupy:0 \
+        --steps 500 >> "$OUT/profile.txt" 2>&1
+    grep -E "^(define-by-run|static|round) " "$OUT/profile.txt"
     ;;
   fuzz)
     log fuzz

@@ -5,7 +5,7 @@
 # GPU benchmark and the main job on @cupy:0. Logs and results go to $OUT
 # (or ./device_out). Each step has its own time limit, so one that hangs
 # leaves the others their time; the limits of the default steps add up to
-# 580 s (on an H200, 2026-11-27, they took about 150 s, 190 s with the
+# 595 s (on an H200, 2026-11-27, they took about 150 s; 190 s with the
 # steady update fuzzer and the main job's phases), under the device
 # tool's 600 s a command (run it with timeout_s=600;
 # a machine's start is not counted there but is in the session's budget).
@@ -15,7 +15,8 @@
 #
 # STEPS picks steps (default "probe tests fuzz_update bench main profile",
 # the last where a replayed step's host time goes, benchmarks/gpu_profile.py,
-# and the main job's, benchmarks/main_job_phases.py;
+# the main job's, benchmarks/main_job_phases.py, and a capture's,
+# benchmarks/capture_time.py;
 # "fuzz", the GPU differential fuzzer, 150 s, where time is left);
 # BENCH_CASES the benchmark's cases.
 set -u
@@ -87,7 +88,7 @@ EOF
     log tests
     # The captured optimizer update on CuPy first (small parameters, few
     # steps).
-    timeout 100 $PY -m pytest -q -p no:cacheprovider \
+    timeout 90 $PY -m pytest -q -p no:cacheprovider \
         tests/test_captured_update_gpu.py tests/test_captured_update_cuda.py \
         tests/test_captured_update_fake_gpu.py 2>&1 \
         | tee "$OUT/tests_update.txt" | tail -25
@@ -110,13 +111,13 @@ EOF
     ;;
   bench)
     log bench
-    timeout 120 $PY benchmarks/gpu.py --device @cupy:0 \
+    timeout 110 $PY benchmarks/gpu.py --device @cupy:0 \
         --json "$OUT/gpu.json" ${BENCH_CASES:+--cases $BENCH_CASES} 2>&1 \
         | tee "$OUT/bench.txt"
     ;;
   main)
     log main job
-    timeout 80 $PY examples/mnist/train_mnist.py --compare \
+    timeout 70 $PY examples/mnist/train_mnist.py --compare \
         --device @cupy:0 2>&1 | tee "$OUT/main.txt" | tail -8
     ;;
   profile)
@@ -129,6 +130,10 @@ EOF
     timeout 45 $PY benchmarks/main_job_phases.py --device @cupy:0 \
         --steps 500 >> "$OUT/profile.txt" 2>&1
     grep -E "^(define-by-run|static|round) " "$OUT/profile.txt"
+    # What a capture costs, in a fresh process and a warm one.
+    timeout 45 $PY benchmarks/capture_time.py --device @cupy:0 --twins 2 \
+        >> "$OUT/profile.txt" 2>&1
+    grep -E "^twin " "$OUT/profile.txt"
     ;;
   fuzz)
     log fuzz

@@ -142,16 +142,33 @@ def _graph_device_time(model, sync, n=20):
     return cupy.cuda.get_elapsed_time(start, stop) / n
 
 
-def run(name, device, rounds=None, n_iter=None, first=6):
-    make, make_batch, opt, r0, n0 = CASES[name]
-    rounds = rounds or r0
-    n_iter = n_iter or n0
+def case_parser(doc, device, case):
+    """An argument parser with ``--device`` and ``--case`` (one of CASES)
+    for a script that looks into one case."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument('--device', default=device)
+    p.add_argument('--case', default=case, choices=sorted(CASES))
+    return p
+
+
+def on_device(name, device):
+    """The device (Chainer's), a function that waits for it and case
+    ``name``'s batch sent there."""
     dev = chainer.get_device(device)
     sync = getattr(getattr(dev, 'device', None), 'synchronize',
                    lambda: None)
+    make_batch = CASES[name][1]
+    return dev, sync, tuple(
+        dev.send(a) for a in make_batch(numpy.random.RandomState(1)))
+
+
+def run(name, device, rounds=None, n_iter=None, first=6):
+    make, _, opt, r0, n0 = CASES[name]
+    rounds = rounds or r0
+    n_iter = n_iter or n0
+    dev, sync, batch = on_device(name, device)
     capture = name.endswith('-capture')
     twins = _twins(make, dev, opt, capture)
-    batch = tuple(dev.send(a) for a in make_batch(numpy.random.RandomState(1)))
 
     def timed(v, n=1):
         m, o = twins[v]

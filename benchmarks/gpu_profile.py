@@ -10,7 +10,6 @@ its Python and launches), and profiles the graph twin's steps with
 cProfile (the top functions by own time). On CuPy the device's work runs
 asynchronously beside this; the step's device time is ``gpu.py``'s.
 """
-import argparse
 import cProfile
 import os
 import pstats
@@ -21,8 +20,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import gpu  # NOQA  (imports static_graph first)
-import numpy  # NOQA
-import chainer  # NOQA
 
 PHASES = ('cleargrads', 'forward', 'backward', 'update')
 
@@ -52,19 +49,13 @@ def phases(model, opt, batch, n, sync):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--device', default='@numpy')
-    p.add_argument('--case', default='mlp-b8-adam-capture')
+    p = gpu.case_parser(__doc__, '@numpy', 'mlp-b8-adam-capture')
     p.add_argument('--steps', type=int, default=500)
     p.add_argument('--top', type=int, default=35)
     a = p.parse_args(argv)
-    make, make_batch, opt, _, _ = gpu.CASES[a.case]
-    dev = chainer.get_device(a.device)
-    sync = getattr(getattr(dev, 'device', None), 'synchronize',
-                   lambda: None)
+    make, _, opt, _, _ = gpu.CASES[a.case]
+    dev, sync, batch = gpu.on_device(a.case, a.device)
     twins = gpu._twins(make, dev, opt, a.case.endswith('-capture'))
-    batch = tuple(dev.send(x)
-                  for x in make_batch(numpy.random.RandomState(1)))
     for v in ('dbr', 'graph'):
         for _ in range(30):
             gpu._step(twins[v][0], twins[v][1], batch)

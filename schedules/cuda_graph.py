@@ -317,10 +317,18 @@ def _check_values(backend, what, values):
                 % (what, i, type(a).__name__))
 
 
-def _same(backend, a, b):
-    if backend.is_array(a) and backend.is_array(b):
-        return backend.same(a, b)
-    return type(a) is type(b) and (a == b or (a != a and b != b))
+def _differing(backend, xs, ys):
+    """The positions at which ``xs`` and ``ys`` differ: arrays bit for bit
+    (``backend.same_many``, all pairs at once), host values by value."""
+    arrays = [k for k, (a, b) in enumerate(zip(xs, ys))
+              if backend.is_array(a) and backend.is_array(b)]
+    same = backend.same_many([(xs[k], ys[k]) for k in arrays])
+    bad = set(k for k, s in zip(arrays, same) if not s)
+    arrays = set(arrays)
+    bad.update(k for k, (a, b) in enumerate(zip(xs, ys))
+               if k not in arrays and not (
+                   type(a) is type(b) and (a == b or (a != a and b != b))))
+    return sorted(bad)
 
 
 def capture(run, schedule, args, backend, static_results=(), state=(),
@@ -383,8 +391,12 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     # the data: flipping the sign of a zero is no change of value); an input
     # only where this run wrote into it.
     copied = [i for i, how in enumerate(in_place) if how is None]
-    written = tuple(i for i, a, b in zip(copied, after, before)
-                    if roles[i] != ir.INPUT or not backend.same(a, b))
+    inputs_of = [k for k, i in enumerate(copied) if roles[i] == ir.INPUT]
+    changed = set(inputs_of[d] for d in _differing(
+        backend, [after[k] for k in inputs_of],
+        [before[k] for k in inputs_of]))
+    written = tuple(i for k, i in enumerate(copied)
+                    if roles[i] != ir.INPUT or k in changed)
 
     def restore(values):
         for a, v in zip(touched, values):
@@ -413,10 +425,8 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     g = GraphedRun(graph, inputs, tuple(in_place), tuple(outputs),
                    copy_out, backend, keep, written, lend, unlent)
     result = g.launch([args[i] for i in written])
-    bad = [i for i, (o, w) in enumerate(zip(outputs, want))
-           if not _same(backend, o, w)]
-    bad_state = [i for i, (a, w) in enumerate(zip(touched, after))
-                 if not backend.same(a, w)]
+    bad = _differing(backend, outputs, want)
+    bad_state = _differing(backend, touched, after)
     if bad or bad_state:
         raise refuse(NotCapturable(
             'the graph\'s first replay differs from the schedule run '
@@ -428,8 +438,45 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     return g, result
 
 
-# Arrays up to this size are compared after a copy to the host.
+# Arrays up to this size in all are compared after a copy to the host.
 HOST_COMPARE_BYTES = 16 << 20
+
+def _dense(a):
+    """Whether ``a``'s elements fill ``a.nbytes`` bytes from its data
+    pointer without gaps: C order up to a permutation of its axes, strides
+    positive (C- and F-contiguous arrays, and views such as
+    ``rollaxis`` of one, the layout of Chainer's convolutions without
+    cuDNN). Two arrays of one shape, dtype and such strides hold the same
+    bits where those bytes are the same."""
+    step = a.itemsize
+    for stride, n in sorted((s, n) for s, n in zip(a.strides, a.shape)
+                            if n != 1):
+        if stride != step:
+            return False
+        step *= n
+    return True
+
+
+# The bytes of two arrays of one dense layout compared on the device; one kernel
+# for every dtype (compiled once: NVRTC takes about a second a kernel in a
+# process without CuPy's kernel cache, and CuPy's array_equal compiles one
+# comparison and one reduction per dtype).
+_SAME_BYTES = r'''
+extern "C" __global__ void same_bytes(const unsigned char* a,
+                                      const unsigned char* b,
+                                      unsigned long long n, int* differs,
+                                      int k) {
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i =
+             (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i < n; i += step) {
+        if (a[i] != b[i]) {
+            differs[k] = 1;
+            return;
+        }
+    }
+}
+'''
 
 
 class CupyBackend(object):
@@ -442,6 +489,7 @@ class CupyBackend(object):
         self._ndarray = cupy.ndarray
         self._copyto = cupy.copyto
         self.serves = cupy.copyto    # the array module's: CuPy's arrays
+        self._same_bytes = None      # the comparison kernel (same_many)
 
     def copyto(self, dst, src):
         """``cupy.copyto``; an argument into its static buffer (the same
@@ -468,16 +516,48 @@ class CupyBackend(object):
         return a.copy(order='K')
 
     def same(self, a, b):
+        return self.same_many([(a, b)])[0]
+
+    def same_many(self, pairs):
+        """Whether the arrays of each pair hold the same bits. Pairs of at
+        most HOST_COMPARE_BYTES in all are compared on the host (no kernel
+        to compile or load: most of a small model's capture otherwise).
+        Past that, each pair of one dense layout (``_dense``: the same
+        strides, no gaps) on the current device by one kernel over its
+        bytes, all with one wait for the device; any other pair larger
+        than HOST_COMPARE_BYTES with CuPy's ``array_equal``, the rest on
+        the host."""
         cupy = self.cupy
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if a.nbytes <= HOST_COMPARE_BYTES:
-            # On the host: CuPy's comparison kernels would be compiled or
-            # loaded first (tens of milliseconds in a fresh process, most
-            # of a small model's capture).
-            return bits.same_bits(cupy.asnumpy(a), cupy.asnumpy(b),
-                                  numpy.array_equal)
-        return bits.same_bits(a, b, cupy.array_equal)
+        out = [a.shape == b.shape and a.dtype == b.dtype for a, b in pairs]
+        on_device = []
+        if sum(a.nbytes for (a, _), ok in zip(pairs, out) if ok) > \
+                HOST_COMPARE_BYTES:
+            here = cupy.cuda.Device().id
+            on_device = [
+                k for k, ((a, b), ok) in enumerate(zip(pairs, out))
+                if ok and a.size and a.strides == b.strides and _dense(a)
+                and a.data.device_id == here == b.data.device_id]
+        if on_device:
+            if self._same_bytes is None:
+                self._same_bytes = cupy.RawKernel(_SAME_BYTES, 'same_bytes')
+            differs = cupy.zeros(len(on_device), numpy.int32)
+            for j, k in enumerate(on_device):
+                a, b = pairs[k]
+                n = a.nbytes
+                self._same_bytes((min((n + 255) // 256, 4096),), (256,), (
+                    a, b, numpy.uint64(n), differs, numpy.int32(j)))
+            for k, d in zip(on_device, differs.get()):
+                out[k] = not d
+        done = set(on_device)
+        for k, ((a, b), ok) in enumerate(zip(pairs, out)):
+            if not ok or k in done:
+                continue
+            if a.nbytes > HOST_COMPARE_BYTES:
+                out[k] = bits.same_bits(a, b, cupy.array_equal)
+            else:
+                out[k] = bits.same_bits(cupy.asnumpy(a), cupy.asnumpy(b),
+                                        numpy.array_equal)
+        return out
 
     def capture(self, run, inputs):
         cupy = self.cupy

@@ -6,6 +6,8 @@ graph writes its memory), and on CuPy with real CUDA graphs where there is a
 GPU (skipped elsewhere). Twins train side by side, define-by-run and
 static, and must agree bit for bit.
 """
+import types
+
 import numpy
 import pytest
 
@@ -467,3 +469,123 @@ def test_a_write_whose_value_was_no_change_at_capture(target):
         same(grads[0], grads[1], 'step %d' % i)
     assert tiers(b)['backward'].graph is not None or \
         entry_of(b).plain_backward_run.graph is not None
+
+
+class _FakeDeviceArray(numpy.ndarray):
+    """For the comparison's plumbing on a CPU: what same_many reads of a
+    CuPy array."""
+    data = property(lambda self: types.SimpleNamespace(device_id=0))
+
+    def get(self):
+        return numpy.asarray(self)
+
+
+class _FakeSameBytes(object):
+    """The comparison kernel, as NumPy: ``differs[k] = 1`` where the first
+    ``n`` bytes of ``a`` and ``b`` in memory differ."""
+
+    def __init__(self, source, name):
+        assert name in source
+        self.launches = 0
+
+    def __call__(self, grid, block, args):
+        a, b, n, differs, k = args
+        self.launches += 1
+        if a.tobytes('A')[:n] != b.tobytes('A')[:n]:
+            differs[k] = 1
+
+
+_FAKE_CUPY = types.SimpleNamespace(
+    cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0)),
+    zeros=lambda n, dtype: numpy.zeros(n, dtype).view(_FakeDeviceArray),
+    asnumpy=numpy.asarray, array_equal=numpy.array_equal,
+    RawKernel=_FakeSameBytes)
+
+
+def test_dense_layouts():
+    """What the comparison kernel may compare as bytes: arrays without
+    gaps, in any order of their axes, strides positive."""
+    from schedules.cuda_graph import _dense
+    a = numpy.zeros((4, 5, 6), 'f')
+    for yes in (a, numpy.asfortranarray(a), a.transpose(2, 0, 1),
+                numpy.rollaxis(a, 2, 1), a[:, None], a[1], a[1:3],
+                numpy.zeros(()), a[:1, :1]):
+        assert _dense(yes), yes.strides
+    for no in (a[:, :3], a[:, :1], a[::2], a[::-1], a[..., ::2],
+               numpy.broadcast_to(a[:1], a.shape),
+               a.transpose(2, 0, 1)[1:, :, :2]):
+        assert not _dense(no), no.strides
+
+
+@pytest.mark.parametrize('big', [False, True])
+@pytest.mark.parametrize('where', ['fake', 'cupy'])
+def test_comparison_of_many_pairs_is_bit_for_bit(where, big):
+    """``CupyBackend.same_many``, on the host (small pairs) and on the
+    device (past HOST_COMPARE_BYTES in all: one kernel per pair of one
+    contiguous layout), gives what NumPy gives of the same bits. 'fake':
+    its plumbing on a CPU, the kernel as NumPy."""
+    from schedules import bits, cuda_graph
+    if where == 'cupy':
+        reason = _gpu_reason()
+        if reason:
+            pytest.skip(reason)
+        import cupy
+        b = cuda_graph.CupyBackend()
+
+        def send(a):
+            d = cupy.asarray(a)
+            return cupy.asfortranarray(d) if a.flags.f_contiguous and \
+                not a.flags.c_contiguous else d
+    else:
+        b = cuda_graph.CupyBackend.__new__(cuda_graph.CupyBackend)
+        b.cupy, b._same_bytes = _FAKE_CUPY, None
+
+        def send(a):
+            return a.copy(order='K').view(_FakeDeviceArray)
+    rs = numpy.random.RandomState(0)
+    # (big: x[::2] too is past HOST_COMPARE_BYTES, a view with gaps.)
+    n = (cuda_graph.HOST_COMPARE_BYTES // 2 + 1) if big else 1000
+    xh = rs.standard_normal(n).astype('f')
+    x, last, first = send(xh), send(xh), send(xh)
+    last[-1] += 1                      # the end of the kernel's loop
+    first[0] += 1
+    mh = rs.standard_normal((30, 7)).astype('f')
+    m, f, f2 = send(mh), send(numpy.asfortranarray(mh)), \
+        send(numpy.asfortranarray(mh))
+    f2[29, 6] = -f2[29, 6]
+    nan = send(numpy.full(5, numpy.nan, 'f'))
+    i = send(numpy.arange(7, dtype='i'))
+    ph = rs.standard_normal((4, 5, 6)).astype('f')
+    q, q2 = send(ph), send(ph)
+    q2[3, 4, 5] = 0
+    pt = send(ph).transpose(2, 0, 1)     # dense, not contiguous
+    pairs = [
+        (x, x.copy()), (x, last), (x, first),
+        (send(numpy.zeros(4, 'f')), send(-numpy.zeros(4, 'f'))),
+        (nan, nan.copy()), (i, i.copy()), (i, i[::-1].copy()),
+        (f, f.copy(order='F')), (f, f2), (m, f),     # other strides
+        (x[::2], x[::2].copy()), (x[::2], last[::2]),
+        (x[:0], x[:0].copy()), (x[:3], x[:4]), (i, i.astype('l')),
+        (send(numpy.full((), 2.5)), send(numpy.full((), 2.5))),
+        (pt, q.transpose(2, 0, 1)), (pt, q2.transpose(2, 0, 1)),
+    ]
+
+    def host(a, c):
+        a, c = numpy.asarray(b.cupy.asnumpy(a)), \
+            numpy.asarray(b.cupy.asnumpy(c))
+        return a.shape == c.shape and a.dtype == c.dtype and \
+            bits.same_bits(a, c, numpy.array_equal)
+    want = [host(a, c) for a, c in pairs]
+    # (x[::2] holds last's changed element where n - 1 is even.)
+    assert want == [True, False, False, False, True, True, False, True,
+                    False, True, True, (n - 1) % 2 == 1, True, False, False,
+                    True, True, False]
+    assert b.same_many(pairs) == want
+    if where == 'fake':
+        # Past the host's share: the pairs of one dtype, shape and dense
+        # layout (all but the views with gaps, the other strides, the
+        # empty pair and the two that differ in shape or dtype), one
+        # kernel each.
+        k = b._same_bytes
+        assert (k is not None and k.launches == 12) if big else k is None
+    assert [b.same(a, c) for a, c in pairs] == want

@@ -1,6 +1,6 @@
 """What capturing a schedule as a CUDA graph costs, and where it goes.
 
-    python benchmarks/capture_time.py --device @cupy:0 [--case resnet50-b32-224]
+    python benchmarks/capture_time.py [--case resnet50-b32-224] [--twins 3]
 
 Trains fresh graph twins of a ``benchmarks/gpu.py`` case (one after the
 other, each let go before the next) until their schedules are captured,

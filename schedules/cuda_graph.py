@@ -320,11 +320,11 @@ def _check_values(backend, what, values):
 def _differing(backend, xs, ys):
     """The positions at which ``xs`` and ``ys`` differ: arrays bit for bit
     (``backend.same_many``, all pairs at once), host values by value."""
-    arrays = [k for k, (a, b) in enumerate(zip(xs, ys))
-              if backend.is_array(a) and backend.is_array(b)]
-    same = backend.same_many([(xs[k], ys[k]) for k in arrays])
-    bad = set(k for k, s in zip(arrays, same) if not s)
-    arrays = set(arrays)
+    pairs = [k for k, (a, b) in enumerate(zip(xs, ys))
+             if backend.is_array(a) and backend.is_array(b)]
+    same = backend.same_many([(xs[k], ys[k]) for k in pairs])
+    bad = set(k for k, s in zip(pairs, same) if not s)
+    arrays = set(pairs)
     bad.update(k for k, (a, b) in enumerate(zip(xs, ys))
                if k not in arrays and not (
                    type(a) is type(b) and (a == b or (a != a and b != b))))
@@ -438,8 +438,10 @@ def capture(run, schedule, args, backend, static_results=(), state=(),
     return g, result
 
 
-# Arrays up to this size in all are compared after a copy to the host.
+# Pairs of arrays up to this size in all are compared after a copy to the
+# host (CupyBackend.same_many).
 HOST_COMPARE_BYTES = 16 << 20
+
 
 def _dense(a):
     """Whether ``a``'s elements fill ``a.nbytes`` bytes from its data
@@ -457,10 +459,10 @@ def _dense(a):
     return True
 
 
-# The bytes of two arrays of one dense layout compared on the device; one kernel
-# for every dtype (compiled once: NVRTC takes about a second a kernel in a
-# process without CuPy's kernel cache, and CuPy's array_equal compiles one
-# comparison and one reduction per dtype).
+# The bytes of two arrays of one dense layout compared on the device: one
+# kernel for every dtype (compiled once: NVRTC takes about a second a
+# kernel in a process without CuPy's kernel cache, and CuPy's array_equal
+# compiles one comparison and one reduction per dtype).
 _SAME_BYTES = r'''
 extern "C" __global__ void same_bytes(const unsigned char* a,
                                       const unsigned char* b,

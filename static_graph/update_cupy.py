@@ -236,7 +236,7 @@ class GpuUpdate(object):
         for hook in rule._hookable._pre_update_hooks.values():
             self._param_hook(hook, param_, grad_of, ls_, st)
         state = rule._state
-        kernel, values, state_keys, sdt = _read_rule(rule, dtype, memo)
+        kernel, values, state_keys, sdt = G.read_rule(rule, dtype, memo)
         st.reads.append((rule, dtype, kernel, state_keys, sdt))
         if not isinstance(state, dict):
             state = {}
@@ -419,40 +419,6 @@ class GpuUpdate(object):
                 self.captures, self.graph_launches, ''.join(
                     '; refused: ' + r for r in set(self.refused.values()))))
         return '\n'.join(lines)
-
-
-_SCALAR_TYPES = (int, float, bool, type(None))
-
-
-def _read_rule(rule, dtype, memo):
-    """``G.RULES``' reader of ``rule`` for gradients of ``dtype``, checked
-    against ``G.DIFFERED_ON_GPU``; once per step for rules that agree in
-    everything a reader reads (``memo``, one step's): their type, ``t``,
-    their hyperparameters along the parent chain and their own scalar
-    attributes (AdamRule's ``initial_alpha``). An optimizer's rules usually
-    all do: the reader then runs once a step, not once per parameter."""
-    key = None
-    try:
-        items = [type(rule), dtype]
-        items += [kv for kv in vars(rule).items()
-                  if type(kv[1]) in _SCALAR_TYPES]
-        hp = rule.hyperparam
-        while hp is not None:
-            d = vars(hp)
-            items += [kv for kv in d.items() if kv[0] != '_parent']
-            items.append(None)
-            hp = d.get('_parent')
-        key = tuple(items)
-        found = memo.get(key)
-    except TypeError:       # a value that is not hashable
-        key = found = None
-    if found is not None:
-        return found
-    found = G.RULES[type(rule)](rule, dtype)
-    G.check_differed(found[0], dtype)
-    if key is not None:
-        memo[key] = found
-    return found
 
 
 def _where(a):

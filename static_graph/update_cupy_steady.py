@@ -6,7 +6,7 @@ the scalar segments) from scratch, about 14 microseconds of Python a
 parameter. Where the step before was read in full and nothing that decides
 that work has changed since, ``Steady`` reuses the work and reads only what
 changes from step to step: each rule's scalars, from its hyperparameters
-and ``t`` with Chainer's expressions (``update_cupy._read_rule``).
+and ``t`` with Chainer's expressions (``update_gpu_readers.read_rule``).
 
 Nothing changed means: the same ``GpuStructure`` (parameters, their rules,
 the optimizer's hooks: none), each rule as enabled as before and without
@@ -18,6 +18,7 @@ turned on) reads the step in full again. Steps with hooks, loss scaling or
 fp32 copies are always read in full (``Steady.of`` returns None for them).
 """
 from static_graph import update_cupy as U
+from static_graph import update_gpu_readers as G
 
 FLOAT16 = U.FLOAT16
 
@@ -117,7 +118,7 @@ class Steady(object):
         for rule, dtype, kernel, keys, sdt in self.reads:
             rule.t += 1
             bumped.append(rule)
-            k, values, keys_now, sdt_now = U._read_rule(rule, dtype, memo)
+            k, values, keys_now, sdt_now = G.read_rule(rule, dtype, memo)
             if k is not kernel or keys_now != keys or sdt_now != sdt:
                 raise Changed()
             st.scalars(sdt, values)

@@ -135,6 +135,53 @@ def _adam(rule, dtype):
     return kernel, scalars, states, interm
 
 
+_SCALAR_TYPES = (int, float, bool, type(None))
+
+
+def read_rule(rule, dtype, memo):
+    """``RULES``' reader of ``rule`` for gradients of ``dtype``, checked
+    against ``DIFFERED_ON_GPU``; once per step for rules that agree in
+    everything a reader reads (``memo``, one step's): their type, ``t``,
+    their hyperparameters along the parent chain and their own scalar
+    attributes (AdamRule's ``initial_alpha``). An optimizer's rules usually
+    all do: the reader then runs once a step, not once per parameter."""
+    key = None
+    try:
+        d = vars(rule.hyperparam)
+        parent = d.get('_parent')
+        key = (type(rule), dtype,
+               tuple([kv for kv in vars(rule).items()
+                      if type(kv[1]) in _SCALAR_TYPES]),
+               tuple([kv for kv in d.items() if kv[0] != '_parent']),
+               None if parent is None else _chain_token(parent, memo))
+        found = memo.get(key)
+    except TypeError:       # a value that is not hashable
+        key = found = None
+    if found is not None:
+        return found
+    found = RULES[type(rule)](rule, dtype)
+    check_differed(found[0], dtype)
+    if key is not None:
+        memo[key] = found
+    return found
+
+
+def _chain_token(hp, memo):
+    """A number for what hyperparameter object ``hp`` and its parents hold:
+    the same for two that hold the same values. Found once per step for
+    each (``memo``): the optimizer's, the parent of all its rules' own,
+    is not read again for each rule."""
+    token = memo.get(id(hp))
+    if token is None:
+        d = vars(hp)
+        parent = d.get('_parent')
+        content = ('chain', tuple([kv for kv in d.items()
+                                   if kv[0] != '_parent']),
+                   None if parent is None else _chain_token(parent, memo))
+        token = memo[id(hp)] = memo.setdefault(content, len(memo))
+    return token
+
+
 # -- hooks: the host scalars of their device work -----------------------------
 
 F16_MAX = 65504.0

@@ -224,3 +224,44 @@ def test_parameters_added_uninitialized_and_setup_again_on_fake_cupy():
     t.step(2)
     assert t.b.u.update_rule.t == t.a.u.update_rule.t == 2
     assert captured(t.ob).gpu.steps == 4
+
+
+def test_a_rules_reader_runs_once_a_step_for_rules_that_agree(monkeypatch):
+    """``update_gpu_readers.read_rule``: rules of one type whose own
+    scalars and hyperparameters along their parent chains hold the same
+    values share one reader call in a step (``memo``), whichever objects
+    hold those values; any difference, or a change before the next step,
+    reads again."""
+    from chainer.optimizers.adam import AdamRule
+    from static_graph import update_gpu_readers as G
+    calls = []
+    reader = G.RULES[AdamRule]
+    monkeypatch.setitem(G.RULES, AdamRule,
+                        lambda r, d: calls.append(r) or reader(r, d))
+    opts = [chainer.optimizers.Adam(alpha=a) for a in (1e-3, 1e-3, 2e-3)]
+    r1, r2 = AdamRule(opts[0].hyperparam), AdamRule(opts[0].hyperparam)
+    r3 = AdamRule(opts[1].hyperparam)      # the same values, another object
+    r4 = AdamRule(opts[2].hyperparam)      # another alpha
+    r5 = AdamRule(opts[0].hyperparam)
+    r5.hyperparam.beta1 = 0.8              # its own
+    r6 = AdamRule(opts[0].hyperparam)
+    rules = [r1, r2, r3, r4, r5, r6]
+    for r in rules:
+        r.t = 3
+    r6.t = 4
+    dtype = numpy.dtype(numpy.float32)
+
+    def step():
+        del calls[:]
+        memo = {}
+        return [G.read_rule(r, dtype, memo) for r in rules]
+    got = step()
+    assert calls == [r1, r4, r5, r6]
+    assert got[1] is got[0] and got[2] is got[0]
+    want = [reader(r, dtype) for r in rules]
+    assert [g[1] for g in got] == [w[1] for w in want]
+    assert len(set(w[1] for w in want)) == 4
+    opts[0].hyperparam.alpha = 4e-3        # before the next step
+    got = step()
+    assert calls == [r1, r3, r4, r5, r6]
+    assert [g[1] for g in got] == [reader(r, dtype)[1] for r in rules]

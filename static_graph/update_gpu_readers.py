@@ -147,6 +147,8 @@ def read_rule(rule, dtype, memo):
     all do: the reader then runs once a step, not once per parameter."""
     key = None
     try:
+        # (The rule's own hyperparameters inline, its parents' as a token:
+        # each rule's own object would only miss in _chain_token's memo.)
         d = vars(rule.hyperparam)
         parent = d.get('_parent')
         key = (type(rule), dtype,

@@ -318,6 +318,17 @@ def _where(n, out):
     _set(out, 'condition', lambda: _to_numpy(n.condition).astype(bool))
 
 
+def _numpy_call(n, out):
+    # (the call's Python constants, as the printout shows them)
+    _attr(out, 'call', n, 'name')
+    _set(out, 'args', lambda: tuple(
+        '%' if a is None else repr(a) for a in n.args))
+    if n.kwargs:
+        _set(out, 'kwargs', lambda: tuple(
+            '%s=%s' % (k, '%' if v is None else repr(v))
+            for k, v in sorted(n.kwargs.items())))
+
+
 def _resize(n, out):
     _set(out, 'output_shape', lambda: _pair(n.out_H, n.out_W))
     _attr(out, 'mode', n, 'mode')
@@ -399,6 +410,8 @@ _DESCRIBERS = {
     'Depth2Space': _attrs(r='r'),
     'Space2Depth': _attrs(r='r'),
     'ResizeImages': _resize,
+    # NumPy calls of a recorded forward (numpy_calls.py)
+    'NumpyCall': _numpy_call,
 }
 
 

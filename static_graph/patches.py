@@ -22,6 +22,7 @@ from chainer import reporter as reporter_module
 from chainer import variable as variable_module
 
 from static_graph import device_reads
+from static_graph import numpy_calls
 from static_graph import traced
 from static_graph.arrayutil import MISSING, detached_copy
 
@@ -52,11 +53,24 @@ def _global_rng_functions(module, instance, skip):
 
 def _flag_draw(module_name, name):
     orig = _orig_rng[module_name, name]
+    as_op = module_name == 'numpy.random' and \
+        name not in numpy_calls.NOT_DRAWS
 
     def draw(*args, **kwargs):
         rec = getattr(_local, 'recording', None)
-        if rec is not None and not rec.depth and not sys._getframe(
-                1).f_code.co_filename.startswith(traced.INTERNAL_DIRS):
+        if rec is None or rec.depth:
+            return orig(*args, **kwargs)
+        caller = sys._getframe(1).f_code.co_filename
+        user = not caller.startswith(traced.INTERNAL_DIRS)
+        if as_op and rec.phase == 'forward' and (
+                user or caller.startswith(numpy_calls.DRAWING_DIRS)):
+            # An array drawn between Chainer functions: an op of the
+            # recording, drawn again at replay (numpy_calls).
+            made = numpy_calls.draw(rec, orig, module_name, name, args,
+                                    kwargs)
+            if made is not None:
+                return made
+        if user:
             rec.add_reason(
                 'user code draws random numbers (%s.%s) at %s; replay '
                 'would freeze them (use Chainer functions such as '

@@ -41,6 +41,9 @@ INTERNAL_DIRS = LIBRARY_DIRS + (OWN_DIR,)
 
 # The active recording of this thread is published here by patches.begin.
 _active = None   # the threading.local of patches.py (set_active)
+# numpy_calls.compute: a NumPy call on traced arrays as an op of the
+# recording (set by numpy_calls, which imports this module).
+calls = None
 
 
 def set_active(local):
@@ -211,11 +214,55 @@ class TracedArray(numpy.ndarray):
             flag('.view(numpy.ndarray)')
         return out
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        # A ufunc making new arrays from traced ones, while a forward
+        # records: an op of the recording (numpy_calls), its results
+        # traced. Otherwise as ndarray's (results traced by
+        # __array_wrap__; in-place forms flagged by the operators).
+        rec = active_recording()
+        if rec is not None and calls is not None and method != 'at' and \
+                'out' not in kwargs and not rec.depth and \
+                rec.phase == 'forward':
+            fn = ufunc if method == '__call__' else getattr(ufunc, method)
+            result = fn(*[plain(x) if isinstance(x, TracedArray) else x
+                          for x in inputs], **kwargs)
+            made = calls(rec, fn, '%s%s' % (
+                ufunc.__name__, '' if method == '__call__' else
+                '.' + method), inputs, kwargs, result)
+            if made is not None:
+                return made
+        return _ufunc_as_before(ufunc, method, inputs, kwargs)
+
+    def astype(self, dtype, order='K', casting='unsafe', subok=True,
+               copy=True):
+        rec = active_recording()
+        if rec is not None and calls is not None:
+            result = numpy.ndarray.astype(plain(self), dtype, order, casting,
+                                          subok, copy)
+            made = calls(rec, _astype, 'astype', (self, dtype),
+                         {'order': order, 'casting': casting}, result)
+            if made is not None:
+                return made
+        return numpy.ndarray.astype(self, dtype, order, casting, subok, copy)
+
+    def copy(self, order='C'):
+        rec = active_recording()
+        if rec is not None and calls is not None:
+            result = numpy.ndarray.copy(plain(self), order)
+            made = calls(rec, numpy.ndarray.copy, 'copy', (self, order), {},
+                         result)
+            if made is not None:
+                return made
+        return numpy.ndarray.copy(self, order)
+
     def __array_function__(self, func, types, args, kwargs):
         # NumPy functions on traced arrays give traced results (a copy
         # made by numpy.copy stays traced); a plain number or bool computed
         # from them (numpy.array_equal, numpy.allclose) is a value read.
-        if _shape_from_values(func.__name__, args, kwargs):
+        # While a forward records, a result in new memory is an op of the
+        # recording (numpy_calls).
+        by_values = _shape_from_values(func.__name__, args, kwargs)
+        if by_values:
             flag('numpy.%s() (its result\'s shape depends on the values)'
                   % func.__name__)
         result = numpy.ndarray.__array_function__(self, func, types, args,
@@ -223,7 +270,52 @@ class TracedArray(numpy.ndarray):
         if isinstance(result, (bool, int, float, complex, numpy.generic)):
             flag('numpy.%s()' % func.__name__)
             return result
+        rec = active_recording()
+        if rec is not None and calls is not None and not by_values:
+            made = calls(rec, func, func.__name__, args, kwargs,
+                         _plain_result(result))
+            if made is not None:
+                return made
         return retrace(result)
+
+
+def _ufunc_as_before(ufunc, method, inputs, kwargs):
+    """A ufunc on traced arrays as NumPy's default for a subclass runs
+    it: on the plain arrays, results handed to ``__array_wrap__`` of the
+    first traced input (traced; a reduction to one value flagged), an
+    ``out=`` given back as passed."""
+    wrapper = next(x for x in inputs + tuple(kwargs.get('out') or ())
+                   if isinstance(x, TracedArray))
+    out = kwargs.get('out')
+    if out is not None:
+        kwargs = dict(kwargs)
+        kwargs['out'] = tuple(plain(o) if isinstance(o, TracedArray) else o
+                              for o in out)
+    result = getattr(ufunc, method)(
+        *[plain(x) if isinstance(x, TracedArray) else x for x in inputs],
+        **kwargs)
+    if method == 'at':
+        return result
+    if out is not None:
+        return out[0] if len(out) == 1 else tuple(out)
+    if type(result) is tuple:
+        return tuple(wrapper.__array_wrap__(numpy.asarray(r))
+                     for r in result)
+    return wrapper.__array_wrap__(numpy.asarray(result))
+
+
+def _astype(a, dtype, order='K', casting='unsafe'):
+    """``a.astype(dtype)`` as a copy (numpy_calls records it only where
+    NumPy made one)."""
+    return a.astype(dtype, order=order, casting=casting)
+
+
+def _plain_result(result):
+    if isinstance(result, TracedArray):
+        return plain(result)
+    if type(result) in (tuple, list):
+        return tuple(_plain_result(r) for r in result)
+    return result
 
 
 # NumPy functions whose result's shape depends on the values of some of

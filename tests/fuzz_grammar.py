@@ -550,6 +550,24 @@ def _op_numpy_const(b):
         % (_prod(b.shape), b.shape))
 
 
+def _op_numpy_noise(b):
+    """NumPy between Chainer functions, ops of the schedule
+    (static_graph/numpy_calls.py): an array drawn from NumPy's global
+    generator (DCGAN's add_noise), or NumPy arithmetic on the activation's
+    values."""
+    sigma = b.draw(st.sampled_from([0.1, 0.5]))
+    kind = b.draw(st.integers(0, 2))
+    b.body.append('h = chainer.as_variable(h)')
+    if kind == 0:
+        b.body.append('h = h + %r * numpy.random.randn(*h.shape)' % sigma)
+    elif kind == 1:
+        b.body.append('h = h * numpy.tanh(h.array * %r)' % sigma)
+    else:
+        b.body.append(
+            'h = h + (numpy.random.uniform(-1, 1, size=h.shape) > 0)'
+            '.astype(h.dtype) * %r' % sigma)
+
+
 OPS = collections.OrderedDict([
     ('act', (_op_act, lambda s: True)),
     ('linear', (_op_linear, lambda s: True)),
@@ -578,6 +596,7 @@ OPS = collections.OrderedDict([
     ('squeeze', (_op_squeeze, lambda s: True)),
     ('attr', (_op_attr, lambda s: True)),
     ('held', (_op_held, lambda s: True)),
+    ('numpy_noise', (_op_numpy_noise, lambda s: True)),
 ])
 # Rare on purpose: they fall back. Drawn with low probability.
 FALLBACK_OPS = collections.OrderedDict([

@@ -1371,13 +1371,12 @@ def _train_bit_for_bit(models, reseed, n=4):
 @pytest.mark.parametrize('draw', [
     lambda: random.uniform(0.5, 1.5),
     lambda: numpy.random.uniform(0.5, 1.5),
-    # A (1, 1) array: uniform, so it would pass for a constant.
-    lambda: numpy.random.beta(0.4, 0.4, size=(1, 1)).astype(numpy.float32),
 ])
 def test_random_draw_in_the_method_falls_back(draw):
-    """A mixup coefficient or random scale drawn from Python's or NumPy's
-    global generator between Chainer functions: replay would not draw it
-    again."""
+    """A mixup coefficient or random scale drawn as a number from Python's
+    or NumPy's global generator between Chainer functions, used in Python:
+    replay would not draw it again. (An array drawn from NumPy's is an op
+    of the schedule: test_numpy_calls.py.)"""
     def body(self, x):
         return F.sum(self.l2(F.relu(self.l1(x))) * draw())
 
@@ -1991,7 +1990,6 @@ DATA_SHAPED = {
     # Faster R-CNN style foreground sampling: the index frozen at replay.
     'index from numpy.where': lambda self, x, lab: F.sum(
         self.l1(x)[numpy.where(lab > 0)[0]] ** 2),
-    'index from argsort': _hard_examples,
     # A count from a result whose shape depends on the values.
     'len of numpy.where': lambda self, x, lab: F.sum(self.l1(x) ** 2) / max(
         len(numpy.where(lab > 0)[0]), 1),
@@ -2029,6 +2027,16 @@ def test_value_dependent_index_or_count_falls_back(name):
     models = make_twins(DATA_SHAPED[name])
     train_alike(models, _data_shaped_batches(), **EXACT)
     assert states(models[1]) == ['fallback']
+
+
+def test_an_index_of_fixed_length_computed_from_the_values_replays():
+    """Hard-example mining (``loss[numpy.argsort(-loss.array)[:3]]``): the
+    argsort is an op of the schedule (numpy_calls.py) and GetItem reads its
+    result at every replay: bit for bit, replayed."""
+    models = make_twins(_hard_examples)
+    train_alike(models, _data_shaped_batches(), **EXACT)
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).replays > 0
 
 
 def test_boolean_mask_argument_in_evaluation():

@@ -1,0 +1,191 @@
+"""NumPy calls between Chainer functions, recorded as ops of the schedule.
+
+While a call records (its forward, outside any Chainer function), two
+kinds of NumPy call become ops instead of values frozen at recording:
+
+* a draw from NumPy's global generator with an array result
+  (``numpy.random.randn(*h.shape)`` in DCGAN's ``add_noise``,
+  ``numpy.random.standard_normal`` in ``chainer.distributions.Normal``'s
+  ``sample``), made by user code or by ``chainer.distributions``;
+* NumPy arithmetic on an array the recording traces (a drawn array, an
+  input array, one read through ``Variable.array``): ufuncs (``sigma *
+  noise``, ``x / 255``), ``astype``, ``copy`` and NumPy functions whose
+  result is new memory (``numpy.concatenate``, ``numpy.where``).
+
+Each is a ``NumpyCall`` node applied like any Chainer function (the
+recorder sees it through ``FunctionNode.apply``); its forward makes the
+very call again, with the recorded constants, on that call's arrays. At
+replay a draw runs at its place among the schedule's ops, so the global
+generator is drawn from in define-by-run's order (F.dropout's own draws
+included), and a ufunc gets the same operands: the same bits. Results are
+handed back to user code traced, so what it does with them next is seen
+too. What stays a reason to fall back: a draw with a scalar result (a
+number used in Python), a reduction to one value, anything whose result's
+shape depends on the values (traced.py), arguments other than arrays and
+plain constants. CuPy's generators are not covered (device_reads.py).
+"""
+import os
+
+import numpy
+
+import chainer
+from chainer import function_node
+
+from static_graph import traced
+
+# Chainer's own code whose draws are ops: a distribution's sample. (Its
+# initializers and link hooks draw once, for state they keep: not an op of
+# every call.)
+DRAWING_DIRS = (os.path.join(os.path.dirname(chainer.__file__),
+                             'distributions') + os.sep,)
+
+_NONE = object()
+# Functions of the global generator that set its state or write into their
+# argument: never ops.
+NOT_DRAWS = frozenset(('seed', 'set_state', 'shuffle'))
+_CONSTANTS = (int, float, complex, bool, str, bytes, type(None),
+              numpy.generic, numpy.dtype, type)
+
+
+class NumpyCall(function_node.FunctionNode):
+    """``fn(*args, **kwargs)`` with the arrays at ``slots`` given as the
+    node's inputs: a NumPy call of a recorded forward (module docstring).
+    Its results carry no gradient, as a NumPy call's do not."""
+
+    static_graph_pure = True    # (it reads its inputs, writes none)
+
+    def __init__(self, fn, name, args, kwargs, slots):
+        self.fn = fn
+        self.name = name
+        self.args = args
+        self.kwargs = kwargs
+        self.slots = slots      # per input: ('a', i), ('a', i, j), ('k', k)
+        self.scalar = _NONE     # a draw's result that is no array
+
+    @property
+    def label(self):
+        return 'NumpyCall(%s)' % self.name
+
+    def forward(self, inputs):
+        args, kwargs = list(self.args), dict(self.kwargs)
+        for slot, x in zip(self.slots, inputs):
+            if slot[0] == 'k':
+                kwargs[slot[1]] = x
+            elif len(slot) == 2:
+                args[slot[1]] = x
+            else:
+                seq = args[slot[1]]
+                args[slot[1]] = seq[:slot[2]] + type(seq)((x,)) + \
+                    seq[slot[2] + 1:]
+        r = self.fn(*args, **kwargs)
+        outs = r if type(r) is tuple else (r,)
+        if not all(type(o) is numpy.ndarray for o in outs):
+            self.scalar = r
+            return tuple(numpy.asarray(o) for o in outs)
+        return outs
+
+
+def _template(args, kwargs):
+    """(args with None for arrays, kwargs likewise, slots, arrays), or
+    None where an argument is neither an array nor a plain constant (one
+    level of tuples and lists of them is looked into)."""
+    args = list(args)
+    kwargs = dict(kwargs)
+    slots, arrays = [], []
+    for i, a in enumerate(args):
+        if isinstance(a, numpy.ndarray):
+            slots.append(('a', i))
+            arrays.append(a)
+            args[i] = None
+        elif type(a) in (tuple, list):
+            seq = list(a)
+            for j, x in enumerate(seq):
+                if isinstance(x, numpy.ndarray):
+                    slots.append(('a', i, j))
+                    arrays.append(x)
+                    seq[j] = None
+                elif not isinstance(x, _CONSTANTS) and \
+                        type(x) not in (tuple, list):
+                    return None
+                elif type(x) in (tuple, list) and not all(
+                        isinstance(y, _CONSTANTS) for y in x):
+                    return None
+            args[i] = type(a)(seq)
+        elif not isinstance(a, _CONSTANTS):
+            return None
+    for k, v in kwargs.items():
+        if isinstance(v, numpy.ndarray):
+            slots.append(('k', k))
+            arrays.append(v)
+            kwargs[k] = None
+        elif type(v) in (tuple, list):
+            if not all(isinstance(x, _CONSTANTS) for x in v):
+                return None
+        elif not isinstance(v, _CONSTANTS):
+            return None
+    return tuple(args), kwargs, tuple(slots), arrays
+
+
+def recordable(rec):
+    """May a NumPy call be an op of ``rec`` now (its forward, outside any
+    Chainer function)?"""
+    return rec is not None and not rec.depth and rec.phase == 'forward'
+
+
+def apply(rec, fn, name, args, kwargs):
+    """Make ``fn(*args, **kwargs)`` an op of ``rec``: (node, its results as
+    traced arrays, or its result that is no array), or None where the call
+    cannot be one (it was not made)."""
+    t = _template(args, kwargs)
+    if t is None:
+        return None
+    targs, tkwargs, slots, arrays = t
+    node = NumpyCall(fn, name, targs, tkwargs, slots)
+    outs = node.apply(arrays)
+    if node.scalar is not _NONE:
+        return node, node.scalar
+    return node, tuple(rec.trace(y.array) for y in outs)
+
+
+def draw(rec, fn, module_name, name, args, kwargs):
+    """A draw from the global generator (patches.py) as an op: the draw's
+    result, or None where it is not one (nothing was drawn)."""
+    made = apply(rec, fn, '%s.%s' % (module_name, name), args, kwargs)
+    if made is None:
+        return None
+    node, result = made
+    if node.scalar is _NONE:
+        return result[0]
+    rec.add_reason(
+        'user code draws random numbers (%s.%s) at %s, a number used in '
+        'Python; replay would freeze it (draw an array, use Chainer '
+        'functions such as F.dropout or F.gaussian, or pass it in as an '
+        'argument)' % (module_name, name, traced.user_location(3)))
+    return result
+
+
+def _new_memory(result, arrays):
+    outs = result if type(result) in (tuple, list) else (result,)
+    return all(type(o) is numpy.ndarray for o in outs) and not any(
+        numpy.shares_memory(o, a) for o in outs for a in arrays)
+
+
+def compute(rec, fn, name, args, kwargs, result):
+    """A pure NumPy call on traced arrays, already computed (``result``,
+    plain arrays): as an op of ``rec`` where its result is new memory, its
+    traced results; else None (the caller hands back ``result`` as
+    before)."""
+    t = _template(args, kwargs)
+    if t is None or not _new_memory(
+            result, [traced.plain(a) if isinstance(a, traced.TracedArray)
+                     else a for a in t[3]]):
+        return None
+    made = apply(rec, fn, name, args, kwargs)
+    if made is None:
+        return None
+    # (in the container NumPy returned: numpy.where's tuple, a list)
+    return type(result)(made[1]) if type(result) in (tuple, list) else \
+        made[1][0]
+
+
+traced.calls = compute     # (traced.py cannot import this module)

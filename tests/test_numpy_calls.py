@@ -1,0 +1,205 @@
+"""NumPy calls between Chainer functions as ops of the schedule
+(static_graph/numpy_calls.py): array draws from NumPy's global generator
+and NumPy arithmetic on traced arrays replay, bit for bit, the generator's
+state after each step included; what cannot replay still falls back."""
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.distributions as D
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph import StaticGraphWarning
+from static_graph.decorator import caches_of
+
+
+class Base(chainer.Chain):
+    def __init__(self):
+        super(Base, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(5, 4)
+            self.l2 = L.Linear(4, 3)
+
+
+def add_noise(h, sigma=0.2):
+    """DCGAN's add_noise (examples/dcgan/net.py), NumPy branch."""
+    if chainer.config.train:
+        return h + sigma * numpy.random.randn(*h.shape)
+    return h
+
+
+def dcgan_noise(self, x):
+    h = add_noise(self.l1(x))
+    h = F.dropout(F.leaky_relu(h), 0.3)      # F.dropout draws too
+    return self.l2(add_noise(h))
+
+
+def normal_sample(self, x):
+    h = self.l1(x)
+    q = D.Normal(h, scale=F.exp(h * 0.1))
+    return self.l2(q.sample(2)[1])
+
+
+def input_arithmetic(self, x):
+    x = (x * 255).astype(numpy.int32).astype(numpy.float32) / 255.
+    return self.l2(F.relu(self.l1(x)))
+
+
+def variable_arithmetic(self, x):
+    h = self.l1(x)
+    return self.l2(h * numpy.tanh(h.array))
+
+
+def permutation_index(self, x):
+    h = self.l1(x)
+    return self.l2(h[numpy.random.permutation(h.shape[0])])
+
+
+def where_mask(self, x):
+    h = self.l1(x)
+    return self.l2(F.where(h.array > 0.1, h, h * 0.5))
+
+
+def concatenated_draw(self, x):
+    n = numpy.random.normal(0, 1, size=(x.shape[0], 2)).astype(numpy.float32)
+    return self.l2(self.l1(numpy.concatenate([x[:, :3], n], axis=1)))
+
+
+def discarded_draw(self, x):
+    numpy.random.rand(3)        # define-by-run draws it at every call too
+    return self.l2(F.dropout(self.l1(x), 0.5))
+
+
+REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
+            variable_arithmetic, permutation_index, where_mask,
+            concatenated_draw, discarded_draw]
+
+
+def train_twins(body, steps=6):
+    """Train an undecorated and a decorated twin on the same batches with
+    NumPy's generator seeded alike before each step; return the decorated
+    one and its warnings, after checking that the losses, the parameters
+    and the generator's next draw agree bit for bit at every step."""
+    models = []
+    for decorate in (False, True):
+        cls = type('Net', (Base,), {'forward': static_graph.static_graph(
+            body) if decorate else body})
+        numpy.random.seed(0)
+        m = cls()
+        opt = chainer.optimizers.SGD(0.01)
+        opt.setup(m)
+        models.append((m, opt))
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(steps):
+            x = rs.standard_normal((6, 5)).astype('f')
+            seen = []
+            for m, opt in models:
+                numpy.random.seed(100 + i)
+                m.cleargrads()
+                loss = F.sum(m(x) ** 2)
+                loss.backward()
+                opt.update()
+                seen.append([loss.array] + [p.array for p in m.params()] +
+                            [numpy.random.rand(2)])
+            for k, (a, b) in enumerate(zip(*seen)):
+                assert numpy.asarray(a).tobytes() == \
+                    numpy.asarray(b).tobytes(), (body.__name__, i, k)
+    return models[1][0], [x for x in w
+                          if issubclass(x.category, StaticGraphWarning)]
+
+
+def only_cache(chain):
+    (c,) = caches_of(chain).values()
+    return c
+
+
+@pytest.mark.parametrize('body', REPLAYED, ids=lambda b: b.__name__)
+def test_numpy_calls_replay_bit_for_bit(body):
+    m, w = train_twins(body)
+    assert not w
+    c = only_cache(m)
+    assert c.recordings == 1 and c.replays == 5 and c.fallback_calls == 0
+
+
+def test_the_printout_names_each_call_and_its_constants():
+    m, _ = train_twins(dcgan_noise, steps=2)
+    (s,) = static_graph.cached(m)
+    calls = [op for op in s.forward.ops if op.kind == 'NumpyCall']
+    assert [op.attrs['call'] for op in calls] == [
+        'numpy.random.randn', 'multiply', 'astype'] * 2
+    assert calls[0].attrs['args'] == ('6', '4')
+    assert calls[1].attrs['args'] == ('0.2', '%')
+    assert "NumpyCall() {args=('6', '4'), call='numpy.random.randn'}" in \
+        str(s.forward)
+
+
+def scalar_draw(self, x):
+    return self.l2(self.l1(x) * numpy.random.uniform(0.5, 1.5))
+
+
+def value_read(self, x):
+    h = self.l1(x)
+    return self.l2(h * float(numpy.abs(h.array).max()))
+
+
+def values_shaped(self, x):
+    h = self.l1(x)
+    return self.l2(h[numpy.nonzero(h.array[:, 0] > 0)[0]])
+
+
+@pytest.mark.parametrize('body,reason', [
+    (scalar_draw, 'draws random numbers'),
+    (value_read, 'reads array values'),
+    (values_shaped, 'reads array values'),
+], ids=['scalar draw', 'value read', 'shape from values'])
+def test_what_cannot_replay_still_falls_back(body, reason):
+    """A number drawn and used in Python, a value read, a result whose
+    shape depends on the values: the recording call and the rest run
+    define-by-run, bit for bit, with the reason."""
+    m, w = train_twins(body)
+    c = only_cache(m)
+    assert c.replays == 0 and c.fallback_calls == 5
+    assert any(reason in str(x.message) for x in w)
+
+
+def test_a_parameter_initialized_lazily_is_not_drawn_again():
+    """``L.Linear(None, n)`` draws its weights from NumPy's generator in
+    the first call (chainer/initializers): that draw is the link's, made
+    once, not an op of the schedule."""
+    class Lazy(chainer.Chain):
+        def __init__(self):
+            super(Lazy, self).__init__()
+            with self.init_scope():
+                self.l1 = L.Linear(None, 4)
+
+        def forward(self, x):
+            return self.l1(add_noise(x))
+
+    ms = []
+    for decorate in (False, True):
+        cls = type('Net', (Lazy,), {'forward': static_graph.static_graph(
+            Lazy.forward) if decorate else Lazy.forward})
+        numpy.random.seed(0)
+        ms.append(cls())
+    x = chainer.Variable(numpy.ones((2, 3), 'f'))
+    for i in range(4):
+        out = []
+        for m in ms:
+            numpy.random.seed(7 + i)
+            m.cleargrads()
+            y = m(x)
+            F.sum(y).backward()
+            out.append((y.array, m.l1.W.array.copy(), m.l1.W.grad.copy(),
+                        numpy.random.rand()))
+        for a, b in zip(*out):
+            assert numpy.asarray(a).tobytes() == numpy.asarray(b).tobytes()
+    (s,) = static_graph.cached(ms[1])
+    assert [op.attrs.get('call') for op in s.forward.ops
+            if op.kind == 'NumpyCall'] == [
+        'numpy.random.randn', 'multiply', 'astype']

@@ -175,6 +175,8 @@ def compute(rec, fn, name, args, kwargs, result):
     plain arrays): as an op of ``rec`` where its result is new memory, its
     traced results; else None (the caller hands back ``result`` as
     before)."""
+    if not recordable(rec):
+        return None
     t = _template(args, kwargs)
     if t is None or not _new_memory(
             result, [traced.plain(a) if isinstance(a, traced.TracedArray)

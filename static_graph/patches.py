@@ -62,7 +62,7 @@ def _flag_draw(module_name, name):
             return orig(*args, **kwargs)
         caller = sys._getframe(1).f_code.co_filename
         user = not caller.startswith(traced.INTERNAL_DIRS)
-        if as_op and rec.phase == 'forward' and (
+        if as_op and numpy_calls.recordable(rec) and (
                 user or caller.startswith(numpy_calls.DRAWING_DIRS)):
             # An array drawn between Chainer functions: an op of the
             # recording, drawn again at replay (numpy_calls).

@@ -220,18 +220,18 @@ class TracedArray(numpy.ndarray):
         # traced. Otherwise as ndarray's (results traced by
         # __array_wrap__; in-place forms flagged by the operators).
         rec = active_recording()
-        if rec is not None and calls is not None and method != 'at' and \
-                'out' not in kwargs and not rec.depth and \
-                rec.phase == 'forward':
-            fn = ufunc if method == '__call__' else getattr(ufunc, method)
-            result = fn(*[plain(x) if isinstance(x, TracedArray) else x
-                          for x in inputs], **kwargs)
-            made = calls(rec, fn, '%s%s' % (
-                ufunc.__name__, '' if method == '__call__' else
-                '.' + method), inputs, kwargs, result)
-            if made is not None:
-                return made
-        return _ufunc_as_before(ufunc, method, inputs, kwargs)
+        if rec is None or calls is None or method == 'at' or \
+                'out' in kwargs:
+            return _ufunc_as_before(ufunc, method, inputs, kwargs)
+        fn = ufunc if method == '__call__' else getattr(ufunc, method)
+        result = fn(*[plain(x) if isinstance(x, TracedArray) else x
+                      for x in inputs], **kwargs)
+        made = calls(rec, fn, '%s%s' % (
+            ufunc.__name__, '' if method == '__call__' else '.' + method),
+            inputs, kwargs, result)
+        if made is not None:
+            return made
+        return _wrap(_first_traced(inputs), result)
 
     def astype(self, dtype, order='K', casting='unsafe', subok=True,
                copy=True):
@@ -284,8 +284,7 @@ def _ufunc_as_before(ufunc, method, inputs, kwargs):
     it: on the plain arrays, results handed to ``__array_wrap__`` of the
     first traced input (traced; a reduction to one value flagged), an
     ``out=`` given back as passed."""
-    wrapper = next(x for x in inputs + tuple(kwargs.get('out') or ())
-                   if isinstance(x, TracedArray))
+    wrapper = _first_traced(inputs + tuple(kwargs.get('out') or ()))
     out = kwargs.get('out')
     if out is not None:
         kwargs = dict(kwargs)
@@ -298,6 +297,15 @@ def _ufunc_as_before(ufunc, method, inputs, kwargs):
         return result
     if out is not None:
         return out[0] if len(out) == 1 else tuple(out)
+    return _wrap(wrapper, result)
+
+
+def _first_traced(arrays):
+    return next(x for x in arrays if isinstance(x, TracedArray))
+
+
+def _wrap(wrapper, result):
+    """A ufunc's result(s) through ``wrapper.__array_wrap__``."""
     if type(result) is tuple:
         return tuple(wrapper.__array_wrap__(numpy.asarray(r))
                      for r in result)

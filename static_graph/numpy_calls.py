@@ -85,6 +85,12 @@ class NumpyCall(function_node.FunctionNode):
         return outs
 
 
+def _constant(v):
+    """A plain constant of a call, or a tuple or list of them."""
+    return isinstance(v, _CONSTANTS) or type(v) in (tuple, list) and all(
+        isinstance(x, _CONSTANTS) for x in v)
+
+
 def _template(args, kwargs):
     """(args with None for arrays, kwargs likewise, slots, arrays), or
     None where an argument is neither an array nor a plain constant (one
@@ -104,24 +110,17 @@ def _template(args, kwargs):
                     slots.append(('a', i, j))
                     arrays.append(x)
                     seq[j] = None
-                elif not isinstance(x, _CONSTANTS) and \
-                        type(x) not in (tuple, list):
-                    return None
-                elif type(x) in (tuple, list) and not all(
-                        isinstance(y, _CONSTANTS) for y in x):
+                elif not _constant(x):
                     return None
             args[i] = type(a)(seq)
-        elif not isinstance(a, _CONSTANTS):
+        elif not _constant(a):
             return None
     for k, v in kwargs.items():
         if isinstance(v, numpy.ndarray):
             slots.append(('k', k))
             arrays.append(v)
             kwargs[k] = None
-        elif type(v) in (tuple, list):
-            if not all(isinstance(x, _CONSTANTS) for x in v):
-                return None
-        elif not isinstance(v, _CONSTANTS):
+        elif not _constant(v):
             return None
     return tuple(args), kwargs, tuple(slots), arrays
 
@@ -132,14 +131,11 @@ def recordable(rec):
     return rec is not None and not rec.depth and rec.phase == 'forward'
 
 
-def apply(rec, fn, name, args, kwargs):
-    """Make ``fn(*args, **kwargs)`` an op of ``rec``: (node, its results as
-    traced arrays, or its result that is no array), or None where the call
-    cannot be one (it was not made)."""
-    t = _template(args, kwargs)
-    if t is None:
-        return None
-    targs, tkwargs, slots, arrays = t
+def apply(rec, fn, name, template):
+    """Make the call of ``fn`` that ``template`` (``_template``'s) holds an
+    op of ``rec``: (node, its results as traced arrays, or its result that
+    is no array)."""
+    targs, tkwargs, slots, arrays = template
     node = NumpyCall(fn, name, targs, tkwargs, slots)
     outs = node.apply(arrays)
     if node.scalar is not _NONE:
@@ -150,10 +146,10 @@ def apply(rec, fn, name, args, kwargs):
 def draw(rec, fn, module_name, name, args, kwargs):
     """A draw from the global generator (patches.py) as an op: the draw's
     result, or None where it is not one (nothing was drawn)."""
-    made = apply(rec, fn, '%s.%s' % (module_name, name), args, kwargs)
-    if made is None:
+    t = _template(args, kwargs)
+    if t is None:
         return None
-    node, result = made
+    node, result = apply(rec, fn, '%s.%s' % (module_name, name), t)
     if node.scalar is _NONE:
         return result[0]
     rec.add_reason(
@@ -179,15 +175,12 @@ def compute(rec, fn, name, args, kwargs, result):
         return None
     t = _template(args, kwargs)
     if t is None or not _new_memory(
-            result, [traced.plain(a) if isinstance(a, traced.TracedArray)
-                     else a for a in t[3]]):
+            result, [traced.untraced(a) for a in t[3]]):
         return None
-    made = apply(rec, fn, name, args, kwargs)
-    if made is None:
-        return None
+    results = apply(rec, fn, name, t)[1]
     # (in the container NumPy returned: numpy.where's tuple, a list)
-    return type(result)(made[1]) if type(result) in (tuple, list) else \
-        made[1][0]
+    return type(result)(results) if type(result) in (tuple, list) else \
+        results[0]
 
 
 traced.calls = compute     # (traced.py cannot import this module)

@@ -224,8 +224,7 @@ class TracedArray(numpy.ndarray):
                 'out' in kwargs:
             return _ufunc_as_before(ufunc, method, inputs, kwargs)
         fn = ufunc if method == '__call__' else getattr(ufunc, method)
-        result = fn(*[plain(x) if isinstance(x, TracedArray) else x
-                      for x in inputs], **kwargs)
+        result = fn(*[untraced(x) for x in inputs], **kwargs)
         made = calls(rec, fn, '%s%s' % (
             ufunc.__name__, '' if method == '__call__' else '.' + method),
             inputs, kwargs, result)
@@ -288,11 +287,9 @@ def _ufunc_as_before(ufunc, method, inputs, kwargs):
     out = kwargs.get('out')
     if out is not None:
         kwargs = dict(kwargs)
-        kwargs['out'] = tuple(plain(o) if isinstance(o, TracedArray) else o
-                              for o in out)
-    result = getattr(ufunc, method)(
-        *[plain(x) if isinstance(x, TracedArray) else x for x in inputs],
-        **kwargs)
+        kwargs['out'] = tuple(untraced(o) for o in out)
+    result = getattr(ufunc, method)(*[untraced(x) for x in inputs],
+                                    **kwargs)
     if method == 'at':
         return result
     if out is not None:

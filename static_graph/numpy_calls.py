@@ -10,7 +10,12 @@ kinds of NumPy call become ops instead of values frozen at recording:
 * NumPy arithmetic on an array the recording traces (a drawn array, an
   input array, one read through ``Variable.array``): ufuncs (``sigma *
   noise``, ``x / 255``), ``astype``, ``copy`` and NumPy functions whose
-  result is new memory (``numpy.concatenate``, ``numpy.where``).
+  result is new memory (``numpy.concatenate``, ``numpy.where``);
+* a call of one of Chainer's own pure array functions (``PURE``) with a
+  traced array among its arguments: ``concat_examples(xs, padding=-1)``,
+  which text classification's CNN and bag-of-words encoders call in their
+  forward, pads into a new array with item assignments, which would
+  otherwise be writes the recording cannot repeat.
 
 Each is a ``NumpyCall`` node applied like any Chainer function (the
 recorder sees it through ``FunctionNode.apply``); its forward makes the
@@ -158,6 +163,31 @@ def draw(rec, fn, module_name, name, args, kwargs):
         'functions such as F.dropout or F.gaussian, or pass it in as an '
         'argument)' % (module_name, name, traced.user_location(3)))
     return result
+
+
+# Chainer's functions of arrays and plain constants whose result is new
+# memory, shaped by their arguments' shapes alone (which are the key's),
+# as (module, name): made ops whole where a traced array is among their
+# arguments (patches.py wraps them while a recording is under way).
+PURE = (('chainer.dataset.convert', '_concat_arrays_with_padding',
+         'chainer.dataset.concat_examples'),)
+
+
+def pure_function(orig, label, local):
+    """``orig`` (one of ``PURE``) as an op of the thread's recording (on
+    ``local``) where it may be one and is given a traced array."""
+    def call(*args, **kwargs):
+        rec = getattr(local, 'recording', None)
+        if recordable(rec):
+            t = _template(args, kwargs)
+            if t is not None and any(type(a) is traced.TracedArray
+                                     for a in t[3]):
+                return apply(rec, orig, label, t)[1][0]   # (one array)
+        return orig(*args, **kwargs)
+
+    call.__name__ = orig.__name__
+    call.__doc__ = orig.__doc__
+    return call
 
 
 def _new_memory(result, arrays):

@@ -3,7 +3,8 @@
 ``install()`` (when the first recording starts) replaces
 ``FunctionNode.apply``, ``Variable._get_array``, ``Reporter.report``,
 Chainer's ``backprop_step``, NumPy's array constructors and shape makers,
-and the global random generators' functions with wrappers that hand each
+the global random generators' functions and Chainer's pure array
+functions (``numpy_calls.PURE``) with wrappers that hand each
 event to the thread's recording (``current()``); ``uninstall()`` (when the
 last one ends) restores them. A recording holds them from its forward to
 the end of its recorded backward (``Hold``). Calls while no recording is
@@ -249,6 +250,13 @@ _PATCHES = (
      dict((n, fn) for (m, n), fn in _patched_rng.items() if m == name),
      dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))
     for name, module in _RNG_MODULES.items())
+for _module, _name, _label in numpy_calls.PURE:
+    _orig_fn = getattr(sys.modules[_module], _name)
+    _PATCHES += ((sys.modules[_module].__dict__,
+                  {_name: numpy_calls.pure_function(_orig_fn, _label,
+                                                    _local)},
+                  {_name: _orig_fn}),)
+del _module, _name, _label, _orig_fn
 for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only
                     device_reads.constant_patches()):
     if _cupy_patch is not None:

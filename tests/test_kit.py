@@ -5,7 +5,9 @@ bit for bit, and replay. The kit itself is run by benchmarks/kit_run.py
 import pytest
 
 from benchmarks import kit
+from benchmarks.kit import common
 from benchmarks.kit import runner
+from benchmarks.kit import text_classification
 
 
 @pytest.mark.parametrize('name', ['vae', 'memnn', 'mnist-custom-loop'])
@@ -20,14 +22,32 @@ def test_kit_case_trains_bit_for_bit_and_replays(name):
     assert not r['reasons'] and not r['warnings']
 
 
-def test_kit_reports_a_fallback_and_its_reason():
-    """The kit's counters see a fallback: the text classifier's CNN
-    encoder pads its sentences with NumPy in the forward, an array no
-    Chainer function made entering ``EmbedIDFunction``."""
-    r = runner.run_case(kit.make('textclass-cnn-fixed'), steps=2, warmup=1)
+def test_kit_reports_a_fallback_and_its_reason(monkeypatch):
+    """The kit's counters see a fallback: the text classifier's
+    bag-of-words encoder divides by an array of the sentences' lengths
+    made in the forward (``xp.array([len(x) for x in xs])``), which
+    Chainer casts before ``Div``: an array no Chainer function made.
+    (The same lengths in every batch, so that the second call is of the
+    same key.)"""
+    monkeypatch.setattr(common, 'lengths', lambda rs, n, lo, hi: [
+        lo + i % 3 for i in range(n)])
+    r = runner.run_case(text_classification.make_case('bow'), steps=2,
+                        warmup=1)
     assert r['equal'], r['first_mismatch']
     assert r['fallback_calls'] == 1 and r['replays'] == 0
     assert r['reasons'] and r['warnings']
+    assert 'enters Div' in r['reasons'][0]
+
+
+def test_the_padded_cnn_encoder_replays():
+    """The text classifier's CNN encoder pads its sentences in the forward
+    with ``concat_examples(xs, padding=-1)``: one op of the schedule
+    (numpy_calls.PURE), so its calls of one length replay, equal to
+    define-by-run."""
+    r = runner.run_case(kit.make('textclass-cnn-fixed'), steps=3, warmup=1)
+    assert r['equal'], r['first_mismatch']
+    assert r['replays'] == 2 and r['fallback_calls'] == 0
+    assert not r['reasons'] and not r['warnings']
 
 
 def test_the_vae_loss_replays_its_latent_draw():

@@ -203,3 +203,71 @@ def test_a_parameter_initialized_lazily_is_not_drawn_again():
     assert [op.attrs.get('call') for op in s.forward.ops
             if op.kind == 'NumpyCall'] == [
         'numpy.random.randn', 'multiply', 'astype']
+
+
+class Padded(chainer.Chain):
+    """Text classification's CNN encoder in small (examples/
+    text_classification/nets.py): the batch of sentences padded in the
+    forward by ``concat_examples(xs, padding=-1)``."""
+
+    def __init__(self):
+        super(Padded, self).__init__()
+        with self.init_scope():
+            self.embed = L.EmbedID(20, 4, ignore_label=-1)
+            self.conv = L.Convolution2D(4, 3, ksize=(3, 1), pad=(2, 0))
+            self.out = L.Linear(3, 2)
+
+
+def padded_by_module_path(self, xs, t):
+    x = chainer.dataset.convert.concat_examples(xs, padding=-1)
+    e = F.transpose(self.embed(x), (0, 2, 1))[:, :, :, None]
+    h = F.max(self.conv(F.dropout(e, 0.2)), axis=2)
+    return F.softmax_cross_entropy(self.out(h), t)
+
+
+def padded_by_bound_name(self, xs, t):
+    from chainer.dataset import concat_examples
+    x = concat_examples(xs, padding=-1)
+    return F.softmax_cross_entropy(self.out(
+        F.sum(self.embed(x), axis=1)[:, :3]), t)
+
+
+@pytest.mark.parametrize('body', [padded_by_module_path,
+                                  padded_by_bound_name],
+                         ids=lambda b: b.__name__)
+def test_a_batch_padded_in_the_forward_replays(body):
+    """Padding a batch of sentences of different lengths (item assignments
+    into a new array) is one op of the schedule, made again from each
+    call's sentences: bit for bit, replaying from the second call."""
+    models = []
+    for decorate in (False, True):
+        cls = type('Net', (Padded,), {'forward': static_graph.static_graph(
+            body) if decorate else body})
+        numpy.random.seed(0)
+        m = cls()
+        opt = chainer.optimizers.Adam()
+        opt.setup(m)
+        models.append((m, opt))
+    rs = numpy.random.RandomState(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', StaticGraphWarning)
+        for i in range(5):
+            xs = [rs.randint(0, 20, n).astype(numpy.int32)
+                  for n in (3, 5, 2, 5)]
+            t = rs.randint(0, 2, 4).astype(numpy.int32)
+            seen = []
+            for m, opt in models:
+                numpy.random.seed(10 + i)
+                m.cleargrads()
+                loss = m([x.copy() for x in xs], t)
+                loss.backward()
+                opt.update()
+                seen.append([loss.array] + [p.array for p in m.params()])
+            for a, b in zip(*seen):
+                assert a.tobytes() == b.tobytes(), (body.__name__, i)
+    c = only_cache(models[1][0])
+    assert c.recordings == 1 and c.replays == 4
+    (s,) = static_graph.cached(models[1][0])
+    (pad,) = [op for op in s.forward.ops if op.kind == 'NumpyCall']
+    assert pad.attrs['call'] == 'chainer.dataset.concat_examples'
+    assert len(pad.inputs) == 4

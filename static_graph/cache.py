@@ -55,10 +55,13 @@ DEFAULT_WARN_RETRACE = 8
 
 # Recording costs about two define-by-run iterations and a replay saves a
 # fraction of one: a method whose keys do not repeat is slower recorded.
+# (A small window: each recording it lets through that never replays costs
+# about one iteration; a key that repeats but comes after the window waits
+# only two define-by-run calls.)
 # Every RECORDING_WINDOW recordings of new keys, a method that replayed
 # fewer than REPLAYS_PER_RECORDING times per such recording in that window
 # records a new key only at its SIGHTINGS-th call (Cache.must_repeat).
-RECORDING_WINDOW = 8
+RECORDING_WINDOW = 4
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
 

@@ -194,10 +194,13 @@ def test_second_backward_through_a_call_another_call_built_for(again):
 
 
 def test_keys_that_do_not_repeat_stop_recording():
-    """After 8 recordings of new keys with fewer than 3 replays each, a
+    """After 4 recordings of new keys with fewer than 3 replays each, a
     new key runs define-by-run (at its speed, with its numbers) until its
     third call, which records: warned once and shown by explain(). A
     method whose keys repeat keeps recording new keys at once."""
+    from static_graph import cache as cache_module
+    w = cache_module.RECORDING_WINDOW
+    assert w == 4
     a, b = make_twins(mlp)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
@@ -207,8 +210,7 @@ def test_keys_that_do_not_repeat_stop_recording():
             step(b, x)
             compare_chains(a, b, rtol=0, atol=0)
     c = cache(b)
-    assert (c.recordings, c.replays, c.fallback_calls) == \
-        (8, 0, 22)
+    assert (c.recordings, c.replays, c.fallback_calls) == (w, 0, 30 - w)
     gave_up = [w for w in caught if 'keys do not repeat' in str(w.message)]
     assert len(gave_up) == 1
     assert 'keys do not repeat' in static_graph.explain(b)
@@ -218,15 +220,17 @@ def test_keys_that_do_not_repeat_stop_recording():
         step(a, x)
         step(b, x)
         compare_chains(a, b, rtol=0, atol=0)
-    assert (c.recordings, c.replays, c.fallback_calls) == (9, 2, 24)
+    assert (c.recordings, c.replays, c.fallback_calls) == \
+        (w + 1, 2, 30 - w + 2)
 
-    # 8 shapes, each used 4 times: 24 replays in the first window; then
+    # 4 shapes, each used 4 times: 12 replays in the first window; then
     # new keys record at once.
     a, b = make_twins(mlp)
-    for n in list(range(1, 9)) * 4 + list(range(9, 17)):
+    for n in list(range(1, w + 1)) * 4 + list(range(w + 1, 2 * w + 1)):
         step(b, data(n, 3))
     c = cache(b)
-    assert c.probation is None and (c.recordings, c.replays) == (16, 24)
+    assert c.probation is None and (c.recordings, c.replays) == (2 * w,
+                                                                 3 * w)
 
 
 def test_warn_retrace_names_a_changed_config_flag():
@@ -1085,13 +1089,18 @@ def test_changed_compares_values_nans_equal():
     assert changed(i, i.reshape(2, 2))
 
 
-def test_recorder_wrappers_are_let_go_whatever_the_recording_call_does():
+def test_recorder_wrappers_are_let_go_whatever_the_recording_call_does(
+        monkeypatch):
     """The recorder's wrappers stay installed from a recording's forward
     to the end of its recorded backward (patches.Hold), and are let go
     after: a backward, a forward that raises, a fallback, a forward-only
     call, outputs dropped without a backward."""
     from chainer import function_node
+    from static_graph import cache as cache_module
     from static_graph import patches
+    # (Each call a new key that records: no bound on keys that do not
+    # repeat here.)
+    monkeypatch.setattr(cache_module, 'RECORDING_WINDOW', 100)
     orig = patches.orig_apply
 
     def let_go():

@@ -9,8 +9,10 @@ kinds of NumPy call become ops instead of values frozen at recording:
   ``sample``), made by user code or by ``chainer.distributions``;
 * NumPy arithmetic on an array the recording traces (a drawn array, an
   input array, one read through ``Variable.array``): ufuncs (``sigma *
-  noise``, ``x / 255``), ``astype``, ``copy`` and NumPy functions whose
-  result is new memory (``numpy.concatenate``, ``numpy.where``);
+  noise``, ``x / 255``), ``astype``, ``copy``, the copies NumPy's
+  constructors make (``numpy.asarray(x, dtype=numpy.float32)``,
+  patches.py) and NumPy functions whose result is new memory
+  (``numpy.concatenate``, ``numpy.where``);
 * a call of one of Chainer's own pure array functions (``PURE``) with a
   traced array among its arguments: ``concat_examples(xs, padding=-1)``,
   which text classification's CNN and bag-of-words encoders call in their

@@ -148,7 +148,12 @@ def _keeps_traced(name):
             # A view: traced, and known to be one (a Chainer function
             # taking it sees the recorded buffer behind it).
             return rec.trace(out)
-        return out.view(TracedArray)   # a copy: computed from the values
+        # A copy (numpy.asarray(x, dtype=numpy.float32)): an op of the
+        # recording where it may be one (numpy_calls), else computed from
+        # the values.
+        made = numpy_calls.compute(rec, orig, 'numpy.' + name,
+                                   (a,) + args, kwargs, out)
+        return made if made is not None else out.view(TracedArray)
 
     constructor.__name__ = name
     constructor.__doc__ = orig.__doc__

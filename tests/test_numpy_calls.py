@@ -69,6 +69,12 @@ def concatenated_draw(self, x):
     return self.l2(self.l1(numpy.concatenate([x[:, :3], n], axis=1)))
 
 
+def constructor_copies(self, x):
+    x = numpy.asarray(x, dtype=numpy.float64)       # a cast: new memory
+    x = numpy.ascontiguousarray(x.T).T[:, ::-1]      # a copy, then a view
+    return self.l2(self.l1(numpy.array(x, dtype=numpy.float32)))
+
+
 def discarded_draw(self, x):
     numpy.random.rand(3)        # define-by-run draws it at every call too
     return self.l2(F.dropout(self.l1(x), 0.5))
@@ -76,7 +82,7 @@ def discarded_draw(self, x):
 
 REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             variable_arithmetic, permutation_index, where_mask,
-            concatenated_draw, discarded_draw]
+            concatenated_draw, constructor_copies, discarded_draw]
 
 
 def train_twins(body, steps=6):

@@ -97,22 +97,19 @@ class Capture(object):
             classes)
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
+        stand_ins, draws = generators.stand_ins(rngs)
         with rec:
             try:
                 out = self.method(chain, *new_args, **new_kwargs)
             except BaseException:
+                generators.put_back(stand_ins)
                 link_state.put_back(detached)   # the caller's Variables
                 link_state.untrace_held(chain, held)
                 raise
+            generators.put_back(stand_ins)
             link_state.untrace_held(chain, held)
-            for what in generators.drawn(rngs):
-                rec.add_reason(
-                    'user code draws random numbers from the generator %s '
-                    '(its state changed during the call; a parameter '
-                    'initialized from it on first use counts too); replay '
-                    'would freeze them (use Chainer functions such as '
-                    'F.dropout or F.gaussian, or pass them in as arguments)'
-                    % what)
+            for what in generators.unseen(rngs, draws):
+                rec.add_reason(generators.reason(what))
             rec.check_writes()
             recheck = watch.changed_by_call() or None
             if recheck and self.prev is not None and self.prev.recheck:

@@ -1,12 +1,14 @@
 """NumPy calls between Chainer functions, recorded as ops of the schedule.
 
-While a call records (its forward, outside any Chainer function), two
-kinds of NumPy call become ops instead of values frozen at recording:
+While a call records (its forward, outside any Chainer function), these
+NumPy calls become ops instead of values frozen at recording:
 
 * a draw from NumPy's global generator with an array result
   (``numpy.random.randn(*h.shape)`` in DCGAN's ``add_noise``,
   ``numpy.random.standard_normal`` in ``chainer.distributions.Normal``'s
-  ``sample``), made by user code or by ``chainer.distributions``;
+  ``sample``), made by user code or by ``chainer.distributions``, or from
+  a generator object the chain holds or the method names as a global
+  (``self.rng.randn(...)``, through generators.py's stand-in);
 * NumPy arithmetic on an array the recording traces (a drawn array, an
   input array, one read through ``Variable.array``): ufuncs (``sigma *
   noise``, ``x / 255``), ``astype``, ``copy``, the copies NumPy's

@@ -277,3 +277,158 @@ def test_a_batch_padded_in_the_forward_replays(body):
     (pad,) = [op for op in s.forward.ops if op.kind == 'NumpyCall']
     assert pad.attrs['call'] == 'chainer.dataset.concat_examples'
     assert len(pad.inputs) == 4
+
+
+class OwnGenerators(Base):
+    """Generators of the chain's own, seeded alike in both twins."""
+
+    def __init__(self):
+        super(OwnGenerators, self).__init__()
+        self.rng = numpy.random.RandomState(4)
+        self.gen = numpy.random.default_rng(5)
+
+
+def own_noise(self, x):
+    h = self.l1(x)
+    h = h + 0.1 * self.rng.randn(*h.shape).astype(numpy.float32)
+    return self.l2(h * self.gen.standard_normal(h.shape, dtype='f'))
+
+
+def own_mask_and_order(self, x):
+    h = self.l1(x)
+    keep = self.rng.binomial(1, 0.7, size=h.shape).astype(numpy.float32)
+    return self.l2((h * keep)[self.gen.permutation(h.shape[0])])
+
+
+def own_scalar(self, x):
+    return self.l2(self.l1(x) * self.rng.uniform(0.5, 1.5))
+
+
+class Noise(object):
+    def __init__(self, rng):
+        self.rng = rng
+
+
+def own_and_held_elsewhere(self, x):
+    # The same generator through an object the recording does not look
+    # into: its draw there is not seen.
+    h = self.l1(x) + self.noise.rng.randn(6, 4).astype(numpy.float32)
+    return self.l2(h + self.rng.randn(6, 4).astype(numpy.float32))
+
+
+def train_own(body, steps=6, replace_at=None):
+    models = []
+    for decorate in (False, True):
+        cls = type('Net', (OwnGenerators,), {
+            'forward': static_graph.static_graph(body) if decorate
+            else body})
+        numpy.random.seed(0)
+        m = cls()
+        m.noise = Noise(m.rng)
+        opt = chainer.optimizers.SGD(0.01)
+        opt.setup(m)
+        models.append((m, opt))
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(steps):
+            x = rs.standard_normal((6, 5)).astype('f')
+            seen = []
+            for m, opt in models:
+                if i == replace_at:
+                    m.rng = numpy.random.RandomState(9)
+                m.cleargrads()
+                loss = F.sum(m(x) ** 2)
+                loss.backward()
+                opt.update()
+                seen.append([loss.array] + [p.array for p in m.params()] +
+                            [m.rng.rand(2), m.gen.random(2)])
+            for k, (a, b) in enumerate(zip(*seen)):
+                assert numpy.asarray(a).tobytes() == \
+                    numpy.asarray(b).tobytes(), (body.__name__, i, k)
+    return models[1][0], [x for x in w
+                          if issubclass(x.category, StaticGraphWarning)]
+
+
+@pytest.mark.parametrize('body', [own_noise, own_mask_and_order],
+                         ids=lambda b: b.__name__)
+def test_draws_from_the_chains_own_generators_replay(body):
+    """Arrays drawn from a RandomState or Generator the chain holds are
+    ops of the schedule too, drawn again from the same generator by every
+    replay: bit for bit, the generators' next draws after each step
+    included."""
+    m, w = train_own(body)
+    assert not w
+    c = only_cache(m)
+    assert c.recordings == 1 and c.replays == 5 and c.fallback_calls == 0
+    (s,) = static_graph.cached(m)
+    calls = [op.attrs['call'] for op in s.forward.ops
+             if op.kind == 'NumpyCall']
+    assert any(call.startswith('self.rng.') for call in calls)
+    assert any(call.startswith('self.gen.') for call in calls)
+
+
+def test_a_generator_replaced_between_calls_is_drawn_from():
+    """``self.rng = RandomState(9)`` after some steps: the calls after it
+    draw from the new generator, as define-by-run's do."""
+    m, _ = train_own(own_noise, replace_at=3)
+    assert only_cache(m).replays >= 1
+
+
+@pytest.mark.parametrize('body,reason', [
+    (own_scalar, 'self.rng.uniform'),
+    (own_and_held_elsewhere, 'from the generator self.rng'),
+], ids=['scalar draw', 'held elsewhere too'])
+def test_other_draws_from_the_chains_generators_fall_back(body, reason):
+    """A number drawn and used in Python, or a draw through a reference
+    the recording does not see (its state is then not the one the seen
+    draws reach): the call falls back, bit for bit."""
+    m, w = train_own(body)
+    c = only_cache(m)
+    assert c.replays == 0 and c.fallback_calls == 5
+    assert any(reason in str(x.message) for x in w), [
+        str(x.message) for x in w]
+
+
+NOISE_RNG = numpy.random.RandomState(11)
+
+
+def global_generator_noise(self, x):
+    h = self.l1(x)
+    return self.l2(h + NOISE_RNG.normal(0, 0.1, h.shape).astype('f'))
+
+
+def test_draws_from_a_module_global_generator_replay():
+    """A generator the method names as a module global: its array draws
+    are ops too (the stand-in is put in the module's namespace while the
+    call records). Each twin's step starts from the same state of it."""
+    models = []
+    for decorate in (False, True):
+        cls = type('Net', (Base,), {'forward': static_graph.static_graph(
+            global_generator_noise) if decorate else
+            global_generator_noise})
+        numpy.random.seed(0)
+        m = cls()
+        opt = chainer.optimizers.SGD(0.01)
+        opt.setup(m)
+        models.append((m, opt))
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', StaticGraphWarning)
+        for i in range(5):
+            x = rs.standard_normal((6, 5)).astype('f')
+            start = NOISE_RNG.get_state()
+            seen = []
+            for m, opt in models:
+                NOISE_RNG.set_state(start)
+                m.cleargrads()
+                loss = F.sum(m(x) ** 2)
+                loss.backward()
+                opt.update()
+                seen.append([loss.array] + [p.array for p in m.params()] +
+                            [NOISE_RNG.rand(2)])
+            for a, b in zip(*seen):
+                assert a.tobytes() == b.tobytes(), i
+    assert type(NOISE_RNG) is numpy.random.RandomState   # put back
+    c = only_cache(models[1][0])
+    assert c.recordings == 1 and c.replays == 4

@@ -553,19 +553,25 @@ def _op_numpy_const(b):
 def _op_numpy_noise(b):
     """NumPy between Chainer functions, ops of the schedule
     (static_graph/numpy_calls.py): an array drawn from NumPy's global
-    generator (DCGAN's add_noise), or NumPy arithmetic on the activation's
-    values."""
+    generator (DCGAN's add_noise) or from a generator the chain holds, or
+    NumPy arithmetic on the activation's values."""
     sigma = b.draw(st.sampled_from([0.1, 0.5]))
-    kind = b.draw(st.integers(0, 2))
+    kind = b.draw(st.integers(0, 3))
     b.body.append('h = chainer.as_variable(h)')
     if kind == 0:
         b.body.append('h = h + %r * numpy.random.randn(*h.shape)' % sigma)
     elif kind == 1:
         b.body.append('h = h * numpy.tanh(h.array * %r)' % sigma)
-    else:
+    elif kind == 2:
         b.body.append(
             'h = h + (numpy.random.uniform(-1, 1, size=h.shape) > 0)'
             '.astype(h.dtype) * %r' % sigma)
+    else:
+        n = b.name('rng')
+        b.init.append('self.%s = numpy.random.RandomState(%d)'
+                      % (n, b.draw(st.integers(0, 9))))
+        b.body.append('h = h + self.%s.standard_normal(h.shape).astype('
+                      'h.dtype) * %r' % (n, sigma))
 
 
 OPS = collections.OrderedDict([

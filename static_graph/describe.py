@@ -321,6 +321,8 @@ def _where(n, out):
 def _numpy_call(n, out):
     # (the call's Python constants, as the printout shows them)
     _attr(out, 'call', n, 'name')
+    if n.draws:
+        _set(out, 'draws', lambda: True)
     _set(out, 'args', lambda: tuple(
         '%' if a is None else repr(a) for a in n.args))
     if n.kwargs:

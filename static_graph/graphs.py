@@ -77,6 +77,20 @@ def written_in_place(entry, schedule):
         (buf.role == ir.PERSIST or buf.static)]
 
 
+def _host_draw(tier):
+    """Never capture a schedule that draws from a generator on the host
+    (numpy_calls: ``numpy.random.randn``, ``self.rng.randn``): a graph
+    would repeat the first draw, and the generator would not advance. (The
+    capture's own check sees only the global generators.)"""
+    for op in tier.schedule.ops:
+        if op.kind == 'NumpyCall' and op.attrs.get('draws'):
+            tier.reason = ('it draws random numbers on the host (%s at %s): '
+                           'a graph would repeat the first draw'
+                           % (op.attrs.get('call'), op.source))
+            break
+    return tier
+
+
 def forward_tier(entry, tiered, b):
     """The forward as a graph: saved activations (the results after the
     outputs) stay static; captured only while no earlier call waits for
@@ -95,11 +109,11 @@ def forward_tier(entry, tiered, b):
                                  if id(s) not in old] + e.graph_static
             e.graph_owned = set(id(a) for a in e.graph_static)
 
-    return cuda_graph.GraphTier(
+    return _host_draw(cuda_graph.GraphTier(
         tiered, b, after=CAPTURE_AFTER, static_results=saved,
         state=lambda: written_in_place(ref(), ref().forward),
         allowed=lambda: ref().quiet, on_capture=on_capture,
-        owned=lambda a: id(a) in ref().graph_owned)
+        owned=lambda a: id(a) in ref().graph_owned))
 
 
 def backward_tier(entry, tiered, b):

@@ -70,6 +70,7 @@ class NumpyCall(function_node.FunctionNode):
         self.kwargs = kwargs
         self.slots = slots      # per input: ('a', i), ('a', i, j), ('k', k)
         self.scalar = _NONE     # a draw's result that is no array
+        self.draws = False      # from a generator on the host (graphs.py)
 
     @property
     def label(self):
@@ -140,12 +141,13 @@ def recordable(rec):
     return rec is not None and not rec.depth and rec.phase == 'forward'
 
 
-def apply(rec, fn, name, template):
+def apply(rec, fn, name, template, draws=False):
     """Make the call of ``fn`` that ``template`` (``_template``'s) holds an
     op of ``rec``: (node, its results as traced arrays, or its result that
     is no array)."""
     targs, tkwargs, slots, arrays = template
     node = NumpyCall(fn, name, targs, tkwargs, slots)
+    node.draws = draws
     outs = node.apply(arrays)
     if node.scalar is not _NONE:
         return node, node.scalar
@@ -158,7 +160,7 @@ def draw(rec, fn, module_name, name, args, kwargs):
     t = _template(args, kwargs)
     if t is None:
         return None
-    node, result = apply(rec, fn, '%s.%s' % (module_name, name), t)
+    node, result = apply(rec, fn, '%s.%s' % (module_name, name), t, True)
     if node.scalar is _NONE:
         return result[0]
     rec.add_reason(

@@ -141,8 +141,9 @@ def test_the_printout_names_each_call_and_its_constants():
         'numpy.random.randn', 'multiply', 'astype'] * 2
     assert calls[0].attrs['args'] == ('6', '4')
     assert calls[1].attrs['args'] == ('0.2', '%')
-    assert "NumpyCall() {args=('6', '4'), call='numpy.random.randn'}" in \
-        str(s.forward)
+    assert "NumpyCall() {args=('6', '4'), call='numpy.random.randn', " \
+        "draws=True}" in str(s.forward)
+    assert not calls[1].attrs.get('draws')
 
 
 def scalar_draw(self, x):
@@ -432,3 +433,22 @@ def test_draws_from_a_module_global_generator_replay():
     assert type(NOISE_RNG) is numpy.random.RandomState   # put back
     c = only_cache(models[1][0])
     assert c.recordings == 1 and c.replays == 4
+
+
+def test_a_schedule_that_draws_on_the_host_is_never_a_graph(monkeypatch):
+    """Through the stand-in for CUDA graphs (tests/fake_cuda_graph.py): a
+    graph would repeat its first draw and leave the generator where it
+    was, so the forward of a method drawing from its own generator keeps
+    its launch-by-launch replay, with the reason; the numbers and the
+    generator's state stay define-by-run's."""
+    from static_graph import graphs
+    from tests import fake_cuda_graph
+    monkeypatch.setattr(graphs, '_backend', [fake_cuda_graph.FakeBackend()])
+    monkeypatch.setattr(graphs, 'CAPTURE_AFTER', 0)
+    m, w = train_own(own_noise)
+    assert not w and only_cache(m).replays == 5
+    tiers = dict(graphs.tiers(list(only_cache(m).entries.values())[0]))
+    assert 'draws random numbers on the host (self.rng.randn' in \
+        tiers['forward'].reason
+    assert tiers['forward'].graph is None
+    assert tiers['backward'].graph is not None

@@ -85,20 +85,29 @@ REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             concatenated_draw, constructor_copies, discarded_draw]
 
 
-def train_twins(body, steps=6):
-    """Train an undecorated and a decorated twin on the same batches with
-    NumPy's generator seeded alike before each step; return the decorated
-    one and its warnings, after checking that the losses, the parameters
-    and the generator's next draw agree bit for bit at every step."""
+def twins(base, body, optimizer=lambda: chainer.optimizers.SGD(0.01)):
+    """[(chain, optimizer)] of an undecorated and a decorated chain of
+    class ``base`` with ``body`` as their forward, built under one seed."""
     models = []
     for decorate in (False, True):
-        cls = type('Net', (Base,), {'forward': static_graph.static_graph(
+        cls = type('Net', (base,), {'forward': static_graph.static_graph(
             body) if decorate else body})
         numpy.random.seed(0)
         m = cls()
-        opt = chainer.optimizers.SGD(0.01)
+        opt = optimizer()
         opt.setup(m)
         models.append((m, opt))
+    return models
+
+
+def train_twins(body, steps=6, base=Base, before=None, after=None):
+    """Train an undecorated and a decorated twin on the same batches with
+    NumPy's generator seeded alike before each step; return the decorated
+    one and its warnings, after checking that the losses, the parameters
+    and the generators' next draws agree bit for bit at every step.
+    ``before(chain, step)`` runs before each twin's step, ``after(chain)``
+    gives more to compare (the next draws of generators of its own)."""
+    models = twins(base, body)
     rs = numpy.random.RandomState(1)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
@@ -107,12 +116,15 @@ def train_twins(body, steps=6):
             seen = []
             for m, opt in models:
                 numpy.random.seed(100 + i)
+                if before is not None:
+                    before(m, i)
                 m.cleargrads()
                 loss = F.sum(m(x) ** 2)
                 loss.backward()
                 opt.update()
                 seen.append([loss.array] + [p.array for p in m.params()] +
-                            [numpy.random.rand(2)])
+                            [numpy.random.rand(2)] +
+                            (after(m) if after is not None else []))
             for k, (a, b) in enumerate(zip(*seen)):
                 assert numpy.asarray(a).tobytes() == \
                     numpy.asarray(b).tobytes(), (body.__name__, i, k)
@@ -246,15 +258,7 @@ def test_a_batch_padded_in_the_forward_replays(body):
     """Padding a batch of sentences of different lengths (item assignments
     into a new array) is one op of the schedule, made again from each
     call's sentences: bit for bit, replaying from the second call."""
-    models = []
-    for decorate in (False, True):
-        cls = type('Net', (Padded,), {'forward': static_graph.static_graph(
-            body) if decorate else body})
-        numpy.random.seed(0)
-        m = cls()
-        opt = chainer.optimizers.Adam()
-        opt.setup(m)
-        models.append((m, opt))
+    models = twins(Padded, body, chainer.optimizers.Adam)
     rs = numpy.random.RandomState(3)
     with warnings.catch_warnings():
         warnings.simplefilter('error', StaticGraphWarning)
@@ -317,38 +321,15 @@ def own_and_held_elsewhere(self, x):
     return self.l2(h + self.rng.randn(6, 4).astype(numpy.float32))
 
 
-def train_own(body, steps=6, replace_at=None):
-    models = []
-    for decorate in (False, True):
-        cls = type('Net', (OwnGenerators,), {
-            'forward': static_graph.static_graph(body) if decorate
-            else body})
-        numpy.random.seed(0)
-        m = cls()
-        m.noise = Noise(m.rng)
-        opt = chainer.optimizers.SGD(0.01)
-        opt.setup(m)
-        models.append((m, opt))
-    rs = numpy.random.RandomState(1)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter('always')
-        for i in range(steps):
-            x = rs.standard_normal((6, 5)).astype('f')
-            seen = []
-            for m, opt in models:
-                if i == replace_at:
-                    m.rng = numpy.random.RandomState(9)
-                m.cleargrads()
-                loss = F.sum(m(x) ** 2)
-                loss.backward()
-                opt.update()
-                seen.append([loss.array] + [p.array for p in m.params()] +
-                            [m.rng.rand(2), m.gen.random(2)])
-            for k, (a, b) in enumerate(zip(*seen)):
-                assert numpy.asarray(a).tobytes() == \
-                    numpy.asarray(b).tobytes(), (body.__name__, i, k)
-    return models[1][0], [x for x in w
-                          if issubclass(x.category, StaticGraphWarning)]
+def train_own(body, replace_at=None):
+    def before(m, i):
+        if i == 0:
+            m.noise = Noise(m.rng)
+        if i == replace_at:
+            m.rng = numpy.random.RandomState(9)
+
+    return train_twins(body, base=OwnGenerators, before=before,
+                       after=lambda m: [m.rng.rand(2), m.gen.random(2)])
 
 
 @pytest.mark.parametrize('body', [own_noise, own_mask_and_order],
@@ -403,16 +384,7 @@ def test_draws_from_a_module_global_generator_replay():
     """A generator the method names as a module global: its array draws
     are ops too (the stand-in is put in the module's namespace while the
     call records). Each twin's step starts from the same state of it."""
-    models = []
-    for decorate in (False, True):
-        cls = type('Net', (Base,), {'forward': static_graph.static_graph(
-            global_generator_noise) if decorate else
-            global_generator_noise})
-        numpy.random.seed(0)
-        m = cls()
-        opt = chainer.optimizers.SGD(0.01)
-        opt.setup(m)
-        models.append((m, opt))
+    models = twins(Base, global_generator_noise)
     rs = numpy.random.RandomState(1)
     with warnings.catch_warnings():
         warnings.simplefilter('error', StaticGraphWarning)

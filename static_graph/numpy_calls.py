@@ -63,14 +63,14 @@ class NumpyCall(function_node.FunctionNode):
 
     static_graph_pure = True    # (it reads its inputs, writes none)
 
-    def __init__(self, fn, name, args, kwargs, slots):
+    def __init__(self, fn, name, args, kwargs, slots, draws=False):
         self.fn = fn
         self.name = name
         self.args = args
         self.kwargs = kwargs
         self.slots = slots      # per input: ('a', i), ('a', i, j), ('k', k)
         self.scalar = _NONE     # a draw's result that is no array
-        self.draws = False      # from a generator on the host (graphs.py)
+        self.draws = draws      # from a generator on the host (graphs.py)
 
     @property
     def label(self):
@@ -146,8 +146,7 @@ def apply(rec, fn, name, template, draws=False):
     op of ``rec``: (node, its results as traced arrays, or its result that
     is no array)."""
     targs, tkwargs, slots, arrays = template
-    node = NumpyCall(fn, name, targs, tkwargs, slots)
-    node.draws = draws
+    node = NumpyCall(fn, name, targs, tkwargs, slots, draws)
     outs = node.apply(arrays)
     if node.scalar is not _NONE:
         return node, node.scalar
@@ -173,17 +172,18 @@ def draw(rec, fn, module_name, name, args, kwargs):
 
 # Chainer's functions of arrays and plain constants whose result is new
 # memory, shaped by their arguments' shapes alone (which are the key's),
-# as (module, name): made ops whole where a traced array is among their
-# arguments (patches.py wraps them while a recording is under way).
+# as (module, name, label in the printout): made ops whole where a traced
+# array is among their arguments (patches.py wraps them while a recording
+# is under way).
 PURE = (('chainer.dataset.convert', '_concat_arrays_with_padding',
          'chainer.dataset.concat_examples'),)
 
 
-def pure_function(orig, label, local):
-    """``orig`` (one of ``PURE``) as an op of the thread's recording (on
-    ``local``) where it may be one and is given a traced array."""
+def pure_function(orig, label):
+    """``orig`` (one of ``PURE``) as an op of the thread's recording where
+    it may be one and is given a traced array."""
     def call(*args, **kwargs):
-        rec = getattr(local, 'recording', None)
+        rec = traced.active_recording()
         if recordable(rec):
             t = _template(args, kwargs)
             if t is not None and any(type(a) is traced.TracedArray

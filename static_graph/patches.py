@@ -258,8 +258,7 @@ _PATCHES = (
 for _module, _name, _label in numpy_calls.PURE:
     _orig_fn = getattr(sys.modules[_module], _name)
     _PATCHES += ((sys.modules[_module].__dict__,
-                  {_name: numpy_calls.pure_function(_orig_fn, _label,
-                                                    _local)},
+                  {_name: numpy_calls.pure_function(_orig_fn, _label)},
                   {_name: _orig_fn}),)
 del _module, _name, _label, _orig_fn
 for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only

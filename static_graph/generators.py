@@ -146,8 +146,8 @@ def stand_ins(states):
     draws made as ops."""
     calls, puts = {}, []
     for name, gen, _, where in states:
-        if where is None or not isinstance(
-                gen, (numpy.random.RandomState, numpy.random.Generator)):
+        if not isinstance(gen, (numpy.random.RandomState,
+                                numpy.random.Generator)):
             continue
         d, k = where
         if d.get(k) is not gen:

@@ -199,8 +199,8 @@ def test_keys_that_do_not_repeat_stop_recording():
     third call, which records: warned once and shown by explain(). A
     method whose keys repeat keeps recording new keys at once."""
     from static_graph import cache as cache_module
-    w = cache_module.RECORDING_WINDOW
-    assert w == 4
+    window = cache_module.RECORDING_WINDOW
+    assert window == 4
     a, b = make_twins(mlp)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
@@ -210,7 +210,8 @@ def test_keys_that_do_not_repeat_stop_recording():
             step(b, x)
             compare_chains(a, b, rtol=0, atol=0)
     c = cache(b)
-    assert (c.recordings, c.replays, c.fallback_calls) == (w, 0, 30 - w)
+    assert (c.recordings, c.replays, c.fallback_calls) == (window, 0,
+                                                          30 - window)
     gave_up = [w for w in caught if 'keys do not repeat' in str(w.message)]
     assert len(gave_up) == 1
     assert 'keys do not repeat' in static_graph.explain(b)
@@ -221,16 +222,17 @@ def test_keys_that_do_not_repeat_stop_recording():
         step(b, x)
         compare_chains(a, b, rtol=0, atol=0)
     assert (c.recordings, c.replays, c.fallback_calls) == \
-        (w + 1, 2, 30 - w + 2)
+        (window + 1, 2, 30 - window + 2)
 
     # 4 shapes, each used 4 times: 12 replays in the first window; then
     # new keys record at once.
     a, b = make_twins(mlp)
-    for n in list(range(1, w + 1)) * 4 + list(range(w + 1, 2 * w + 1)):
+    for n in list(range(1, window + 1)) * 4 + list(
+            range(window + 1, 2 * window + 1)):
         step(b, data(n, 3))
     c = cache(b)
-    assert c.probation is None and (c.recordings, c.replays) == (2 * w,
-                                                                 3 * w)
+    assert c.probation is None and (c.recordings, c.replays) == (
+        2 * window, 3 * window)
 
 
 def test_warn_retrace_names_a_changed_config_flag():

@@ -38,9 +38,12 @@ _orig_backprop_step = _backprop_utils.backprop_step
 # array would come back plain (numpy.asarray(h.array)), its values no
 # longer seen. While recording they keep it traced.
 _NUMPY_CONSTRUCTORS = ('asarray', 'array', 'ascontiguousarray',
-                       'asfortranarray')
+                       'asfortranarray', 'require')
+# One that checks the values too (SciPy's linear algebra calls it): replay
+# would not repeat the check.
+_NUMPY_CHECKS = ('asarray_chkfinite',)
 _orig_numpy = dict((name, getattr(numpy, name))
-                   for name in _NUMPY_CONSTRUCTORS)
+                   for name in _NUMPY_CONSTRUCTORS + _NUMPY_CHECKS)
 _VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
 
 
@@ -160,8 +163,23 @@ def _keeps_traced(name):
     return constructor
 
 
+def _checks_values(name):
+    orig = _orig_numpy[name]
+
+    def checked(a, *args, **kwargs):
+        if type(a) is traced.TracedArray:
+            traced.flag('numpy.%s(), which checks them' % name)
+        return orig(a, *args, **kwargs)
+
+    checked.__name__ = name
+    checked.__doc__ = orig.__doc__
+    return checked
+
+
 _patched_numpy = dict((name, _keeps_traced(name))
                       for name in _NUMPY_CONSTRUCTORS)
+_patched_numpy.update((name, _checks_values(name))
+                      for name in _NUMPY_CHECKS)
 
 
 def _shape_maker(name):

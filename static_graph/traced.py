@@ -5,7 +5,9 @@ array *values* outside Chainer functions (``if x.sum() > 0``, ``float(...)``,
 ``x / 255`` in NumPy) would be frozen at its recorded value. While recording,
 raw input arrays and arrays read through ``Variable.array``/``.data`` from
 user code are handed out as ``TracedArray`` views: reading their values
-(``bool``, ``float``, ``int``, ``item``, ``tolist``, ...) records a fallback
+(``bool``, ``float``, ``int``, ``item``, ``tolist``, a NumPy function or a
+method such as ``argmax()`` that returns a number, ``.flat``, the memory
+behind ``.data``, pickling, ...) records a fallback
 reason, and NumPy results computed from them stay traced so the recorder can
 tell them from true constants when they reach a Chainer function. Writing
 into one in place (``h.array[:, 0] = 0``, ``x *= 2``) records a reason too:
@@ -259,23 +261,156 @@ class TracedArray(numpy.ndarray):
         # made by numpy.copy stays traced); a plain number or bool computed
         # from them (numpy.array_equal, numpy.allclose) is a value read.
         # While a forward records, a result in new memory is an op of the
-        # recording (numpy_calls).
-        by_values = _shape_from_values(func.__name__, args, kwargs)
+        # recording (numpy_calls). The function runs on the plain arrays:
+        # NumPy's own code inside it (numpy.percentile's checks, the
+        # in-place steps of numpy.sort or numpy.zeros_like) is neither
+        # reads nor writes of the user's; the call is one op or one read.
+        name = func.__name__
+        by_values = _shape_from_values(name, args, kwargs)
         if by_values:
             flag('numpy.%s() (its result\'s shape depends on the values)'
-                  % func.__name__)
-        result = numpy.ndarray.__array_function__(self, func, types, args,
-                                                  kwargs)
-        if isinstance(result, (bool, int, float, complex, numpy.generic)):
-            flag('numpy.%s()' % func.__name__)
+                 % name)
+        result = func(*_plain_all(args), **dict(
+            (k, _plain_all(v)) for k, v in kwargs.items()))
+        if name not in _SHAPE_ONLY and _holds_values(result):
+            flag('numpy.%s()' % name)
             return result
         rec = active_recording()
         if rec is not None and calls is not None and not by_values:
-            made = calls(rec, func, func.__name__, args, kwargs,
-                         _plain_result(result))
+            made = calls(rec, func, name, args, kwargs, result)
             if made is not None:
                 return made
         return retrace(result)
+
+    # ndarray methods that compute in C without a ufunc, whose result may
+    # be one number (``h.array.argmax()``, ``a[0].dot(a[1])``): NumPy's
+    # functions of the same name, which the method above sees (the same
+    # C code, so the same bits; an array result an op where it may be one,
+    # a number a value read). ``mean``, ``std`` and ``var`` divide their
+    # sum in place, which would be a write into a traced array.
+    def argmax(self, *args, **kwargs):
+        return numpy.argmax(self, *args, **kwargs)
+
+    def argmin(self, *args, **kwargs):
+        return numpy.argmin(self, *args, **kwargs)
+
+    def searchsorted(self, *args, **kwargs):
+        return numpy.searchsorted(self, *args, **kwargs)
+
+    def take(self, *args, **kwargs):
+        return numpy.take(self, *args, **kwargs)
+
+    def dot(self, *args, **kwargs):
+        return numpy.dot(self, *args, **kwargs)
+
+    def mean(self, *args, **kwargs):
+        return numpy.mean(self, *args, **kwargs)
+
+    def std(self, *args, **kwargs):
+        return numpy.std(self, *args, **kwargs)
+
+    def var(self, *args, **kwargs):
+        return numpy.var(self, *args, **kwargs)
+
+    # Ways to the values that no NumPy function or ufunc sees: element
+    # reads through ``.flat``, the memory behind ``.data`` and ``.ctypes``
+    # (and, from Python 3.12, the buffer protocol: ``memoryview(a)``,
+    # ``numpy.frombuffer(a)``), a plain array from ``__array__()``, the
+    # bytes of ``tostring``, ``dumps`` and pickling.
+    @property
+    def flat(self):
+        flag('.flat')
+        return numpy.ndarray.flat.__get__(self)
+
+    @flat.setter
+    def flat(self, value):
+        _flag_write(self, '.flat =')
+        numpy.ndarray.flat.__set__(self, value)
+
+    @property
+    def data(self):
+        if _from_user(1):
+            flag('.data, its memory')
+        return numpy.ndarray.data.__get__(self)
+
+    @property
+    def ctypes(self):
+        if _from_user(1):
+            flag('.ctypes, its memory')
+        return numpy.ndarray.ctypes.__get__(self)
+
+    @property
+    def __array_interface__(self):
+        if _from_user(1):
+            flag('__array_interface__, its memory')
+        return numpy.ndarray.__array_interface__.__get__(self)
+
+    def __array__(self, *args, **kwargs):
+        if _from_user(1):
+            flag('__array__()')
+        return numpy.ndarray.__array__(self, *args, **kwargs)
+
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags):
+            flag('its memory, through the buffer protocol')
+            return memoryview(self.view(numpy.ndarray))
+
+    if hasattr(numpy.ndarray, 'tostring'):    # (gone in NumPy 2)
+        def tostring(self, *args, **kwargs):
+            flag('.tostring()')
+            return numpy.ndarray.tostring(self, *args, **kwargs)
+
+    def dumps(self):
+        flag('.dumps()')
+        return numpy.ndarray.dumps(self)
+
+    def dump(self, file):
+        flag('.dump()')
+        return numpy.ndarray.dump(self, file)
+
+    def tofile(self, *args, **kwargs):
+        flag('.tofile()')
+        return numpy.ndarray.tofile(self, *args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        flag('pickling')
+        return numpy.ndarray.__reduce_ex__(self, protocol)
+
+    def __reduce__(self):
+        flag('pickling')
+        return numpy.ndarray.__reduce__(self)
+
+
+# NumPy functions whose result that is no array comes from the shapes
+# and dtypes alone.
+_SHAPE_ONLY = frozenset(('ndim', 'size', 'shape', 'iscomplexobj',
+                         'isrealobj', 'isfortran', 'result_type'))
+
+
+def _holds_values(result):
+    """Does a NumPy function's ``result`` hold something other than arrays
+    (in tuples and lists), None and dtypes: a number, a string
+    (numpy.array2string), values read?"""
+    if type(result) in (tuple, list):
+        return any(_holds_values(r) for r in result)
+    return not (isinstance(result, numpy.ndarray) or result is None or
+                isinstance(result, (numpy.dtype, type)))
+
+
+def _from_user(depth):
+    """Is the caller ``depth`` frames up user code?"""
+    return not sys._getframe(depth + 1).f_code.co_filename.startswith(
+        INTERNAL_DIRS)
+
+
+def _plain_all(x):
+    """``x`` with the TracedArrays in it, in tuples and lists at any depth,
+    as their plain views."""
+    if isinstance(x, TracedArray):
+        return plain(x)
+    if type(x) in (tuple, list):
+        return type(x)(_plain_all(v) for v in x)
+    return x
 
 
 def _ufunc_as_before(ufunc, method, inputs, kwargs):
@@ -313,14 +448,6 @@ def _astype(a, dtype, order='K', casting='unsafe'):
     """``a.astype(dtype)`` as a copy (numpy_calls records it only where
     NumPy made one)."""
     return a.astype(dtype, order=order, casting=casting)
-
-
-def _plain_result(result):
-    if isinstance(result, TracedArray):
-        return plain(result)
-    if type(result) in (tuple, list):
-        return tuple(_plain_result(r) for r in result)
-    return result
 
 
 # NumPy functions whose result's shape depends on the values of some of

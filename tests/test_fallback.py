@@ -155,8 +155,10 @@ def test_stop_gradient_through_array_is_replayed():
 
 def test_constants_replay_but_data_constant_falls_back():
     """A uniform constant, and one made from a shape alone (arange, eye:
-    the same at every call of the key), replay; an array computed from the
-    input's values outside Chainer functions falls back."""
+    the same at every call of the key), replay; so does a NumPy function of
+    the input's values (numpy.sort, an op of the schedule, made again from
+    each call's input); an array computed from a number read from them
+    falls back."""
     def uniform(self, x):
         return self.l1(x) + self.xp.ones((3, 4), 'f')
     b, ws = run_twins(uniform, [data(3, 4) for _ in range(3)])
@@ -168,8 +170,13 @@ def test_constants_replay_but_data_constant_falls_back():
     b, ws = run_twins(from_shape, [data(3, 4) for _ in range(3)])
     assert not fell_back(b) and only_cache(b).replays == 2
 
-    def from_data(self, x):
+    def sorted_data(self, x):
         return self.l1(x) + self.xp.sort(x, axis=1)
+    b, ws = run_twins(sorted_data, [data(3, 4) for _ in range(3)])
+    assert not fell_back(b) and only_cache(b).replays == 2
+
+    def from_data(self, x):
+        return self.l1(x) + self.xp.full((3, 4), x.max(), 'f')
     b, ws = run_twins(from_data, [data(3, 4) for _ in range(3)])
     assert fell_back(b)
 

@@ -2,6 +2,8 @@
 (static_graph/numpy_calls.py): array draws from NumPy's global generator
 and NumPy arithmetic on traced arrays replay, bit for bit, the generator's
 state after each step included; what cannot replay still falls back."""
+import ctypes
+import pickle
 import warnings
 
 import numpy
@@ -80,9 +82,30 @@ def discarded_draw(self, x):
     return self.l2(F.dropout(self.l1(x), 0.5))
 
 
+def numpy_internals(self, x):
+    """NumPy functions and methods whose own code works in place on what
+    it made (numpy.sort copies, then sorts the copy; a mean divides its
+    sum in place) or reads values to check its input (nanpercentile): one
+    op each."""
+    h = self.l1(x)
+    a = h.array
+    s = numpy.sort(a, axis=1) + numpy.zeros_like(a)
+    c = (a - a.mean(axis=0, keepdims=True)) / (a.std(axis=1, keepdims=True)
+                                               + a.var(axis=1)[:, None] + 1)
+    q = numpy.nanpercentile(a, 50, axis=1, keepdims=True).astype(a.dtype)
+    return self.l2(h * s + c - q)
+
+
+def argmax_per_row(self, x):
+    h = self.l1(x)
+    best = h.array.argmax(axis=1)       # an array, not a number: an op
+    return self.l2(h * (best[:, None] == numpy.arange(4)).astype('f'))
+
+
 REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             variable_arithmetic, permutation_index, where_mask,
-            concatenated_draw, constructor_copies, discarded_draw]
+            concatenated_draw, constructor_copies, discarded_draw,
+            numpy_internals, argmax_per_row]
 
 
 def twins(base, body, optimizer=lambda: chainer.optimizers.SGD(0.01)):
@@ -172,15 +195,57 @@ def values_shaped(self, x):
     return self.l2(h[numpy.nonzero(h.array[:, 0] > 0)[0]])
 
 
+def _reading(read):
+    """A body whose output depends on a number ``read(h.array)`` gives."""
+    def body(self, x):
+        h = self.l1(x)
+        return self.l2(h * float(read(h.array)))
+    return body
+
+
+# Numbers read through ndarray methods that compute in C without a ufunc,
+# and through ways to the memory that no NumPy function sees (each gave
+# silently frozen numbers before traced.py saw it).
+C_READS = {
+    'argmax()': lambda a: a.argmax() / 10.,
+    'argmin()': lambda a: a.argmin() / 10.,
+    'searchsorted': lambda a: a[0].searchsorted(0.),
+    'take(i)': lambda a: a.take(3),
+    'dot to a number': lambda a: a[0].dot(a[1]),
+    '.flat[i]': lambda a: a.flat[3],
+    '__array__()': lambda a: a.__array__()[0, 0],
+    '.data': lambda a: a.data[0, 0],
+    '.ctypes': lambda a: ctypes.cast(
+        a.ctypes.data, ctypes.POINTER(ctypes.c_float))[3],
+    'pickling': lambda a: pickle.loads(pickle.dumps(a))[1, 1],
+    'numpy.percentile': lambda a: numpy.percentile(a, 50),
+    'numpy.array2string': lambda a: len(numpy.array2string(a)) / 100.,
+}
+# Through conversions outside NumPy's functions, as other libraries make
+# them (scipy.linalg.norm: numpy.asarray_chkfinite).
+C_READS['numpy.require'] = lambda a: numpy.require(a, requirements='E')[0, 0]
+C_READS['numpy.asarray_chkfinite'] = \
+    lambda a: numpy.asarray_chkfinite(a)[1, 2]
+try:
+    import scipy.linalg
+    C_READS['scipy.linalg.norm'] = lambda a: scipy.linalg.norm(a) / 10.
+except ImportError:
+    pass
+if hasattr(numpy.ndarray, 'tostring'):     # (gone in NumPy 2)
+    C_READS['tostring'] = lambda a: numpy.frombuffer(a.tostring(),
+                                                     a.dtype)[2]
+
+
 @pytest.mark.parametrize('body,reason', [
     (scalar_draw, 'draws random numbers'),
     (value_read, 'reads array values'),
     (values_shaped, 'reads array values'),
-], ids=['scalar draw', 'value read', 'shape from values'])
+] + [(_reading(read), 'reads array values') for read in C_READS.values()],
+    ids=['scalar draw', 'value read', 'shape from values'] + list(C_READS))
 def test_what_cannot_replay_still_falls_back(body, reason):
-    """A number drawn and used in Python, a value read, a result whose
-    shape depends on the values: the recording call and the rest run
-    define-by-run, bit for bit, with the reason."""
+    """A number drawn and used in Python, a value read (however it is
+    read), a result whose shape depends on the values: the recording call
+    and the rest run define-by-run, bit for bit, with the reason."""
     m, w = train_twins(body)
     c = only_cache(m)
     assert c.replays == 0 and c.fallback_calls == 5

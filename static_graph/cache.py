@@ -133,6 +133,9 @@ class Cache(object):
         # unchain_backward() they have no graph).
         self.state_slots = []
         self.written = []
+        # Keys a recording of which saw a parameter array replaced between
+        # its call and its backward (replaced_midway).
+        self._replaced_midway = collections.OrderedDict()
 
     def get(self, key):
         with self.lock:
@@ -304,6 +307,17 @@ class Cache(object):
         with self.lock:
             if self.entries.get(key) is e:
                 del self.entries[key]
+
+    def replaced_midway(self, key):
+        """A recording of ``key`` saw a parameter array replaced between
+        the call and its backward: has an earlier one of the key seen it
+        too?"""
+        with self.lock:
+            seen = key in self._replaced_midway
+            self._replaced_midway[key] = True
+            while len(self._replaced_midway) > 1024:
+                self._replaced_midway.popitem(last=False)
+            return seen
 
 
 def family(key):

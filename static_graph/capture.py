@@ -524,8 +524,17 @@ class Capture(object):
                     % tie)
                 rec.add_reason(reason)
                 self.cache.define_by_run = reason
-        if set(analysis.chain_arrays(self.chain, self.written)) != \
-                set(self.chain_map):
+        replaced = set(analysis.chain_arrays(self.chain, self.written)) != \
+            set(self.chain_map)
+        if replaced and self.cache.replaced_midway(self.key):
+            # The second recording of this key to see it: its calls do
+            # this every time, and recording each would cost more than
+            # define-by-run.
+            rec.add_reason(
+                'a parameter or persistent array is replaced (W.array = '
+                '...) between its calls and their backward, so no '
+                'recording sees one consistent call')
+        if replaced and not rec.reasons:
             # A parameter or persistent array was replaced (W.array = ...)
             # between the call and this backward, which read the new one:
             # not a recording of one consistent call. The next call records

@@ -396,6 +396,32 @@ def test_parameter_array_replaced_between_call_and_backward():
     assert cache(models[1]).replays >= 2
 
 
+def test_parameter_array_replaced_at_every_call_stops_recording():
+    """``W.array = new`` between every call and its backward: no recording
+    is of one consistent call. The second recording of the key to see it
+    makes the key define-by-run, with a warning that says why (before, it
+    went on recording every third call, each let go)."""
+    def body(self, x):
+        return F.sum(self.l2(F.tanh(self.l1(x))) ** 2)
+
+    models = make_twins(body)
+    x = data(4, 3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(10):
+            for m in models:
+                m.cleargrads()
+                loss = m(x)
+                m.l2.W.array = m.l2.W.array * 0.999
+                loss.backward()
+            compare_chains(*models, rtol=0, atol=0)
+    c = cache(models[1])
+    assert c.recordings == 2 and c.replays == 0
+    assert any('replaced (W.array = ...) between its calls and their '
+               'backward' in str(x.message) for x in w
+               if issubclass(x.category, StaticGraphWarning))
+
+
 def test_same_variable_returned_twice():
     """``return h, h``: chainer.grad keeps one gradient per output
     Variable, so the recorded backward dropped one (bias gradient 27

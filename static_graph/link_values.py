@@ -27,6 +27,7 @@ method reaches by name (a helper function or method, a child link's
 forward) are watched like its own.
 """
 import argparse
+import dis
 import os
 import sys
 import sysconfig
@@ -154,17 +155,38 @@ def code_names(code, out=None):
     return out
 
 
-_names_of = {}   # code object -> sorted code_names
+# Instructions that look a name up in (or write it to) the globals.
+_GLOBAL_OPS = frozenset(('LOAD_GLOBAL', 'LOAD_NAME', 'STORE_GLOBAL',
+                         'DELETE_GLOBAL'))
 
 
-def global_names(method):
-    """code_names of ``method``'s code, sorted (remembered per code)."""
+def loaded_globals(code, out=None):
+    """The names ``code`` (and the functions and comprehensions inside it)
+    looks up as globals, not as attributes: ``self.l`` does not name a
+    module's ``l``."""
+    out = set() if out is None else out
+    for ins in dis.get_instructions(code):
+        if ins.opname in _GLOBAL_OPS:
+            out.add(ins.argval)
+    for c in code.co_consts:
+        if hasattr(c, 'co_names'):
+            loaded_globals(c, out)
+    return out
+
+
+_names_of = {}   # (code object, globals only?) -> sorted names
+
+
+def global_names(method, only_globals=False):
+    """code_names of ``method``'s code, sorted (remembered per code); with
+    ``only_globals``, its loaded_globals."""
     code = getattr(method, '__code__', None)
     if code is None:
         return ()
-    names = _names_of.get(code)
+    names = _names_of.get((code, only_globals))
     if names is None:
-        names = _names_of[code] = tuple(sorted(code_names(code)))
+        names = _names_of[code, only_globals] = tuple(sorted(
+            loaded_globals(code) if only_globals else code_names(code)))
     return names
 
 
@@ -295,7 +317,7 @@ def named_globals(functions):
     seen, out = set(), []
     for fn in functions:
         glob = fn.__globals__
-        for k in global_names(fn):
+        for k in global_names(fn, only_globals=True):
             if k not in glob or (id(glob), k) in seen or \
                     type(glob[k]) is _ModuleType:
                 continue   # a builtin, an attribute name, a module

@@ -1338,6 +1338,27 @@ def test_method_changing_a_global_falls_back():
     assert any('changes global _SEEN' in str(w.message) for w in caught)
 
 
+l2 = 0   # a module global that shares its name with the links' l2
+
+
+def test_a_global_named_like_an_attribute_is_not_watched():
+    """``self.l2(h)`` names attribute ``l2``, not the module's global
+    ``l2``, which the script changes at every step (a loop variable): the
+    key replays (before, the watch took it for a global the method reads,
+    and every call recorded again)."""
+    global l2
+
+    def body(self, x):
+        return F.sum(self.l2(self.l1(x)))
+
+    models = make_twins(body)
+    for i in range(4):
+        l2 = i
+        train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+    assert cache(models[1]).recordings == 1
+    assert cache(models[1]).replays == 3
+
+
 class _Counter(object):
     n = 0
 

@@ -6,7 +6,8 @@ NumPy calls become ops instead of values frozen at recording:
 * a draw from NumPy's global generator with an array result
   (``numpy.random.randn(*h.shape)`` in DCGAN's ``add_noise``,
   ``numpy.random.standard_normal`` in ``chainer.distributions.Normal``'s
-  ``sample``), made by user code or by ``chainer.distributions``, or from
+  ``sample``), made by user code, by ``chainer.distributions`` or by
+  ``F.gumbel_softmax``, or from
   a generator object the chain holds or the method names as a global
   (``self.rng.randn(...)``, through generators.py's stand-in);
 * NumPy arithmetic on an array the recording traces (a drawn array, an
@@ -42,11 +43,16 @@ from chainer import function_node
 
 from static_graph import traced
 
-# Chainer's own code whose draws are ops: a distribution's sample. (Its
+# Chainer's own code whose draws are ops: a distribution's sample, and
+# F.gumbel_softmax's Gumbel noise (drawn outside its nodes; F.dropout and
+# the other noise functions draw inside theirs, which replay runs). (Its
 # initializers and link hooks draw once, for state they keep: not an op of
 # every call.)
-DRAWING_DIRS = (os.path.join(os.path.dirname(chainer.__file__),
-                             'distributions') + os.sep,)
+DRAWING_DIRS = (
+    os.path.join(os.path.dirname(chainer.__file__), 'distributions') +
+    os.sep,
+    os.path.join(os.path.dirname(chainer.__file__), 'functions', 'noise',
+                 'gumbel_softmax.py'))
 
 _NONE = object()
 # Functions of the global generator that set its state or write into their

@@ -102,10 +102,15 @@ def argmax_per_row(self, x):
     return self.l2(h * (best[:, None] == numpy.arange(4)).astype('f'))
 
 
+def gumbel(self, x):
+    """F.gumbel_softmax draws its noise outside its nodes."""
+    return self.l2(F.gumbel_softmax(self.l1(x), tau=0.5))
+
+
 REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             variable_arithmetic, permutation_index, where_mask,
             concatenated_draw, constructor_copies, discarded_draw,
-            numpy_internals, argmax_per_row]
+            numpy_internals, argmax_per_row, gumbel]
 
 
 def twins(base, body, optimizer=lambda: chainer.optimizers.SGD(0.01)):

@@ -208,16 +208,43 @@ def _new_memory(result, arrays):
         numpy.shares_memory(o, a) for o in outs for a in arrays)
 
 
+def _zero_d(result, arrays):
+    """Is ``result`` the NumPy scalar(s) a ufunc gives for 0-d arrays
+    (``loss.array * n``)?"""
+    outs = result if type(result) is tuple else (result,)
+    return all(isinstance(o, numpy.generic) for o in outs) and all(
+        a.ndim == 0 for a in arrays)
+
+
+def _giving_arrays(fn):
+    """``fn`` with the NumPy scalars it gives as 0-d arrays (the same
+    values), which an op hands on like any result."""
+    def call(*args, **kwargs):
+        r = fn(*args, **kwargs)
+        if type(r) is tuple:
+            return tuple(numpy.asarray(x) for x in r)
+        return numpy.asarray(r)
+
+    call.__name__ = getattr(fn, '__name__', 'call')
+    return call
+
+
 def compute(rec, fn, name, args, kwargs, result):
     """A pure NumPy call on traced arrays, already computed (``result``,
-    plain arrays): as an op of ``rec`` where its result is new memory, its
-    traced results; else None (the caller hands back ``result`` as
-    before)."""
+    plain arrays): as an op of ``rec`` where its result is new memory (or
+    NumPy scalars of a ufunc of 0-d arrays, the perplexity
+    ``numpy.exp(loss.array * n / words)`` that Chainer's seq2seq example
+    reports: 0-d arrays, as the caller hands them back anyway), its traced
+    results; else None (the caller hands back ``result`` as before)."""
     if not recordable(rec):
         return None
     t = _template(args, kwargs)
-    if t is None or not _new_memory(
-            result, [traced.untraced(a) for a in t[3]]):
+    if t is None:
+        return None
+    arrays = [traced.untraced(a) for a in t[3]]
+    if _zero_d(result, arrays):
+        fn = _giving_arrays(fn)
+    elif not _new_memory(result, arrays):
         return None
     results = apply(rec, fn, name, t)[1]
     # (in the container NumPy returned: numpy.where's tuple, a list)

@@ -257,6 +257,44 @@ def test_what_cannot_replay_still_falls_back(body, reason):
     assert any(reason in str(x.message) for x in w)
 
 
+def test_a_perplexity_reported_from_the_loss_replays():
+    """Chainer's seq2seq example reports ``numpy.exp(loss.array * batch /
+    n_words)``: ufuncs of a 0-d array, whose NumPy scalars are ops of the
+    schedule too (before, the report fell back: an array computed with
+    NumPy entered chainer.report). The reported values are define-by-run's,
+    bit for bit, at every step."""
+    def body(self, x):
+        loss = F.sum(self.l2(self.l1(x)) ** 2) / len(x)
+        chainer.report({'loss': loss}, self)
+        chainer.report({'perp': numpy.exp(loss.array * len(x) / 40.)}, self)
+        return loss
+
+    models = twins(Base, body)
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(5):
+            x = rs.standard_normal((6, 5)).astype('f')
+            seen = []
+            for m, opt in models:
+                reporter = chainer.Reporter()
+                reporter.add_observer('main', m)
+                observed = {}
+                with reporter.scope(observed):
+                    m.cleargrads()
+                    m(x).backward()
+                opt.update()
+                seen.append(observed)
+            assert sorted(seen[0]) == ['main/loss', 'main/perp']
+            for k in seen[0]:
+                a, b = (numpy.asarray(getattr(o[k], 'array', o[k]))
+                        for o in seen)
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), k
+    assert not [x for x in w if issubclass(x.category, StaticGraphWarning)]
+    c = only_cache(models[1][0])
+    assert c.recordings == 1 and c.replays == 4
+
+
 def test_a_parameter_initialized_lazily_is_not_drawn_again():
     """``L.Linear(None, n)`` draws its weights from NumPy's generator in
     the first call (chainer/initializers): that draw is the link's, made

@@ -143,6 +143,10 @@ def _keeps_traced(name):
     def constructor(a, *args, **kwargs):
         out = orig(a, *args, **kwargs)
         if type(a) is not TracedArray or type(out) is not numpy.ndarray:
+            if type(a) in (list, tuple) and type(out) is numpy.ndarray and \
+                    traced.holds_traced(a):
+                # numpy.asarray(list(h.array)): a copy of traced values
+                return _copied_from_list(name, orig, a, args, kwargs, out)
             return out
         rec = getattr(_local, 'recording', None)
         if rec is None:
@@ -174,6 +178,21 @@ def _checks_values(name):
     checked.__name__ = name
     checked.__doc__ = orig.__doc__
     return checked
+
+
+def _copied_from_list(name, orig, a, args, kwargs, out):
+    """``out``, an array NumPy made from a list holding traced arrays: an
+    op of the recording where it may be one (a list of arrays, one level),
+    else a value read."""
+    rec = getattr(_local, 'recording', None)
+    if rec is None:
+        return out
+    made = numpy_calls.compute(rec, orig, 'numpy.' + name, (a,) + args,
+                               kwargs, out)
+    if made is not None:
+        return made
+    traced.flag('numpy.%s() of a list holding them' % name)
+    return out
 
 
 _patched_numpy = dict((name, _keeps_traced(name))

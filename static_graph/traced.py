@@ -209,12 +209,35 @@ class TracedArray(numpy.ndarray):
 
     def view(self, *args, **kwargs):
         out = numpy.ndarray.view(self, *args, **kwargs)
-        if type(out) is numpy.ndarray and not sys._getframe(
+        if type(out) is not TracedArray and not sys._getframe(
                 1).f_code.co_filename.startswith(INTERNAL_DIRS):
-            # A plain view handed to user code: what it does with the
+            # A plain view (or one of another subclass: numpy.matrix, a
+            # record array) handed to user code: what it does with the
             # values can no longer be seen.
-            flag('.view(numpy.ndarray)')
+            flag('.view(%s)' % type(out).__name__)
         return out
+
+    # Text of the values: str(), repr() and formats of a 0-d array go
+    # through no NumPy function (float(str(loss.array))).
+    def __str__(self):
+        if _from_user(1):
+            flag('str()')
+        return numpy.ndarray.__str__(self.view(numpy.ndarray))
+
+    def __repr__(self):
+        if _from_user(1):
+            flag('repr()')
+        return numpy.ndarray.__repr__(self.view(numpy.ndarray))
+
+    def __format__(self, spec):
+        if _from_user(1):
+            flag('format()')
+        return numpy.ndarray.__format__(self.view(numpy.ndarray), spec)
+
+    def __dlpack__(self, *args, **kwargs):
+        flag('__dlpack__()')
+        return numpy.ndarray.__dlpack__(self.view(numpy.ndarray), *args,
+                                        **kwargs)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         # A ufunc making new arrays from traced ones, while a forward
@@ -222,6 +245,8 @@ class TracedArray(numpy.ndarray):
         # traced. Otherwise as ndarray's (results traced by
         # __array_wrap__; in-place forms flagged by the operators).
         rec = active_recording()
+        if rec is not None and _untraced_out(kwargs.get('out')):
+            _into_untraced('%s(out=...)' % ufunc.__name__)
         if rec is None or calls is None or method == 'at' or \
                 'out' in kwargs:
             return _ufunc_as_before(ufunc, method, inputs, kwargs)
@@ -270,10 +295,23 @@ class TracedArray(numpy.ndarray):
         if by_values:
             flag('numpy.%s() (its result\'s shape depends on the values)'
                  % name)
+        into = kwargs.get('out') if name not in _INTO else (
+            args[0] if args else kwargs.get(_INTO[name]))
+        if _untraced_out(into):
+            _into_untraced('numpy.%s()' % name)
         result = func(*_plain_all(args), **dict(
             (k, _plain_all(v)) for k, v in kwargs.items()))
-        if name not in _SHAPE_ONLY and _holds_values(result):
+        if name not in _SHAPE_ONLY and _holds_values(result) or \
+                isinstance(result, numpy.dtype) and _zero_d_traced(args):
+            # (a dtype of a 0-d array: value-based casting, NumPy 1)
             flag('numpy.%s()' % name)
+            return result
+        if name == 'real_if_close' or 'scimath' in getattr(
+                func, '__module__', ''):
+            # Their result's dtype depends on the values (complex where
+            # numpy.emath.sqrt meets a negative number).
+            flag('numpy.%s() (its result\'s dtype depends on the values)'
+                 % name)
             return result
         rec = active_recording()
         if rec is not None and calls is not None and not by_values:
@@ -397,10 +435,46 @@ def _holds_values(result):
                 isinstance(result, (numpy.dtype, type)))
 
 
+# NumPy functions that write into their first argument (its keyword).
+_INTO = {'copyto': 'dst', 'put': 'a', 'putmask': 'a', 'place': 'arr',
+         'fill_diagonal': 'a', 'put_along_axis': 'arr'}
+
+
+def _untraced_out(out):
+    """Is ``out`` (an ``out=`` argument, a destination) an array, or holds
+    one, that is not traced?"""
+    if out is None:
+        return False
+    if type(out) in (tuple, list):
+        return any(_untraced_out(o) for o in out)
+    return isinstance(out, numpy.ndarray) and \
+        not isinstance(out, TracedArray)
+
+
+def _into_untraced(what):
+    """Values of traced arrays written into an array the recording does
+    not trace (``out=`` a plain array, ``numpy.copyto(buf, h.array)``):
+    what the user reads from it next is not seen."""
+    flag('%s, which writes them into an untraced array' % what)
+
+
+def _zero_d_traced(args):
+    return any(isinstance(a, TracedArray) and a.ndim == 0 for a in args)
+
+
 def _from_user(depth):
     """Is the caller ``depth`` frames up user code?"""
     return not sys._getframe(depth + 1).f_code.co_filename.startswith(
         INTERNAL_DIRS)
+
+
+def holds_traced(x):
+    """Does ``x`` (a tuple or list, at any depth) hold a TracedArray?"""
+    if isinstance(x, TracedArray):
+        return True
+    if type(x) in (tuple, list):
+        return any(holds_traced(v) for v in x)
+    return False
 
 
 def _plain_all(x):
@@ -464,12 +538,21 @@ _VALUE_SHAPED = {
     'setxor1d': ((0, 1), ('ar1', 'ar2')),
     'delete': ((1,), ('obj',)), 'insert': ((1,), ('obj',)),
     'repeat': ((1,), ('repeats',)),
+    'split': ((1,), ('indices_or_sections',)),
+    'array_split': ((1,), ('indices_or_sections',)),
+    'tile': ((1,), ('reps',)), 'pad': ((1,), ('pad_width',)),
+    'resize': ((1,), ('new_shape',)),
+    'broadcast_to': ((1,), ('shape',)), 'reshape': ((1,), ('newshape',)),
 }
 
 
 def _shape_from_values(name, args, kwargs):
     if name == 'where':   # numpy.where(condition): numpy.nonzero
         return len(args) + len(kwargs) == 1
+    if name in ('histogram', 'histogram_bin_edges'):
+        # bins='auto' and the like: as many bins as the data asks for
+        bins = args[1] if len(args) > 1 else kwargs.get('bins')
+        return isinstance(bins, str) or isinstance(bins, TracedArray)
     spec = _VALUE_SHAPED.get(name)
     if spec is None:
         return False

@@ -102,6 +102,14 @@ def argmax_per_row(self, x):
     return self.l2(h * (best[:, None] == numpy.arange(4)).astype('f'))
 
 
+def array_of_rows(self, x):
+    """numpy.array of a list of traced rows: an op (one level of arrays in
+    a list, as numpy.concatenate takes them)."""
+    h = self.l1(x)
+    best = numpy.array(list(h.array)).argmax(axis=1)
+    return self.l2(h * (best[:, None] == numpy.arange(4)).astype('f'))
+
+
 def gumbel(self, x):
     """F.gumbel_softmax draws its noise outside its nodes."""
     return self.l2(F.gumbel_softmax(self.l1(x), tau=0.5))
@@ -110,7 +118,7 @@ def gumbel(self, x):
 REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             variable_arithmetic, permutation_index, where_mask,
             concatenated_draw, constructor_copies, discarded_draw,
-            numpy_internals, argmax_per_row, gumbel]
+            numpy_internals, argmax_per_row, array_of_rows, gumbel]
 
 
 def twins(base, body, optimizer=lambda: chainer.optimizers.SGD(0.01)):
@@ -226,6 +234,31 @@ C_READS = {
     'numpy.percentile': lambda a: numpy.percentile(a, 50),
     'numpy.array2string': lambda a: len(numpy.array2string(a)) / 100.,
 }
+# Values written into an array the recording does not trace, then read;
+# text of a 0-d array; views of another type; shapes, bins and dtypes the
+# values decide.
+C_READS.update({
+    'ufunc out=': lambda a: numpy.add(a, 0, out=numpy.empty(
+        a.shape, a.dtype))[0, 1],
+    'numpy.copyto': lambda a: _copied(a)[1, 1],
+    'str of 0-d': lambda a: float(str(a[0, 0:1].reshape(()))),
+    'format of 0-d': lambda a: float(format(a[1, 0:1].reshape(()), '.6f')),
+    '.view(matrix)': lambda a: a.view(numpy.matrix)[0, 0],
+    'numpy.tile by values': lambda a: numpy.tile(
+        a[0], (a[0] > 0).astype(int) + 1).size / 100.,
+    "histogram bins='auto'": lambda a: len(numpy.histogram_bin_edges(
+        a, bins='auto')) / 10.,
+    'numpy.emath.sqrt dtype': lambda a: float(
+        numpy.emath.sqrt(a).dtype.kind == 'c'),
+})
+
+
+def _copied(a):
+    buf = numpy.zeros(a.shape, a.dtype)
+    numpy.copyto(buf, a)
+    return buf
+
+
 # Through conversions outside NumPy's functions, as other libraries make
 # them (scipy.linalg.norm: numpy.asarray_chkfinite).
 C_READS['numpy.require'] = lambda a: numpy.require(a, requirements='E')[0, 0]

@@ -113,6 +113,7 @@ def classify_unknown(rec, chain_map):
     as [(buffer id, path, Parameter)] and persist as [(id, path, array)]."""
     params, persists = [], []
     unknown, rec.unknown = rec.unknown, []
+    grads = siblings = None
     for bid, phase, kind, source in unknown:
         buf = rec.buffers[bid]
         a = buf.storage
@@ -133,11 +134,41 @@ def classify_unknown(rec, chain_map):
             buf.name = 'view of ' + chain_map[id(root)][1]
             continue
         rbid = rec.by_id.get(id(root)) if root is not a else None
+        if rbid is None and root is not a:
+            # Memory a recorded buffer shows without owning it (a 0-d
+            # loss, a view of the sum Chainer computed): the very same
+            # view follows that buffer; another part of it would be frozen.
+            if siblings is None:
+                siblings = _per_call_views(rec)
+            shown = siblings.get(id(root), ())
+            same = [b for b in shown
+                    if arrayutil.same_view(rec.buffers[b].storage, a)]
+            if same:
+                rbid = same[0]
+            elif shown:
+                rec.add_reason(
+                    'an array that shares memory with %%%d, a result of '
+                    'this call, enters %s at %s; replay would freeze it'
+                    % (shown[0], kind, source))
+                buf.name = buf.name or 'const'
+                continue
         if rbid is not None and rec.buffers[rbid].role in _PER_CALL_ROLES:
             # A view of a recorded buffer: keep the recorded view, make its
             # base static so the view always shows current values.
             rec.buffers[rbid].static = True
             buf.name = 'view of %%%d' % rbid
+            continue
+        if grads is None:
+            grads = _parameter_gradients(chain_map)
+        path = grads.get(id(a), grads.get(id(root)))
+        if path is not None:
+            # Not a constant even where it is uniform (the NaN a fresh
+            # gradient holds, zeros after zerograds): a new array, or new
+            # values, at every step.
+            rec.add_reason(
+                'it reads the gradient of %s (%s at %s); replay would '
+                'freeze it' % (path, kind, source))
+            buf.name = buf.name or 'const'
             continue
         if phase != 'forward':
             # Even a uniform one: a mask that is all True at recording
@@ -153,6 +184,30 @@ def classify_unknown(rec, chain_map):
                 % (kind, source))
         buf.name = buf.name or 'const'
     return params, persists
+
+
+def _per_call_views(rec):
+    """id(root memory) -> ids of the recorded per-call buffers whose
+    arrays are views of memory no buffer owns."""
+    out = {}
+    for b, buf in rec.buffers.items():
+        a = buf.storage
+        if buf.role in _PER_CALL_ROLES and arrayutil.is_array(a):
+            root = arrayutil.root_of(a)
+            if root is not a and id(root) not in rec.by_id:
+                out.setdefault(id(root), []).append(b)
+    return out
+
+
+def _parameter_gradients(chain_map):
+    """id(gradient array) -> path of the parameters in ``chain_map``."""
+    out = {}
+    for role, path, owner, _ in chain_map.values():
+        if role == ir.PARAM:
+            g = owner.grad
+            if g is not None:
+                out[id(g)] = path
+    return out
 
 
 def _scan(obj, depth, arrays, nodes):

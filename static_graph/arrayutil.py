@@ -36,6 +36,19 @@ def root_of(a):
     return a
 
 
+def same_view(a, b):
+    """Do arrays ``a`` and ``b`` show the very same memory (address,
+    shape, strides, dtype)?"""
+    if a.shape != b.shape or a.dtype != b.dtype or a.strides != b.strides:
+        return False
+    if isinstance(a, numpy.ndarray) and isinstance(b, numpy.ndarray):
+        return a.__array_interface__['data'][0] == \
+            b.__array_interface__['data'][0]
+    return getattr(a, 'data', None) is not None and \
+        getattr(b, 'data', None) is not None and \
+        getattr(a.data, 'ptr', 0) == getattr(b.data, 'ptr', 1)
+
+
 def copyto_for(arrays):
     """``copyto`` of the arrays' module (NumPy's for none)."""
     xp = backend.get_array_module(*arrays) if arrays else numpy

@@ -28,6 +28,7 @@ from static_graph import lower_pass
 from static_graph import lowering
 from static_graph import recompute_rules
 from static_graph import recorder
+from static_graph import reports as report_codes
 from static_graph import signature
 from static_graph import split_kernels
 from static_graph.link_values import size as _dict_size
@@ -105,7 +106,8 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     e.attr_writes = attr_writes
     expose = []
     for _, items in reports:
-        expose.extend(v for _, how, v in items if how == 'buffer')
+        for _, code in items:
+            expose.extend(report_codes.buffers(code))
     expose.extend(w[2] for w in attr_writes)
     e.expose = tuple(sorted(set(expose)))
     f_inputs = list(leaf_bids) + param_bids

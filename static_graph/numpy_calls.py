@@ -242,11 +242,16 @@ def compute(rec, fn, name, args, kwargs, result):
     if t is None:
         return None
     arrays = [traced.untraced(a) for a in t[3]]
-    if _zero_d(result, arrays):
+    zero_d = _zero_d(result, arrays)
+    if zero_d:
         fn = _giving_arrays(fn)
     elif not _new_memory(result, arrays):
         return None
     results = apply(rec, fn, name, t)[1]
+    if zero_d:
+        # (reported, they are the NumPy scalars define-by-run has:
+        # reports.py)
+        rec.scalar_like.update(id(r) for r in results)
     # (in the container NumPy returned: numpy.where's tuple, a list)
     return type(result)(results) if type(result) in (tuple, list) else \
         results[0]

@@ -1,7 +1,8 @@
 """What a recording wraps while some thread records, and puts back.
 
 ``install()`` (when the first recording starts) replaces
-``FunctionNode.apply``, ``Variable._get_array``, ``Reporter.report``,
+``FunctionNode.apply``, ``Variable._get_array`` and ``_get_grad``,
+``Reporter.report`` and ``chainer.report``,
 Chainer's ``backprop_step``, NumPy's array constructors and shape makers,
 the global random generators' functions and Chainer's pure array
 functions (``numpy_calls.PURE``) with wrappers that hand each
@@ -24,15 +25,18 @@ from chainer import variable as variable_module
 
 from static_graph import device_reads
 from static_graph import numpy_calls
+from static_graph import reports
 from static_graph import traced
-from static_graph.arrayutil import MISSING, detached_copy
+from static_graph.arrayutil import MISSING
 
 _local = threading.local()
 traced.set_active(_local)
 
 _orig_apply = function_node.FunctionNode.apply
 _orig_get_array = variable_module.Variable._get_array
+_orig_get_grad = variable_module.Variable._get_grad
 _orig_report = reporter_module.Reporter.report
+_orig_module_report = reporter_module.report
 _orig_backprop_step = _backprop_utils.backprop_step
 # NumPy's array constructors do not dispatch on their argument: a traced
 # array would come back plain (numpy.asarray(h.array)), its values no
@@ -123,17 +127,28 @@ def _patched_apply(self, inputs):
     return rec.on_apply(self, inputs)
 
 
-def _patched_get_array(self):
-    a = _orig_get_array(self)
-    rec = getattr(_local, 'recording', None)
-    if rec is None or rec.depth or type(a) is not numpy.ndarray:
-        return a
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
-        f = f.f_back
-    if f is None or traced.internal_file(f.f_code.co_filename):
-        return a
-    return rec.trace(a)
+def _traced_getter(orig):
+    """``Variable._get_array`` or ``_get_grad`` handing user code the array
+    traced (``h.array``, ``W.grad``: analysis.classify_unknown tells a
+    gradient from a constant)."""
+    def getter(self):
+        a = orig(self)
+        rec = getattr(_local, 'recording', None)
+        if rec is None or rec.depth or type(a) is not numpy.ndarray:
+            return a
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
+            f = f.f_back
+        if f is None or traced.internal_file(f.f_code.co_filename):
+            return a
+        return rec.trace(a)
+
+    getter.__name__ = orig.__name__
+    return getter
+
+
+_patched_get_array = _traced_getter(_orig_get_array)
+_patched_get_grad = _traced_getter(_orig_get_grad)
 
 
 def _keeps_traced(name):
@@ -228,12 +243,26 @@ for _name in device_reads.SHAPE_MAKERS:
 def _patched_report(self, values, observer=None):
     rec = getattr(_local, 'recording', None)
     if rec is not None and not rec.depth and rec.phase == 'forward':
-        rec.on_report(values, observer)
+        items = rec.on_report(values, observer)
         if not chainer.config.keep_graph_on_report:
             # Which arrays replay will rewrite in place is known only once
-            # the backward is recorded: report copies.
-            values = {k: detached_copy(v) for k, v in values.items()}
+            # the backward is recorded: report copies (not of what the
+            # chain holds, which define-by-run's reporter keeps as is).
+            values = dict((k, reports.recording_value(rec, values[k], code))
+                          for k, code in items)
     return _orig_report(self, values, observer)
+
+
+def _patched_module_report(values, observer=None):
+    """``chainer.report`` while no reporter is current does nothing; a
+    recording notes it anyway, so that its replays report where a reporter
+    is current by then (a warm-up step before the Trainer's loop)."""
+    rec = getattr(_local, 'recording', None)
+    if rec is not None and not rec.depth and rec.phase == 'forward' and \
+            not reporter_module._get_reporters():
+        rec.on_report(values, observer)
+        return
+    return _orig_module_report(values, observer)
 
 
 def _patched_backprop_step(func, target_input_indexes, grad_outputs,
@@ -280,10 +309,15 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
 _PATCHES = (
     (function_node.FunctionNode, {'apply': _patched_apply},
      {'apply': _orig_apply}),
-    (variable_module.Variable, {'_get_array': _patched_get_array},
-     {'_get_array': _orig_get_array}),
+    (variable_module.Variable, {'_get_array': _patched_get_array,
+                                '_get_grad': _patched_get_grad},
+     {'_get_array': _orig_get_array, '_get_grad': _orig_get_grad}),
     (reporter_module.Reporter, {'report': _patched_report},
      {'report': _orig_report}),
+    (reporter_module.__dict__, {'report': _patched_module_report},
+     {'report': _orig_module_report}),
+    (chainer.__dict__, {'report': _patched_module_report},
+     {'report': _orig_module_report}),
     (_backprop_utils.__dict__, {'backprop_step': _patched_backprop_step},
      {'backprop_step': _orig_backprop_step}),
     (numpy.__dict__, _patched_numpy, _orig_numpy),

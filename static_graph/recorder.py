@@ -17,6 +17,7 @@ from schedules import ir
 from static_graph import arrayutil
 from static_graph import device_reads
 from static_graph import patches
+from static_graph import reports
 from static_graph import traced
 from static_graph.arrayutil import MISSING, is_array, root_of
 from static_graph.patches import current  # NOQA  (recorder.current())
@@ -239,6 +240,9 @@ class Recording(object):
         # ids of arrays user code made from Python values alone
         # (numpy.arange(n)): constants of the key, uniform or not
         self.shape_made = {}
+        # ids of traced 0-d arrays that stand for the NumPy scalars a ufunc
+        # of 0-d arrays gives (numpy_calls.compute)
+        self.scalar_like = set()
         self.alloc_hook = None
 
     # -- buffers ------------------------------------------------------------
@@ -521,25 +525,11 @@ class Recording(object):
                                            self.backward_label))
 
     def on_report(self, values, observer):
-        if self.phase != 'forward':
-            return
-        items = []
-        for k, v in values.items():
-            if isinstance(v, chainer.Variable):
-                if chainer.config.keep_graph_on_report and \
-                        v.creator is not None:
-                    self.add_reason(
-                        'it reports a Variable (%s) under keep_graph_on_report'
-                        '=True; replay reports its value without the graph'
-                        % k)
-                v = v.raw_array
-            if isinstance(v, traced.TracedArray):
-                v = self.untrace(v, 'chainer.report')
-            if is_array(v):
-                items.append((k, 'buffer', self.buffer_of(v, 'report')))
-            else:
-                items.append((k, 'const', v))
+        """[(key, code)] of a report of the forward (reports.py), kept for
+        replay."""
+        items = [(k, reports.encode(self, k, v)) for k, v in values.items()]
         self.reports.append((observer, items))
+        return items
 
     # -- activation -----------------------------------------------------------
     def __enter__(self):

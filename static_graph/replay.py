@@ -5,6 +5,7 @@ import chainer
 
 from static_graph import nodes
 from static_graph import outputs
+from static_graph import reports
 
 
 def replay(e, leaves):
@@ -34,14 +35,16 @@ def _side_effects(e, exposed, outs):
             return by_out[b]
         return chainer.Variable(values[b], requires_grad=False)
 
+    def value(b):
+        return by_out[b].raw_array if b in by_out else values[b]
+
     for observer_ref, items in e.reports:
         observer = observer_ref() if observer_ref is not None else None
         if observer_ref is not None and observer is None:
             continue
-        report = {}
-        for k, how, v in items:
-            report[k] = var(v) if how == 'buffer' else v
-        chainer.reporter.report(report, observer)
+        chainer.reporter.report(dict(
+            (k, reports.decode(code, var, value)) for k, code in items),
+            observer)
     for d, k, b, kind in e.attr_writes:
         if kind == 'V':
             d[k] = var(b)

@@ -124,6 +124,17 @@ def _in_place(name, symbol):
     return method
 
 
+def _as_function(name):
+    """The ndarray method ``name`` as NumPy's function of that name."""
+    fn = getattr(numpy, name)
+
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
 class TracedArray(numpy.ndarray):
     """An ndarray view whose value reads are reported to the recording."""
 
@@ -326,29 +337,10 @@ class TracedArray(numpy.ndarray):
     # C code, so the same bits; an array result an op where it may be one,
     # a number a value read). ``mean``, ``std`` and ``var`` divide their
     # sum in place, which would be a write into a traced array.
-    def argmax(self, *args, **kwargs):
-        return numpy.argmax(self, *args, **kwargs)
-
-    def argmin(self, *args, **kwargs):
-        return numpy.argmin(self, *args, **kwargs)
-
-    def searchsorted(self, *args, **kwargs):
-        return numpy.searchsorted(self, *args, **kwargs)
-
-    def take(self, *args, **kwargs):
-        return numpy.take(self, *args, **kwargs)
-
-    def dot(self, *args, **kwargs):
-        return numpy.dot(self, *args, **kwargs)
-
-    def mean(self, *args, **kwargs):
-        return numpy.mean(self, *args, **kwargs)
-
-    def std(self, *args, **kwargs):
-        return numpy.std(self, *args, **kwargs)
-
-    def var(self, *args, **kwargs):
-        return numpy.var(self, *args, **kwargs)
+    for _name in ('argmax', 'argmin', 'searchsorted', 'take', 'dot',
+                  'mean', 'std', 'var'):
+        locals()[_name] = _as_function(_name)
+    del _name
 
     # Ways to the values that no NumPy function or ufunc sees: element
     # reads through ``.flat``, the memory behind ``.data`` and ``.ctypes``

@@ -204,7 +204,10 @@ def _parameter_gradients(chain_map):
     out = {}
     for role, path, owner, _ in chain_map.values():
         if role == ir.PARAM:
-            g = owner.grad
+            try:
+                g = owner.grad
+            except RuntimeError:     # (not valid: none to read either)
+                continue
             if g is not None:
                 out[id(g)] = path
     return out

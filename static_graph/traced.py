@@ -256,13 +256,22 @@ class TracedArray(numpy.ndarray):
         # traced. Otherwise as ndarray's (results traced by
         # __array_wrap__; in-place forms flagged by the operators).
         rec = active_recording()
-        if rec is not None and _untraced_out(kwargs.get('out')):
-            _into_untraced('%s(out=...)' % ufunc.__name__)
+        if rec is not None:
+            out = kwargs.get('out')
+            if _untraced_out(out):
+                _into_untraced('%s(out=...)' % ufunc.__name__)
+            # A write into a traced array (numpy.clip(a, -1, 1, out=a),
+            # numpy.minimum.at(a, i, 0)): replay would not repeat it, and
+            # the recording's check of values misses one that changed
+            # nothing this call.
+            for o in (out or ()) + (inputs[:1] if method == 'at' else ()):
+                if isinstance(o, TracedArray):
+                    _flag_write(o, '%s(out=...)' % ufunc.__name__)
         if rec is None or calls is None or method == 'at' or \
                 'out' in kwargs:
             return _ufunc_as_before(ufunc, method, inputs, kwargs)
         fn = ufunc if method == '__call__' else getattr(ufunc, method)
-        result = fn(*[untraced(x) for x in inputs], **kwargs)
+        result = fn(*[untraced(x) for x in inputs], **_plain_kwargs(kwargs))
         made = calls(rec, fn, '%s%s' % (
             ufunc.__name__, '' if method == '__call__' else '.' + method),
             inputs, kwargs, result)
@@ -310,6 +319,9 @@ class TracedArray(numpy.ndarray):
             args[0] if args else kwargs.get(_INTO[name]))
         if _untraced_out(into):
             _into_untraced('numpy.%s()' % name)
+        for o in into if type(into) in (tuple, list) else (into,):
+            if isinstance(o, TracedArray):
+                _flag_write(o, 'numpy.%s()' % name)
         result = func(*_plain_all(args), **dict(
             (k, _plain_all(v)) for k, v in kwargs.items()))
         if name not in _SHAPE_ONLY and _holds_values(result) or \
@@ -484,18 +496,23 @@ def _ufunc_as_before(ufunc, method, inputs, kwargs):
     it: on the plain arrays, results handed to ``__array_wrap__`` of the
     first traced input (traced; a reduction to one value flagged), an
     ``out=`` given back as passed."""
-    wrapper = _first_traced(inputs + tuple(kwargs.get('out') or ()))
+    wrapper = _first_traced(inputs + tuple(kwargs.get('out') or ()) + (
+        kwargs.get('where'),))
     out = kwargs.get('out')
-    if out is not None:
-        kwargs = dict(kwargs)
-        kwargs['out'] = tuple(untraced(o) for o in out)
     result = getattr(ufunc, method)(*[untraced(x) for x in inputs],
-                                    **kwargs)
+                                    **_plain_kwargs(kwargs))
     if method == 'at':
         return result
     if out is not None:
         return out[0] if len(out) == 1 else tuple(out)
     return _wrap(wrapper, result)
+
+
+def _plain_kwargs(kwargs):
+    """A ufunc's keyword arguments with TracedArrays (an ``out=``, a mask
+    given as ``where=``) as their plain views: else NumPy hands the call
+    back to ``TracedArray.__array_ufunc__``."""
+    return dict((k, _plain_all(v)) for k, v in kwargs.items())
 
 
 def _first_traced(arrays):

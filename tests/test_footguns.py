@@ -1924,7 +1924,7 @@ def _write_input(h, x):
 
 @pytest.mark.parametrize('write,line', [
     (_write_setitem, True), (_write_in_place_operator, True),
-    (_write_ufunc_out, False), (_write_input, True)])
+    (_write_ufunc_out, True), (_write_input, True)])
 def test_method_writing_into_an_array_in_place(write, line):
     """``h.array[:, 0] = 0``, ``a *= 2``, ``numpy.clip(..., out=h.data)``
     or ``x[0] = 1`` on an input: define-by-run computes with the written

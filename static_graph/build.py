@@ -108,7 +108,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     for _, items in reports:
         for _, code in items:
             expose.extend(report_codes.buffers(code))
-    expose.extend(w[2] for w in attr_writes)
+    expose.extend(w[2] for w in attr_writes if w[2] is not None)
     e.expose = tuple(sorted(set(expose)))
     f_inputs = list(leaf_bids) + param_bids
     backward = grad_targets is not None

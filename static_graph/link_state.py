@@ -38,10 +38,10 @@ def _read_by(rec, old):
 
 def attr_changes(rec, snapshot, detached=()):
     """The link attributes the method assigned, as (dict, name, buffer id,
-    'V' or 'A'); one it read before assigning it is state carried from
-    call to call (``self.h = h.array``), which the recording's reason
-    list gets (``detached``: ids of recurrent Variables, handled by
-    reattach)."""
+    'V' or 'A'; or None, 'N' where it set None); one it read before
+    assigning it is state carried from call to call (``self.h =
+    h.array``), which the recording's reason list gets (``detached``: ids
+    of recurrent Variables, handled by reattach)."""
     changed = [(d, k, v, before.get(k, arrayutil.MISSING))
                for d, before, _ in snapshot for k, v in list(d.items())
                if before.get(k, arrayutil.MISSING) is not v]
@@ -66,6 +66,10 @@ def attr_changes(rec, snapshot, detached=()):
             writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
         elif link_values.same_value(v, old):
             continue     # (a Variable or array before: not ==)
+        elif v is None:
+            # (L.Classifier's ``self.accuracy = None`` once compute_accuracy
+            # is off, where a call left a Variable): repeated as it is.
+            writes.append((d, k, None, 'N'))
         else:
             rec.add_reason('the method sets attribute %r (%s), which '
                            'replay would not repeat'

@@ -48,5 +48,7 @@ def _side_effects(e, exposed, outs):
     for d, k, b, kind in e.attr_writes:
         if kind == 'V':
             d[k] = var(b)
+        elif kind == 'N':
+            d[k] = None
         else:
             d[k] = by_out[b].raw_array if b in by_out else values[b]

@@ -422,6 +422,36 @@ def test_parameter_array_replaced_at_every_call_stops_recording():
                if issubclass(x.category, StaticGraphWarning))
 
 
+def test_an_attribute_set_to_none_replays():
+    """``self.kept = h if self.keep else None``, as L.Classifier's forward
+    leaves ``self.accuracy = None`` once compute_accuracy is turned off:
+    after a call left a Variable there, the write of None is repeated by
+    replay (before, the key fell back for good: "sets attribute 'kept'
+    (NoneType)")."""
+    def body(self, x):
+        h = self.l1(x)
+        self.kept = h if self.keep else None
+        return F.sum(self.l2(h))
+
+    def init(self):
+        _mlp(self)
+        self.keep = True
+
+    models = make_twins(body, init)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always', StaticGraphWarning)
+        for i in range(6):
+            if i == 2:
+                for m in models:
+                    m.keep = False
+            train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+            assert (models[1].kept is None) == (i >= 2)
+    assert not [x for x in w if issubclass(x.category, StaticGraphWarning)
+                and 'falls back' in str(x.message)]
+    assert states(models[1]) == ['complete']
+    assert cache(models[1]).replays == 4
+
+
 def test_same_variable_returned_twice():
     """``return h, h``: chainer.grad keeps one gradient per output
     Variable, so the recorded backward dropped one (bias gradient 27

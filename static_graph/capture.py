@@ -111,7 +111,8 @@ class Capture(object):
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()
-            recheck = watch.changed_by_call() or None
+            recheck = (watch.changed_by_call() +
+                       link_state.added_or_deleted(snapshot)) or None
             if recheck and self.prev is not None and self.prev.recheck:
                 # A memo fills once; this changes at every call.
                 for what in recheck:

@@ -25,6 +25,21 @@ def snapshot_links(chain):
             for path, link in chain.namedlinks()]
 
 
+def added_or_deleted(snapshot):
+    """The link attributes the call added or deleted (``self.carry =
+    ...`` where there was none, ``del self.tmp``): what the method did
+    hangs on their absence or presence (``getattr(self, 'carry', None)``),
+    so the next call records again to see (capture.py's recheck)."""
+    out = []
+    for d, before, path in snapshot:
+        prefix = path.rstrip('/') + '/'
+        out.extend('attribute %s%s, added' % (prefix, k)
+                   for k in d if k not in before)
+        out.extend('attribute %s%s, deleted' % (prefix, k)
+                   for k in before if k not in d)
+    return out
+
+
 def _read_by(rec, old):
     """Did an op of the recording read ``old`` (an array or a Variable's
     array), whole or through a view?"""
@@ -142,11 +157,14 @@ def write_back_inputs(rec, leaves, inner, leaf_bids):
 
 
 def trace_held_arrays(chain, rec):
-    """Hand the method the links' NumPy array attributes (not persistents)
-    as traced views, as its inputs are: writing into one or reading its
-    values is caught, and one feeding a Chainer function is a constant of
-    the chain (analysis.chain_arrays). Returns [(dict, name, array, view)]
-    for _untrace_held."""
+    """Hand the method the links' NumPy array attributes as traced views,
+    as its inputs are: writing into one or reading its values is caught,
+    and one feeding a Chainer function is an array of the chain
+    (analysis.chain_arrays), read live. Persistents too (``self.bn.avg_mean
+    * 0.5``: NumPy on them is an op, not a constant that was uniform at
+    the recording call), without the check of their values after the call:
+    BatchNormalization's own node updates them in place. Returns [(dict,
+    name, array, view)] for _untrace_held."""
     held = []
     for link in chain.links():
         d = link.__dict__
@@ -154,6 +172,13 @@ def trace_held_arrays(chain, rec):
             rec.chain_held.add(id(v))
             d[k] = rec.trace(v)
             held.append((d, k, v, d[k]))
+        for k in getattr(link, '_persistent', ()):
+            v = d.get(k)
+            if type(v) is numpy.ndarray:
+                rec.chain_held.add(id(v))
+                rec.persistents.add(id(v))
+                d[k] = rec.trace(v, check=False)
+                held.append((d, k, v, d[k]))
     return held
 
 

@@ -225,6 +225,7 @@ class Recording(object):
         self.traced_views = {}    # id(view) -> plain array
         self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.chain_held = set()   # ids of the links' array attributes
+        self.persistents = set()  # ids of those that are persistents
         self.reports = []         # (observer, [(key, buffer id | const)])
         self.pending_backward_consts = []   # checked once captures are known
         self.held = set()         # buffers some node attribute refers to
@@ -278,19 +279,25 @@ class Recording(object):
         return self.backward_label
 
     # -- tracing of raw arrays handed to user code ----------------------------
-    def trace(self, array):
+    def trace(self, array, check=True):
+        """A traced view of ``array`` for user code; ``check``: compare its
+        values after the call (check_writes)."""
         view = array.view(traced.TracedArray)
         self.traced_views[id(view)] = array
         self.arrays.append(view)
-        if id(array) not in self.handed_out:
+        if check and id(array) not in self.handed_out:
             self.handed_out[id(array)] = (array, array.copy())
         return view
 
     def is_recorded(self, array):
         """Is ``array`` (or what it is a view of) an array of this
-        recording?"""
+        recording, one whose writes count? (Not the links' persistents:
+        their link code updates them in place, as ChainerMN's batch
+        normalization copies its running statistics back.)"""
         while array is not None:
-            if id(array) in self.by_id or id(array) in self.chain_held:
+            if id(array) in self.by_id or (
+                    id(array) in self.chain_held and
+                    id(array) not in self.persistents):
                 return True
             array = getattr(array, 'base', None)
         return False

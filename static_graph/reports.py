@@ -13,7 +13,7 @@ turns back into a value (``decode``):
   memory: define-by-run's reporter keeps a reference too, so whoever reads
   it later (LogReport, after the update) sees the updated values;
 * ``('seq', type, codes)``: a tuple or list of them (``(value, weight)``,
-  which Chainer's summaries take);
+  which Chainer's summaries take), ``('dict', [(key, code)])`` a dict;
 * ``('const', v)``: a Python value the key fixes (``len(x)``, a string).
 
 A NumPy number reported is a reason to fall back: it was computed in
@@ -64,7 +64,15 @@ def encode(rec, key, v):
         return ('var', rec.buffer_of(a, 'report'))
     if arrayutil.is_array(v):
         plain = traced.untraced(v)
-        if id(arrayutil.root_of(plain)) in roots:
+        root = arrayutil.root_of(plain)
+        if id(root) in roots:
+            if root is not plain and id(root) in rec.by_id:
+                # A view of a parameter's array: replay shows it only
+                # while the parameter holds that array (Entry.matches
+                # records again where it gets another).
+                rec.held.add(rec.by_id[id(root)])
+            elif root is not plain:
+                rec.held.add(rec.buffer_of(root, 'report'))
             return ('live', plain)
         scalar = isinstance(v, traced.TracedArray) and \
             id(v) in rec.scalar_like
@@ -76,6 +84,11 @@ def encode(rec, key, v):
         if all(c[0] == 'const' for c in codes):
             return ('const', v)
         return ('seq', type(v), codes)
+    if type(v) is dict:
+        codes = [(k, encode(rec, key, x)) for k, x in v.items()]
+        if all(c[0] == 'const' for _, c in codes):
+            return ('const', v)
+        return ('dict', codes)
     if isinstance(v, numpy.generic):
         rec.add_reason(
             'it reports a NumPy number (%s), computed in Python; replay '
@@ -96,6 +109,8 @@ def recording_value(rec, v, code):
     if kind == 'seq':
         return type(v)(recording_value(rec, x, c)
                        for x, c in zip(v, code[2]))
+    if kind == 'dict':
+        return dict((k, recording_value(rec, v[k], c)) for k, c in code[1])
     return arrayutil.detached_copy(v)
 
 
@@ -106,6 +121,9 @@ def buffers(code):
         yield code[1]
     elif kind == 'seq':
         for c in code[2]:
+            yield from buffers(c)
+    elif kind == 'dict':
+        for _, c in code[1]:
             yield from buffers(c)
 
 
@@ -121,4 +139,6 @@ def decode(code, var, value):
         return value(code[1])[()]
     if kind == 'seq':
         return code[1](decode(c, var, value) for c in code[2])
+    if kind == 'dict':
+        return dict((k, decode(c, var, value)) for k, c in code[1])
     return code[1]      # live, const

@@ -24,23 +24,27 @@ class Net(chainer.Chain):
             self.l1 = L.Linear(6, 5)
             self.l2 = L.Linear(5, 4)
             self.temp = chainer.Parameter(numpy.ones((), 'f'))
+            self.bn = L.BatchNormalization(5)
 
 
 def _seen(v):
     """What a reader of the observation sees: the type and the bytes."""
     if type(v) in (tuple, list):
         return type(v).__name__, [_seen(x) for x in v]
+    if type(v) is dict:
+        return 'dict', sorted((k, _seen(x)) for k, x in v.items())
     a = v.array if isinstance(v, chainer.Variable) else v
     return (type(v).__name__, numpy.asarray(a).dtype.str,
             numpy.asarray(a).tobytes())
 
 
-def run_twins(body, steps=5, reporter_from=0):
+def run_twins(body, steps=5, reporter_from=0, between=None):
     """Train an undecorated and a decorated twin; return the decorated one
     and its warnings, after checking, at every step, that the losses, the
     parameters and the observations (read after the update, as LogReport
     reads them) agree bit for bit, types included. Before step
-    ``reporter_from`` no reporter is current."""
+    ``reporter_from`` no reporter is current; ``between(model, step)`` runs
+    before each twin's step."""
     models = []
     for decorate in (False, True):
         cls = type('Net', (Net,), {'forward': static_graph.static_graph(
@@ -60,6 +64,8 @@ def run_twins(body, steps=5, reporter_from=0):
             t = rs.randint(0, 4, 4).astype('i')
             seen = []
             for m, opt, reporter in models:
+                if between is not None:
+                    between(m, i)
                 observed = {}
                 if i >= reporter_from:
                     with reporter.scope(observed):
@@ -68,7 +74,12 @@ def run_twins(body, steps=5, reporter_from=0):
                     opt.update(m, x, t)
                 seen.append((sorted((k, _seen(v)) for k, v in
                                     observed.items()),
-                             [p.array.tobytes() for p in m.params()]))
+                             [p.array.tobytes() for p in m.params()] +
+                             [getattr(link, k).tobytes()
+                              for link in m.links()
+                              for k in sorted(link._persistent)
+                              if isinstance(getattr(link, k),
+                                            numpy.ndarray)]))
             assert seen[0] == seen[1], (body.__name__, i)
             if i >= reporter_from:
                 assert seen[0][0], 'nothing was reported'
@@ -119,13 +130,44 @@ def parameters(self, x, t):
     return loss_of(self, x, t)
 
 
+def nested_dict(self, x, t):
+    """A dict holding a Variable, reported as one value."""
+    loss = loss_of(self, x, t)
+    chainer.report({'parts': {'loss': loss, 'n': len(x)}}, self)
+    return loss
+
+
+def running_mean(self, x, t):
+    """BatchNormalization's running mean read in the forward: all zeros
+    at the recording call, which looked like a constant."""
+    h = self.bn(self.l1(x))
+    loss = F.softmax_cross_entropy(self.l2(F.tanh(h)), t)
+    chainer.report({'loss': loss}, self)
+    return loss + F.sum(h * (self.bn.avg_mean * 0.5))
+
+
 @pytest.mark.parametrize('body', [perplexity, loss_array, weighted,
-                                  parameters], ids=lambda b: b.__name__)
+                                  parameters, nested_dict, running_mean],
+                         ids=lambda b: b.__name__)
 def test_reports_replay_bit_for_bit(body):
     m, w = run_twins(body)
     assert not w
     c = only_cache(m)
     assert c.recordings == 1 and c.replays == 4
+
+
+def test_a_reported_view_follows_a_replaced_parameter():
+    """A view of a parameter's array reported (``self.l1.b.array[0,
+    ...]``), the parameter given a new array between steps (``b.array =
+    ...``): the call records again instead of reporting the old array's
+    view."""
+    def halve(m, i):
+        if i == 2:
+            m.l1.b.array = m.l1.b.array * 0.5
+
+    m, w = run_twins(parameters, between=halve)
+    assert not w
+    assert only_cache(m).recordings == 2
 
 
 def test_reports_of_a_call_recorded_without_a_reporter_replay():

@@ -162,9 +162,10 @@ def trace_held_arrays(chain, rec):
     and one feeding a Chainer function is an array of the chain
     (analysis.chain_arrays), read live. Persistents too (``self.bn.avg_mean
     * 0.5``: NumPy on them is an op, not a constant that was uniform at
-    the recording call), without the check of their values after the call:
-    BatchNormalization's own node updates them in place. Returns [(dict,
-    name, array, view)] for _untrace_held."""
+    the recording call; a write into one, ``self.ema += ...``, is caught),
+    without the check of their values after the call: BatchNormalization's
+    own node updates them in place. Returns [(dict, name, array, view)]
+    for _untrace_held."""
     held = []
     for link in chain.links():
         d = link.__dict__
@@ -176,7 +177,6 @@ def trace_held_arrays(chain, rec):
             v = d.get(k)
             if type(v) is numpy.ndarray:
                 rec.chain_held.add(id(v))
-                rec.persistents.add(id(v))
                 d[k] = rec.trace(v, check=False)
                 held.append((d, k, v, d[k]))
     return held

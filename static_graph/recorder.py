@@ -225,7 +225,6 @@ class Recording(object):
         self.traced_views = {}    # id(view) -> plain array
         self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.chain_held = set()   # ids of the links' array attributes
-        self.persistents = set()  # ids of those that are persistents
         self.reports = []         # (observer, [(key, buffer id | const)])
         self.pending_backward_consts = []   # checked once captures are known
         self.held = set()         # buffers some node attribute refers to
@@ -291,13 +290,9 @@ class Recording(object):
 
     def is_recorded(self, array):
         """Is ``array`` (or what it is a view of) an array of this
-        recording, one whose writes count? (Not the links' persistents:
-        their link code updates them in place, as ChainerMN's batch
-        normalization copies its running statistics back.)"""
+        recording or of its chain?"""
         while array is not None:
-            if id(array) in self.by_id or (
-                    id(array) in self.chain_held and
-                    id(array) not in self.persistents):
+            if id(array) in self.by_id or id(array) in self.chain_held:
                 return True
             array = getattr(array, 'base', None)
         return False

@@ -139,7 +139,8 @@ class TracedArray(numpy.ndarray):
     """An ndarray view whose value reads are reported to the recording."""
 
     def __setitem__(self, key, value):
-        _flag_write(self, '[...] =')
+        if not _onto_itself(self, key, value):
+            _flag_write(self, '[...] =')
         numpy.ndarray.__setitem__(self, key, value)
 
     def __getitem__(self, key):
@@ -464,6 +465,23 @@ def _into_untraced(what):
 
 def _zero_d_traced(args):
     return any(isinstance(a, TracedArray) and a.ndim == 0 for a in args)
+
+
+def _onto_itself(a, key, value):
+    """Is ``a[key] = value`` a copy of ``a``'s memory onto itself (a no-op:
+    ChainerMN's batch normalization copies its running statistics back
+    from the node that updated them in place, ``self.avg_mean[:] =
+    func.running_mean``)?"""
+    if not (isinstance(key, slice) and key == slice(None) or
+            key is Ellipsis) or not isinstance(value, numpy.ndarray):
+        return False
+    mine = a.view(numpy.ndarray)
+    value = value.view(numpy.ndarray) if isinstance(value, TracedArray) \
+        else value
+    return value.shape == mine.shape and value.strides == mine.strides and \
+        value.dtype == mine.dtype and \
+        value.__array_interface__['data'][0] == \
+        mine.__array_interface__['data'][0]
 
 
 def _from_user(depth):

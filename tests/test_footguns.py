@@ -482,6 +482,40 @@ def test_an_attribute_the_method_adds_or_deletes_records_again(pattern):
                     atol=0)
 
 
+@pytest.mark.parametrize('update', ['ema', 'row', 'counter'])
+def test_a_persistent_updated_in_place_by_the_method_falls_back(update):
+    """A persistent the method updates in place (an EMA of activations,
+    ``self.ema += 0.1 * y.array.mean(axis=0)``; a step counter): replay
+    would not repeat the write (it replayed, the EMA ending elsewhere, the
+    counter stuck at 1). The call falls back; a persistent read in the
+    forward is traced since it is handed out like the links' arrays."""
+    def body(self, x):
+        h = self.l1(x)
+        if update == 'ema':
+            self.ema += 0.1 * h.array.mean(axis=0)
+        elif update == 'row':
+            self.ema[...] = h.array[0]
+        else:
+            self.steps += 1
+        return F.sum(self.l2(h) ** 2)
+
+    def init(self):
+        _mlp(self)
+        self.add_persistent('ema', numpy.zeros(self.l1.out_size, 'f'))
+        self.add_persistent('steps', numpy.zeros((), 'i'))
+
+    models = make_twins(body, init)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always', StaticGraphWarning)
+        train_alike(models, [(data(4, 3),) for i in range(4)], rtol=0,
+                    atol=0)
+    for name in ('ema', 'steps'):
+        numpy.testing.assert_array_equal(getattr(models[0], name),
+                                         getattr(models[1], name))
+    assert any('writes into an array in place' in str(x.message)
+               for x in w)
+
+
 def test_same_variable_returned_twice():
     """``return h, h``: chainer.grad keeps one gradient per output
     Variable, so the recorded backward dropped one (bias gradient 27

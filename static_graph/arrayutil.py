@@ -6,6 +6,7 @@ import numpy
 import chainer
 from chainer import backend
 
+from schedules import bits
 from static_graph import traced
 
 MISSING = object()
@@ -47,6 +48,17 @@ def same_view(a, b):
     return getattr(a, 'data', None) is not None and \
         getattr(b, 'data', None) is not None and \
         getattr(a.data, 'ptr', 0) == getattr(b.data, 'ptr', 1)
+
+
+def write_back(pairs):
+    """For each (array, copy) of ``pairs``: the copy's values into the
+    array where they differ (and it can be written)."""
+    for given, copy in pairs:
+        if not getattr(getattr(given, 'flags', None), 'writeable', True):
+            continue
+        xp = backend.get_array_module(given)
+        if not bits.same_bits(given, copy, xp.array_equal):
+            copyto_for((given,))(given, copy)
 
 
 def copyto_for(arrays):

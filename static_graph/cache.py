@@ -62,6 +62,12 @@ DEFAULT_WARN_RETRACE = 8
 # fewer than REPLAYS_PER_RECORDING times per such recording in that window
 # records a new key only at its SIGHTINGS-th call (Cache.must_repeat).
 RECORDING_WINDOW = 4
+# Why a key whose recordings see a parameter array replaced between the
+# call and its backward, twice, runs define-by-run (capture.py).
+REPLACED_MIDWAY = (
+    'a parameter or persistent array is replaced (W.array = ...) between '
+    'its calls and their backward, so no recording sees one consistent '
+    'call')
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
 

@@ -20,7 +20,6 @@ import numpy
 import chainer
 from chainer import backend as backend_module
 
-from schedules import bits
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import analysis
@@ -447,12 +446,7 @@ class Capture(object):
         ``grad_outputs`` in place: F.hinge), written into the gradient
         Chainer handed this call: under define-by-run that node writes
         into it, and other nodes that read it after see the change."""
-        for given, copy in self.grad_copies:
-            if not getattr(getattr(given, 'flags', None), 'writeable', True):
-                continue
-            xp = backend_module.get_array_module(given)
-            if not bits.same_bits(given, copy, xp.array_equal):
-                arrayutil.copyto_for((given,))(given, copy)
+        arrayutil.write_back(self.grad_copies)
         self.grad_copies = []
 
     def _state_outputs(self):
@@ -531,10 +525,7 @@ class Capture(object):
             # The second recording of this key to see it: its calls do
             # this every time, and recording each would cost more than
             # define-by-run.
-            rec.add_reason(
-                'a parameter or persistent array is replaced (W.array = '
-                '...) between its calls and their backward, so no '
-                'recording sees one consistent call')
+            rec.add_reason(cache_module.REPLACED_MIDWAY)
         if replaced and not rec.reasons:
             # A parameter or persistent array was replaced (W.array = ...)
             # between the call and this backward, which read the new one:

@@ -21,6 +21,8 @@ import numpy
 
 import chainer
 
+from static_graph import numpy_rules
+
 
 def cupy_module():
     """CuPy, where Chainer found it importable; else None."""
@@ -139,7 +141,7 @@ class TracedArray(numpy.ndarray):
     """An ndarray view whose value reads are reported to the recording."""
 
     def __setitem__(self, key, value):
-        if not _onto_itself(self, key, value):
+        if not numpy_rules.onto_itself(self, key, value):
             _flag_write(self, '[...] =')
         numpy.ndarray.__setitem__(self, key, value)
 
@@ -312,20 +314,21 @@ class TracedArray(numpy.ndarray):
         # in-place steps of numpy.sort or numpy.zeros_like) is neither
         # reads nor writes of the user's; the call is one op or one read.
         name = func.__name__
-        by_values = _shape_from_values(name, args, kwargs)
+        by_values = numpy_rules.shape_from_values(name, args, kwargs,
+                                                  TracedArray)
         if by_values:
             flag('numpy.%s() (its result\'s shape depends on the values)'
                  % name)
-        into = kwargs.get('out') if name not in _INTO else (
-            args[0] if args else kwargs.get(_INTO[name]))
+        into = kwargs.get('out') if name not in numpy_rules.INTO else (
+            args[0] if args else kwargs.get(numpy_rules.INTO[name]))
         if _untraced_out(into):
             _into_untraced('numpy.%s()' % name)
         for o in into if type(into) in (tuple, list) else (into,):
             if isinstance(o, TracedArray):
                 _flag_write(o, 'numpy.%s()' % name)
-        result = func(*_plain_all(args), **dict(
-            (k, _plain_all(v)) for k, v in kwargs.items()))
-        if name not in _SHAPE_ONLY and _holds_values(result) or \
+        result = func(*_plain_all(args), **_plain_kwargs(kwargs))
+        if name not in numpy_rules.SHAPE_ONLY and \
+                numpy_rules.holds_values(result) or \
                 isinstance(result, numpy.dtype) and _zero_d_traced(args):
             # (a dtype of a 0-d array: value-based casting, NumPy 1)
             flag('numpy.%s()' % name)
@@ -424,27 +427,6 @@ class TracedArray(numpy.ndarray):
         return numpy.ndarray.__reduce__(self)
 
 
-# NumPy functions whose result that is no array comes from the shapes
-# and dtypes alone.
-_SHAPE_ONLY = frozenset(('ndim', 'size', 'shape', 'iscomplexobj',
-                         'isrealobj', 'isfortran', 'result_type'))
-
-
-def _holds_values(result):
-    """Does a NumPy function's ``result`` hold something other than arrays
-    (in tuples and lists), None and dtypes: a number, a string
-    (numpy.array2string), values read?"""
-    if type(result) in (tuple, list):
-        return any(_holds_values(r) for r in result)
-    return not (isinstance(result, numpy.ndarray) or result is None or
-                isinstance(result, (numpy.dtype, type)))
-
-
-# NumPy functions that write into their first argument (its keyword).
-_INTO = {'copyto': 'dst', 'put': 'a', 'putmask': 'a', 'place': 'arr',
-         'fill_diagonal': 'a', 'put_along_axis': 'arr'}
-
-
 def _untraced_out(out):
     """Is ``out`` (an ``out=`` argument, a destination) an array, or holds
     one, that is not traced?"""
@@ -465,23 +447,6 @@ def _into_untraced(what):
 
 def _zero_d_traced(args):
     return any(isinstance(a, TracedArray) and a.ndim == 0 for a in args)
-
-
-def _onto_itself(a, key, value):
-    """Is ``a[key] = value`` a copy of ``a``'s memory onto itself (a no-op:
-    ChainerMN's batch normalization copies its running statistics back
-    from the node that updated them in place, ``self.avg_mean[:] =
-    func.running_mean``)?"""
-    if not (isinstance(key, slice) and key == slice(None) or
-            key is Ellipsis) or not isinstance(value, numpy.ndarray):
-        return False
-    mine = a.view(numpy.ndarray)
-    value = value.view(numpy.ndarray) if isinstance(value, TracedArray) \
-        else value
-    return value.shape == mine.shape and value.strides == mine.strides and \
-        value.dtype == mine.dtype and \
-        value.__array_interface__['data'][0] == \
-        mine.__array_interface__['data'][0]
 
 
 def _from_user(depth):
@@ -527,9 +492,9 @@ def _ufunc_as_before(ufunc, method, inputs, kwargs):
 
 
 def _plain_kwargs(kwargs):
-    """A ufunc's keyword arguments with TracedArrays (an ``out=``, a mask
-    given as ``where=``) as their plain views: else NumPy hands the call
-    back to ``TracedArray.__array_ufunc__``."""
+    """Keyword arguments with TracedArrays (an ``out=``, a mask given as
+    ``where=``) as their plain views: else NumPy hands the call back to
+    ``TracedArray``."""
     return dict((k, _plain_all(v)) for k, v in kwargs.items())
 
 
@@ -549,44 +514,6 @@ def _astype(a, dtype, order='K', casting='unsafe'):
     """``a.astype(dtype)`` as a copy (numpy_calls records it only where
     NumPy made one)."""
     return a.astype(dtype, order=order, casting=casting)
-
-
-# NumPy functions whose result's shape depends on the values of some of
-# their arguments: name -> (positions, keywords) of those arguments.
-_VALUE_SHAPED = {
-    'nonzero': ((0,), ('a',)), 'argwhere': ((0,), ('a',)),
-    'flatnonzero': ((0,), ('a',)), 'unique': ((0,), ('ar',)),
-    'extract': ((0,), ('condition',)), 'compress': ((0,), ('condition',)),
-    'bincount': ((0, 1), ('x', 'weights', 'minlength')),
-    'trim_zeros': ((0,), ('filt',)),
-    'setdiff1d': ((0, 1), ('ar1', 'ar2')),
-    'intersect1d': ((0, 1), ('ar1', 'ar2')),
-    'union1d': ((0, 1), ('ar1', 'ar2')),
-    'setxor1d': ((0, 1), ('ar1', 'ar2')),
-    'delete': ((1,), ('obj',)), 'insert': ((1,), ('obj',)),
-    'repeat': ((1,), ('repeats',)),
-    'split': ((1,), ('indices_or_sections',)),
-    'array_split': ((1,), ('indices_or_sections',)),
-    'tile': ((1,), ('reps',)), 'pad': ((1,), ('pad_width',)),
-    'resize': ((1,), ('new_shape',)),
-    'broadcast_to': ((1,), ('shape',)), 'reshape': ((1,), ('newshape',)),
-}
-
-
-def _shape_from_values(name, args, kwargs):
-    if name == 'where':   # numpy.where(condition): numpy.nonzero
-        return len(args) + len(kwargs) == 1
-    if name in ('histogram', 'histogram_bin_edges'):
-        # bins='auto' and the like: as many bins as the data asks for
-        bins = args[1] if len(args) > 1 else kwargs.get('bins')
-        return isinstance(bins, str) or isinstance(bins, TracedArray)
-    spec = _VALUE_SHAPED.get(name)
-    if spec is None:
-        return False
-    positions, keywords = spec
-    return any(isinstance(args[i], TracedArray) for i in positions
-               if i < len(args)) or any(
-        isinstance(kwargs.get(k), TracedArray) for k in keywords)
 
 
 def _has_traced_mask(key):

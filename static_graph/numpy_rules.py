@@ -1,0 +1,81 @@
+"""What traced.py knows of NumPy's functions: which give a number, a
+string, a shape or a dtype from the values of traced arrays, and which
+write into an argument."""
+import numpy
+
+
+# NumPy functions whose result that is no array comes from the shapes
+# and dtypes alone.
+SHAPE_ONLY = frozenset(('ndim', 'size', 'shape', 'iscomplexobj',
+                        'isrealobj', 'isfortran', 'result_type'))
+
+
+def holds_values(result):
+    """Does a NumPy function's ``result`` hold something other than arrays
+    (in tuples and lists), None and dtypes: a number, a string
+    (numpy.array2string), values read?"""
+    if type(result) in (tuple, list):
+        return any(holds_values(r) for r in result)
+    return not (isinstance(result, numpy.ndarray) or result is None or
+                isinstance(result, (numpy.dtype, type)))
+
+
+# NumPy functions that write into their first argument (its keyword).
+INTO = {'copyto': 'dst', 'put': 'a', 'putmask': 'a', 'place': 'arr',
+        'fill_diagonal': 'a', 'put_along_axis': 'arr'}
+
+
+def onto_itself(a, key, value):
+    """Is ``a[key] = value`` a copy of ``a``'s memory onto itself (a no-op:
+    ChainerMN's batch normalization copies its running statistics back
+    from the node that updated them in place, ``self.avg_mean[:] =
+    func.running_mean``)?"""
+    if not (isinstance(key, slice) and key == slice(None) or
+            key is Ellipsis) or not isinstance(value, numpy.ndarray):
+        return False
+    mine = a.view(numpy.ndarray)
+    value = value.view(numpy.ndarray)
+    return value.shape == mine.shape and value.strides == mine.strides and \
+        value.dtype == mine.dtype and \
+        value.__array_interface__['data'][0] == \
+        mine.__array_interface__['data'][0]
+
+
+# NumPy functions whose result's shape depends on the values of some of
+# their arguments: name -> (positions, keywords) of those arguments.
+VALUE_SHAPED = {
+    'nonzero': ((0,), ('a',)), 'argwhere': ((0,), ('a',)),
+    'flatnonzero': ((0,), ('a',)), 'unique': ((0,), ('ar',)),
+    'extract': ((0,), ('condition',)), 'compress': ((0,), ('condition',)),
+    'bincount': ((0, 1), ('x', 'weights', 'minlength')),
+    'trim_zeros': ((0,), ('filt',)),
+    'setdiff1d': ((0, 1), ('ar1', 'ar2')),
+    'intersect1d': ((0, 1), ('ar1', 'ar2')),
+    'union1d': ((0, 1), ('ar1', 'ar2')),
+    'setxor1d': ((0, 1), ('ar1', 'ar2')),
+    'delete': ((1,), ('obj',)), 'insert': ((1,), ('obj',)),
+    'repeat': ((1,), ('repeats',)),
+    'split': ((1,), ('indices_or_sections',)),
+    'array_split': ((1,), ('indices_or_sections',)),
+    'tile': ((1,), ('reps',)), 'pad': ((1,), ('pad_width',)),
+    'resize': ((1,), ('new_shape',)),
+    'broadcast_to': ((1,), ('shape',)), 'reshape': ((1,), ('newshape',)),
+}
+
+
+def shape_from_values(name, args, kwargs, traced_type):
+    """Does a call of NumPy function ``name`` give a result whose shape
+    depends on the values of its ``traced_type`` arguments?"""
+    if name == 'where':   # numpy.where(condition): numpy.nonzero
+        return len(args) + len(kwargs) == 1
+    if name in ('histogram', 'histogram_bin_edges'):
+        # bins='auto' and the like: as many bins as the data asks for
+        bins = args[1] if len(args) > 1 else kwargs.get('bins')
+        return isinstance(bins, str) or isinstance(bins, traced_type)
+    spec = VALUE_SHAPED.get(name)
+    if spec is None:
+        return False
+    positions, keywords = spec
+    return any(isinstance(args[i], traced_type) for i in positions
+               if i < len(args)) or any(
+        isinstance(kwargs.get(k), traced_type) for k in keywords)

@@ -81,10 +81,13 @@ def _plain(v):
     return _to_numpy(v)
 
 
-def _to_numpy(a):
-    """A device array (cupy, chainerx, ideep) copied to a numpy array."""
+def _to_numpy(a, copy=True):
+    """A device array (cupy, chainerx, ideep) copied to a numpy array; a
+    numpy array copied too, or (``copy=False``) itself: the ONNX exporter
+    tells an index or a condition computed at every call by its memory
+    (onnx_export.graph.constant_attr)."""
     if isinstance(a, numpy.ndarray):
-        return numpy.array(a, copy=True)
+        return numpy.array(a, copy=True) if copy else a
     get = getattr(a, 'get', None)          # cupy
     if callable(get):
         return numpy.asarray(get())
@@ -144,7 +147,7 @@ def encode_slices(slices):
         elif isinstance(s, list):
             out.append(('array', numpy.asarray(s)))
         else:
-            a = _to_numpy(s)
+            a = _to_numpy(s, False)
             if a.ndim == 0 and a.dtype.kind in 'iu':
                 out.append(('index', int(a)))
             else:
@@ -315,7 +318,8 @@ def _clip(n, out):
 
 
 def _where(n, out):
-    _set(out, 'condition', lambda: _to_numpy(n.condition).astype(bool))
+    _set(out, 'condition', lambda: _to_numpy(n.condition, False).astype(
+        bool, copy=False))
 
 
 def _numpy_call(n, out):

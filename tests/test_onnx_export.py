@@ -1317,6 +1317,34 @@ def test_numpy_view_that_cannot_be_exported(view, tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.parametrize('body', [
+    lambda self, x: F.where(x.array > 0, x, x * 3),
+    lambda self, x: F.get_item(x, (slice(None), numpy.argsort(x.array[0]))),
+], ids=['F.where of a NumPy mask', 'F.get_item of a NumPy index'])
+def test_an_attribute_computed_at_every_call_is_not_exported(body, tmp_path):
+    """A condition or an index the method computes with NumPy from its
+    input (an op of the schedule, replayed right) was exported as a
+    constant holding the export call's values: off by 3.96 and 2.92 for
+    another input. It is refused, naming the attribute."""
+    _onnx()
+    path = tmp_path / 'model.onnx'
+    with pytest.raises(UnsupportedOpError, match='computed at every call'):
+        _export_onnx()(_WithBody(body), (chainer.Variable(_rand(2, 6)),),
+                       str(path))
+    assert not path.exists()
+
+
+@pytest.mark.parametrize('shape', [(2, 7), (2, 7, 4)])
+def test_lrn_of_other_than_4d_is_refused(shape, tmp_path):
+    """Chainer's LRN takes 2-D and up, ONNX's 4-D only: the export made a
+    model onnxruntime could not run."""
+    _onnx()
+    body = lambda self, x: F.local_response_normalization(x)  # NOQA
+    with pytest.raises(UnsupportedOpError, match='4-D only'):
+        _export_onnx()(_WithBody(body), (_rand(*shape),),
+                       str(tmp_path / 'lrn.onnx'))
+
+
 def _siamese(self, x):
     h = self.l(x)
     h = F.reshape(F.concat([h, F.tanh(h)], axis=0), (2, x.shape[0], 4))

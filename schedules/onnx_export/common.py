@@ -87,6 +87,17 @@ def _root(a):
     return a
 
 
+def _arrays_in(value):
+    """The arrays in ``value``: itself, or in its tuples and lists at any
+    depth."""
+    if hasattr(value, 'shape') and hasattr(value, 'dtype') and \
+            hasattr(value, 'base'):
+        yield value
+    elif type(value) in (tuple, list):
+        for v in value:
+            yield from _arrays_in(v)
+
+
 def _address(a):
     ctypes = getattr(a, 'ctypes', None)
     return ctypes.data if ctypes is not None else a.data.ptr

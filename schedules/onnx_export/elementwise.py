@@ -139,8 +139,8 @@ def _cv_cast(ctx, xs, ys):
 
 @converter('Where')
 def _cv_where(ctx, xs, ys):
-    cond = ctx.const(numpy.asarray(ctx.require('condition'), dtype=bool),
-                     'condition')
+    cond = ctx.const(numpy.asarray(ctx.constant_attr('condition'),
+                                   dtype=bool), 'condition')
     ctx.emit('Where', [cond, xs[0], xs[1]], ys)
 
 

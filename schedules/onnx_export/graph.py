@@ -5,8 +5,8 @@ import numpy
 
 from schedules import ir
 from schedules.onnx_export.common import (
-    CONVERTERS, INT64_MIN, UnsupportedOpError, _address, _as_slices,
-    _onnx_dtype, _root, _to_numpy, sanitize_name)
+    CONVERTERS, INT64_MIN, UnsupportedOpError, _address, _arrays_in,
+    _as_slices, _onnx_dtype, _root, _to_numpy, sanitize_name)
 
 
 # -- conversion context ------------------------------------------------------
@@ -175,6 +175,32 @@ class _Context(object):
     def unsupported(self, detail):
         return UnsupportedOpError(self.op.kind, self.op.source, detail)
 
+    def constant_attr(self, key):
+        """Attribute ``key`` of the op, which becomes an ONNX constant:
+        refused where an array in it (a tuple of them at any depth) shows
+        memory that replay refreshes at every call (F.where's condition or
+        F.get_item's index computed with NumPy from the input): a constant
+        would freeze the recorded call's values."""
+        value = self.require(key)
+        for a in _arrays_in(value):
+            b = self._per_call_memory().get(id(_root(a)))
+            if b is not None:
+                raise self.unsupported(
+                    'its %s is computed at every call (from %%%d, with '
+                    'NumPy), which an ONNX constant would freeze; compute '
+                    'it with Chainer functions to export' % (key, b))
+        return value
+
+    def _per_call_memory(self):
+        """id(root array) -> buffer id, for the buffers that hold each
+        call's values (not parameters, persistents or constants)."""
+        if self._per_call is None:
+            self._per_call = dict(
+                (id(o.storage), k) for k, o in self.buffers.items()
+                if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and
+                o.storage is not None and _root(o.storage) is o.storage)
+        return self._per_call
+
     # -- batch ----------------------------------------------------------------
     def batch_tensor(self, factor=1):
         """A 1-D int64 tensor ``[factor * batch]`` computed from an input."""
@@ -325,12 +351,7 @@ class _Context(object):
         if buf.role != ir.CONST or buf.storage is None or \
                 _root(buf.storage) is buf.storage:
             return None
-        if self._per_call is None:
-            self._per_call = dict(
-                (id(o.storage), k) for k, o in self.buffers.items()
-                if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and
-                o.storage is not None and _root(o.storage) is o.storage)
-        return self._per_call.get(id(_root(buf.storage)))
+        return self._per_call_memory().get(id(_root(buf.storage)))
 
     def _view(self, b, base):
         """ONNX for the view ``b`` of ``base``: a Reshape (same memory in C

@@ -38,7 +38,7 @@ def _expand_index(ctx, items, nd):
 def _cv_getitem(ctx, xs, ys):
     in_shape = ctx.in_shape(0)
     nd = len(in_shape)
-    items = _expand_index(ctx, ctx.require('slices'), nd)
+    items = _expand_index(ctx, ctx.constant_attr('slices'), nd)
     info = ctx.in_batch(0)
     slices = []     # (axis, start, stop, step)
     gathers = []    # (axis, index array or int)

@@ -64,6 +64,10 @@ def _cv_batch_bn(ctx, xs, ys):
 
 @converter('LocalResponseNormalization')
 def _cv_lrn(ctx, xs, ys):
+    if len(ctx.in_shape(0)) != 4:
+        # (Chainer takes 2 dimensions or more; ONNX's LRN 4 only)
+        raise ctx.unsupported('LRN on %d-D input: ONNX takes 4-D only'
+                              % len(ctx.in_shape(0)))
     n = int(ctx.attr('n', 5))
     size = 2 * (n // 2) + 1   # chainer sums n//2 channels on each side
     alpha = float(ctx.attr('alpha', 1e-4))

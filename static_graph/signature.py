@@ -4,6 +4,8 @@
 tuples, lists and dicts) and returns a hashable spec plus the array leaves in
 order; ``rebuild`` puts other arrays back in their places.
 """
+import math
+
 import numpy
 
 import chainer
@@ -78,7 +80,8 @@ def flatten(arg_names, args, kwargs):
     for i, a in enumerate(args):
         name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
         pos.append(_walk(a, name, found))
-    kw = tuple((k, _walk(kwargs[k], k, found)) for k in sorted(kwargs))
+    # (In the caller's order, which the method sees: ``**kw``.)
+    kw = tuple((k, _walk(kwargs[k], k, found)) for k in kwargs)
     return (tuple(pos), kw), found[0], Paths(found[1])
 
 
@@ -138,6 +141,11 @@ def _walk(obj, path, found):
         return ('A', obj.shape, obj.dtype.str, device_tag(obj),
                 layout(obj))
     if isinstance(obj, _SCALARS):
+        if obj == 0 and isinstance(obj, (float, numpy.floating)) and \
+                math.copysign(1.0, obj) < 0:
+            # -0.0 == 0.0 with the same hash, but not the same number
+            # (numpy.arctan2(0.0 * y, -1) is pi, of -0.0 * y -pi)
+            return (type(obj), obj, '-0.0')
         return (type(obj), obj)
     if isinstance(obj, (tuple, list)):
         if all([type(o) is numpy.ndarray for o in obj]):
@@ -172,7 +180,7 @@ def rebuild(args, kwargs, replacements):
     """Return (args, kwargs) with the array leaves replaced, in order."""
     it = iter(replacements)
     new_args = tuple(_put(a, it) for a in args)
-    new_kwargs = {k: _put(kwargs[k], it) for k in sorted(kwargs)}
+    new_kwargs = {k: _put(kwargs[k], it) for k in kwargs}
     return new_args, new_kwargs
 
 

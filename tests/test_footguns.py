@@ -516,6 +516,33 @@ def test_a_persistent_updated_in_place_by_the_method_falls_back(update):
                for x in w)
 
 
+def test_minus_zero_is_another_key_than_zero():
+    """``s=-0.0`` replayed the schedule recorded for ``s=0.0`` (the two
+    are == with one hash): F.arctan2 of ``-1 * s`` by a negative number
+    gives pi for one and -pi for the other (off by 50 over a batch)."""
+    def body(self, x, s):
+        h = F.exp(self.l1(x))
+        return F.sum(F.arctan2(h * s, -h))
+
+    models = make_twins(body)
+    for s in (0.0, 0.0, -0.0, -0.0, numpy.float32(-0.0)):
+        train_alike(models, [(data(4, 3), s)], rtol=0, atol=0)
+
+
+def test_keyword_arguments_reach_the_method_in_the_callers_order():
+    """``**kw`` arrived sorted by name (the key sorted them), so a method
+    taking the first keyword's value computed with another one."""
+    def body(self, x, **kw):
+        return F.sum(self.l1(x) * list(kw.values())[0])
+
+    models = make_twins(body)
+    for i in range(4):
+        kw = dict(b=3.0, a=2.0) if i % 2 else dict(a=2.0, b=3.0)
+        x = data(4, 3)
+        ya, yb = [m(x, **kw) for m in models]
+        assert_close(ya.array, yb.array, 'call %d' % i, rtol=0, atol=0)
+
+
 def test_same_variable_returned_twice():
     """``return h, h``: chainer.grad keeps one gradient per output
     Variable, so the recorded backward dropped one (bias gradient 27

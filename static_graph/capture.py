@@ -231,7 +231,7 @@ class Capture(object):
                 a = arrayutil.copy_exact(leaf.raw_array)
                 leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
                 inner.append(chainer.Variable(
-                    a, requires_grad=leaf.requires_grad))
+                    a, requires_grad=leaf.requires_grad, name=leaf.name))
             else:
                 a = arrayutil.copy_exact(leaf)
                 leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))

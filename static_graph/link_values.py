@@ -28,6 +28,7 @@ forward) are watched like its own.
 """
 import argparse
 import dis
+import math
 import os
 import sys
 import sysconfig
@@ -137,11 +138,24 @@ def _holds(v, frozen):
 
 def _equal(now, then):
     try:
-        return bool(now == then)
+        return bool(now == then) and _same_kinds((now,), (then,))
     except Exception:
         # Values == cannot compare (a Variable where None was recorded):
         # not the recorded value.
         return False
+
+
+def _same_kinds(now, then):
+    """Of values that are ==: the same types too, and zeros of the same
+    sign (True == 1 == numpy.bool_(True) and -0.0 == 0.0, but ``~`` and
+    numpy.arctan2 tell them apart)."""
+    for a, b in zip(now, then):
+        if type(a) is not type(b):
+            return False
+        if type(a) is float and a == 0 and \
+                math.copysign(1.0, a) != math.copysign(1.0, b):
+            return False
+    return True
 
 
 def code_names(code, out=None):
@@ -504,7 +518,7 @@ class Watch(object):
                 return False
         now = tuple([d.get(k) for d, k in self.pairs])
         try:
-            return now == self.values
+            return now == self.values and _same_kinds(now, self.values)
         except Exception:
             # One now holds what cannot be compared with ==: a Variable
             # (whose == raises) or an array where None was recorded

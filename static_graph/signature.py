@@ -4,7 +4,9 @@
 tuples, lists and dicts) and returns a hashable spec plus the array leaves in
 order; ``rebuild`` puts other arrays back in their places.
 """
+import copy
 import math
+import types
 
 import numpy
 
@@ -141,12 +143,7 @@ def _walk(obj, path, found):
         return ('A', obj.shape, obj.dtype.str, device_tag(obj),
                 layout(obj))
     if isinstance(obj, _SCALARS):
-        if obj == 0 and isinstance(obj, (float, numpy.floating)) and \
-                math.copysign(1.0, obj) < 0:
-            # -0.0 == 0.0 with the same hash, but not the same number
-            # (numpy.arctan2(0.0 * y, -1) is pi, of -0.0 * y -pi)
-            return (type(obj), obj, '-0.0')
-        return (type(obj), obj)
+        return scalar_key(obj)
     if isinstance(obj, (tuple, list)):
         if all([type(o) is numpy.ndarray for o in obj]):
             # A list of NumPy arrays (sequences of an NStep RNN): no call
@@ -165,8 +162,8 @@ def _walk(obj, path, found):
             if not isinstance(k, _SCALARS):
                 raise Unsupported('argument %s has a dict key of type %s'
                                   % (path_text(path), type(k).__name__))
-            items.append((k, _walk(v, (path, k), found)))
-        return (dict, tuple(items))
+            items.append((scalar_key(k), _walk(v, (path, k), found)))
+        return (type(obj), tuple(items))
     reason = _foreign_array_reason(obj, path_text(path))
     if reason:
         raise Unsupported(reason)
@@ -190,16 +187,49 @@ def _put(obj, it):
     if isinstance(obj, _SCALARS):
         return obj
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_put(o, it) for o in obj)
+        items = [_put(o, it) for o in obj]
+        if hasattr(obj, '_fields'):      # a namedtuple
+            return type(obj)(*items)
+        return type(obj)(items)
     if isinstance(obj, dict):
-        return {k: _put(v, it) for k, v in obj.items()}
+        # (a copy of the same type: an OrderedDict, a defaultdict's factory)
+        new = copy.copy(obj)
+        for k, v in obj.items():
+            new[k] = _put(v, it)
+        return new
     return next(it)   # an array
 
 
-def _hashable(v):
+def scalar_key(v):
+    """A scalar as part of a key: its type and value, and the sign of a
+    zero (-0.0 == 0.0 with one hash, but numpy.arctan2(0.0 * y, -1) is pi
+    and of -0.0 * y -pi; a complex number's parts too)."""
+    if v == 0 or type(v) is complex:
+        if isinstance(v, (float, numpy.floating)):
+            if math.copysign(1.0, v) < 0:
+                return (type(v), v, '-0.0')
+        elif isinstance(v, (complex, numpy.complexfloating)):
+            return (type(v), v, math.copysign(1.0, v.real),
+                    math.copysign(1.0, v.imag))
+    return (type(v), v)
+
+
+def _hashable(v, depth=2):
+    """A config value as part of a key: a scalar by scalar_key; a dict, a
+    list or a namespace by its contents (two levels, 64 items: one changed
+    in place is another key), else by identity."""
+    if isinstance(v, _SCALARS):
+        return scalar_key(v)
+    contents = v.__dict__ if isinstance(v, types.SimpleNamespace) else v
+    if depth and type(contents) in (dict, list, tuple) and \
+            len(contents) <= 64:
+        if type(contents) is dict:
+            return (type(v), tuple((_hashable(k, 0), _hashable(x, depth - 1))
+                                   for k, x in contents.items()))
+        return (type(v), tuple(_hashable(x, depth - 1) for x in contents))
     try:
         hash(v)
-        return v
+        return (type(v), v)
     except TypeError:
         return ('unhashable', type(v).__name__, id(v))
 
@@ -238,6 +268,11 @@ def config_key():
     merged = dict(glob.__dict__)
     merged.update(local.__dict__)
     key = tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
+    if any(isinstance(v, (numpy.generic, complex)) or
+           type(v) is float and v == 0 for v in merged.values()):
+        # (-0.0 and 0.0, numpy.bool_(True) and True would find each
+        # other's remembered key: computed at every call instead)
+        raw = None
     if raw is not None:
         if len(_config_keys) >= 64:
             _config_keys.clear()

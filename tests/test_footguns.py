@@ -7,6 +7,9 @@ parameters, running statistics, arrays handed out earlier) is the same, or
 that the static chain falls back / raises a clear error.
 """
 import argparse
+import cmath
+import collections
+import math
 import random
 import types
 import warnings
@@ -527,6 +530,90 @@ def test_minus_zero_is_another_key_than_zero():
     models = make_twins(body)
     for s in (0.0, 0.0, -0.0, -0.0, numpy.float32(-0.0)):
         train_alike(models, [(data(4, 3), s)], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('values', [
+    (0j, complex(-0.0, 0.0)), ({0.0: 1.0}, {-0.0: 1.0}),
+    ({1: 1.0}, {True: 1.0})], ids=['complex', 'dict key -0.0', 'dict key True'])
+def test_arguments_equal_under_eq_but_not_alike_are_other_keys(values):
+    """0j and complex(-0.0, 0.0), dict keys 0.0 and -0.0, 1 and True: ==
+    with one hash, but cmath.phase, the sign of a zero, isinstance(k, bool)
+    tell them apart; they shared a key."""
+    def body(self, x, v):
+        h = self.l1(x)
+        if type(v) is complex:
+            return F.sum(h * cmath.phase(v))
+        (k, w), = v.items()
+        sign = math.copysign(1.0, k) if type(k) is float else \
+            (3.0 if type(k) is bool else 1.0)
+        return F.sum(h * (w * sign))
+
+    models = make_twins(body)
+    for v in values + values[1:]:
+        train_alike(models, [(data(4, 3), v)], rtol=0, atol=0)
+
+
+def test_watched_values_equal_under_eq_but_of_another_type_record_again():
+    """``self.flag = True``, later ``numpy.bool_(True)``: equal, but ``~``
+    gives -2 of one and False of the other; the watch compared with ==."""
+    def body(self, x):
+        return F.sum(self.l1(x) * float(~self.flag))
+
+    def init(self):
+        _mlp(self)
+        self.flag = True
+
+    models = make_twins(body, init)
+    for i in range(4):
+        if i == 2:
+            for m in models:
+                m.flag = numpy.bool_(True)
+        train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+
+
+def test_a_config_value_changed_in_place_records_again():
+    """``chainer.config.sg_hp = {'scale': 2.0}`` changed in place between
+    calls: the key held the dict by identity, and replay kept 2.0."""
+    def body(self, x):
+        return F.sum(self.l1(x) * chainer.config.sg_hp['scale'])
+
+    models = make_twins(body)
+    hp = {'scale': 2.0}
+    with chainer.using_config('sg_hp', hp):
+        for i in range(4):
+            if i == 2:
+                hp['scale'] = 5.0
+            train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+
+
+def test_arguments_reach_the_recording_as_they_are():
+    """The recording call got rebuilt arguments: an OrderedDict as a plain
+    dict (an isinstance branch taken otherwise), a namedtuple rebuilt
+    from a generator (TypeError), a defaultdict without its factory
+    (KeyError), a Variable without its name."""
+    NT = collections.namedtuple('NT', 'a b')
+
+    def body(self, x, od, nt, dd, v):
+        h = self.l1(x) + v * (2.0 if v.name == 'v' else 1.0)
+        if isinstance(od, collections.OrderedDict):
+            h = h * 3.0
+        return F.sum(h * od['w'] + nt.a * nt.b + dd['missing'])
+
+    models = make_twins(body)
+    for i in range(3):
+        x = data(4, 3)
+        args = (x, collections.OrderedDict(w=data(4, 4)),
+                NT(data(4, 4), data(4, 4)),
+                collections.defaultdict(lambda: 0.5), data(4, 4))
+        outs = []
+        for m in models:
+            v = chainer.Variable(args[4], name='v')
+            m.cleargrads()
+            y = m(args[0], args[1], args[2], args[3], v)
+            y.backward()
+            outs.append(y.array)
+        assert_close(outs[0], outs[1], 'call %d' % i, rtol=0, atol=0)
+        compare_chains(*models, rtol=0, atol=0)
 
 
 def test_keyword_arguments_reach_the_method_in_the_callers_order():

@@ -811,7 +811,8 @@ def test_config_key_follows_every_change():
         t.start()
         t.join()
         assert 'sg_test_flag' not in dict(other[0])
-        assert dict(signature.config_key())['sg_test_flag'] == 'main'
+        assert dict(signature.config_key())['sg_test_flag'] == \
+            signature._hashable('main')
 
 
 def test_a_fallback_for_every_size_is_remembered_for_the_family():

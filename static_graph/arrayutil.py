@@ -7,6 +7,7 @@ import chainer
 from chainer import backend
 
 from schedules import bits
+from static_graph import numpy_rules
 from static_graph import traced
 
 MISSING = object()
@@ -40,11 +41,10 @@ def root_of(a):
 def same_view(a, b):
     """Do arrays ``a`` and ``b`` show the very same memory (address,
     shape, strides, dtype)?"""
+    if isinstance(a, numpy.ndarray) and isinstance(b, numpy.ndarray):
+        return numpy_rules.same_memory(a, b)
     if a.shape != b.shape or a.dtype != b.dtype or a.strides != b.strides:
         return False
-    if isinstance(a, numpy.ndarray) and isinstance(b, numpy.ndarray):
-        return a.__array_interface__['data'][0] == \
-            b.__array_interface__['data'][0]
     return getattr(a, 'data', None) is not None and \
         getattr(b, 'data', None) is not None and \
         getattr(a.data, 'ptr', 0) == getattr(b.data, 'ptr', 1)

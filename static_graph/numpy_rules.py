@@ -33,12 +33,15 @@ def onto_itself(a, key, value):
     if not (isinstance(key, slice) and key == slice(None) or
             key is Ellipsis) or not isinstance(value, numpy.ndarray):
         return False
-    mine = a.view(numpy.ndarray)
-    value = value.view(numpy.ndarray)
-    return value.shape == mine.shape and value.strides == mine.strides and \
-        value.dtype == mine.dtype and \
-        value.__array_interface__['data'][0] == \
-        mine.__array_interface__['data'][0]
+    return same_memory(a.view(numpy.ndarray), value.view(numpy.ndarray))
+
+
+def same_memory(a, b):
+    """Do NumPy arrays ``a`` and ``b`` show the very same memory (address,
+    shape, strides, dtype)?"""
+    return a.shape == b.shape and a.strides == b.strides and \
+        a.dtype == b.dtype and a.__array_interface__['data'][0] == \
+        b.__array_interface__['data'][0]
 
 
 # NumPy functions whose result's shape depends on the values of some of

@@ -66,12 +66,10 @@ def encode(rec, key, v):
         plain = traced.untraced(v)
         root = arrayutil.root_of(plain)
         if id(root) in roots:
-            if root is not plain and id(root) in rec.by_id:
+            if root is not plain:
                 # A view of a parameter's array: replay shows it only
                 # while the parameter holds that array (Entry.matches
                 # records again where it gets another).
-                rec.held.add(rec.by_id[id(root)])
-            elif root is not plain:
                 rec.held.add(rec.buffer_of(root, 'report'))
             return ('live', plain)
         scalar = isinstance(v, traced.TracedArray) and \

@@ -260,16 +260,10 @@ class TracedArray(numpy.ndarray):
         # __array_wrap__; in-place forms flagged by the operators).
         rec = active_recording()
         if rec is not None:
-            out = kwargs.get('out')
-            if _untraced_out(out):
-                _into_untraced('%s(out=...)' % ufunc.__name__)
-            # A write into a traced array (numpy.clip(a, -1, 1, out=a),
-            # numpy.minimum.at(a, i, 0)): replay would not repeat it, and
-            # the recording's check of values misses one that changed
-            # nothing this call.
-            for o in (out or ()) + (inputs[:1] if method == 'at' else ()):
-                if isinstance(o, TracedArray):
-                    _flag_write(o, '%s(out=...)' % ufunc.__name__)
+            _check_destinations(
+                (kwargs.get('out') or ()) + (
+                    inputs[:1] if method == 'at' else ()),
+                '%s(out=...)' % ufunc.__name__)
         if rec is None or calls is None or method == 'at' or \
                 'out' in kwargs:
             return _ufunc_as_before(ufunc, method, inputs, kwargs)
@@ -321,11 +315,7 @@ class TracedArray(numpy.ndarray):
                  % name)
         into = kwargs.get('out') if name not in numpy_rules.INTO else (
             args[0] if args else kwargs.get(numpy_rules.INTO[name]))
-        if _untraced_out(into):
-            _into_untraced('numpy.%s()' % name)
-        for o in into if type(into) in (tuple, list) else (into,):
-            if isinstance(o, TracedArray):
-                _flag_write(o, 'numpy.%s()' % name)
+        _check_destinations(into, 'numpy.%s()' % name)
         result = func(*_plain_all(args), **_plain_kwargs(kwargs))
         if name not in numpy_rules.SHAPE_ONLY and \
                 numpy_rules.holds_values(result) or \
@@ -427,22 +417,20 @@ class TracedArray(numpy.ndarray):
         return numpy.ndarray.__reduce__(self)
 
 
-def _untraced_out(out):
-    """Is ``out`` (an ``out=`` argument, a destination) an array, or holds
-    one, that is not traced?"""
-    if out is None:
-        return False
-    if type(out) in (tuple, list):
-        return any(_untraced_out(o) for o in out)
-    return isinstance(out, numpy.ndarray) and \
-        not isinstance(out, TracedArray)
-
-
-def _into_untraced(what):
-    """Values of traced arrays written into an array the recording does
-    not trace (``out=`` a plain array, ``numpy.copyto(buf, h.array)``):
-    what the user reads from it next is not seen."""
-    flag('%s, which writes them into an untraced array' % what)
+def _check_destinations(into, what):
+    """The arrays NumPy call ``what`` writes into (``into``: an ``out=``
+    argument, a destination, a tuple of them): values of traced arrays
+    written into one the recording does not trace (``out=`` a plain
+    array, ``numpy.copyto(buf, h.array)``) are read unseen next; a write
+    into a traced one (``numpy.clip(a, -1, 1, out=a)``,
+    ``numpy.minimum.at(a, i, 0)``) is one replay would not repeat, which
+    the recording's check of values misses where it changed nothing this
+    call."""
+    for o in into if type(into) in (tuple, list) else (into,):
+        if isinstance(o, TracedArray):
+            _flag_write(o, what)
+        elif isinstance(o, numpy.ndarray):
+            flag('%s, which writes them into an untraced array' % what)
 
 
 def _zero_d_traced(args):

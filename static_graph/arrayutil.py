@@ -1,5 +1,6 @@
 """Array helpers the recording and replay share: identity of memory
-(``root_of``), exact copies that keep a view's strides (``copy_exact``),
+(``root_of``), exact copies that keep a view's strides (``copy_exact``,
+``copies_sharing``),
 value comparison, and detached copies of what a call hands out."""
 import numpy
 
@@ -82,6 +83,26 @@ def copy_exact(a):
     out = numpy.lib.stride_tricks.as_strided(
         flat[-lo // a.itemsize:], a.shape, a.strides)
     numpy.copyto(out, a)
+    return out
+
+
+def copies_sharing(arrays):
+    """Copies of NumPy arrays, each as ``copy_exact`` makes it, in one
+    fresh block of memory where they lie as the arrays lie in theirs:
+    arrays that start at one address (``x`` and ``x.T``) still do, so
+    that NumPy chooses the same routine for them (``x @ x.T`` of one
+    memory is a symmetric product, syrk, not gemm: other last bits)."""
+    bounds = [numpy.byte_bounds(a) for a in arrays]
+    lo = min(b[0] for b in bounds)
+    hi = max(b[1] for b in bounds)
+    block = numpy.empty(hi - lo, numpy.uint8)
+    out = []
+    for a in arrays:
+        start = a.__array_interface__['data'][0]
+        c = numpy.ndarray(a.shape, a.dtype, buffer=block, offset=start - lo,
+                          strides=a.strides)
+        numpy.copyto(c, a)
+        out.append(c)
     return out
 
 

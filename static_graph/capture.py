@@ -15,14 +15,13 @@ reads the recorder, the analysis and the entry, and they never call back.
 """
 import weakref
 
-import numpy
-
 import chainer
 from chainer import backend as backend_module
 
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import analysis
+from static_graph import arguments
 from static_graph import build
 from static_graph import cache as cache_module
 from static_graph import diagnostics
@@ -85,7 +84,7 @@ class Capture(object):
 
     def _forward(self, args, kwargs, leaves, paths):
         rec, chain, e = self.rec, self.chain, self.entry
-        inner, leaf_bids = self._inner_arguments(leaves, paths)
+        inner, leaf_bids = arguments.inner_arguments(rec, leaves, paths)
         new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
         detached = link_state.detach_link_variables(
             chain, rec, self.cache.written + self.cache.state_slots)
@@ -194,9 +193,12 @@ class Capture(object):
             self.fall_back(rec.reasons[0])
         else:
             self.cache.put(self.key, e)  # pending until its backward is seen
+        # (A Variable given twice gets its gradient once, at its first
+        # position: one inner Variable gathered every use's.)
         self.targets = [
             i for i, leaf in enumerate(leaves)
-            if isinstance(leaf, chainer.Variable) and leaf.requires_grad]
+            if isinstance(leaf, chainer.Variable) and leaf.requires_grad
+            and leaf_bids.index(leaf_bids[i]) == i]
         self.targets += [len(leaves) + j for j in range(len(params))]
         self.target_vars = [inner[i] if i < len(leaves) else
                             self.param_objs[i - len(leaves)]
@@ -220,24 +222,6 @@ class Capture(object):
             attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},
             rec.buffers)
         return outputs.rebuild(out_spec, vals[:n_outs])
-
-    def _inner_arguments(self, leaves, paths):
-        """The recording runs on copies of the array arguments (traced
-        where they are NumPy arrays), input buffers of the recording."""
-        rec = self.rec
-        inner, leaf_bids = [], []
-        for leaf, path in zip(leaves, paths):
-            if isinstance(leaf, chainer.Variable):
-                a = arrayutil.copy_exact(leaf.raw_array)
-                leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
-                inner.append(chainer.Variable(
-                    a, requires_grad=leaf.requires_grad, name=leaf.name))
-            else:
-                a = arrayutil.copy_exact(leaf)
-                leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
-                inner.append(rec.trace(a) if type(a) is numpy.ndarray
-                             else a)
-        return inner, leaf_bids
 
     def _outputs(self, out):
         """What the method returned: its spec, the inner output Variables,

@@ -13,6 +13,7 @@ from schedules import ir
 from static_graph import cache as cache_module
 from static_graph import decorator
 from static_graph import graphs
+from static_graph import signature
 
 
 class CachedSchedule(collections.namedtuple(
@@ -67,9 +68,13 @@ def spec_text(spec):
     pos, kw = spec[:2]
     parts = [_spec_text(s) for s in pos]
     parts += ['%s=%s' % (k, _spec_text(s)) for k, s in kw]
-    if len(spec) > 2:      # the recurrent state the links hold
-        parts.append('state=(%s)' % ', '.join(
-            'None' if s is None else _spec_text(s) for s in spec[2]))
+    for extra in spec[2:]:
+        if extra[:1] == (signature.SAME,):   # model(x, x)
+            parts.extend('array %d is array %d' % pair
+                         for pair in extra[1])
+        else:      # the recurrent state the links hold
+            parts.append('state=(%s)' % ', '.join(
+                'None' if s is None else _spec_text(s) for s in extra))
     return '(%s)' % ', '.join(parts)
 
 

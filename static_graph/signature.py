@@ -84,7 +84,32 @@ def flatten(arg_names, args, kwargs):
         pos.append(_walk(a, name, found))
     # (In the caller's order, which the method sees: ``**kw``.)
     kw = tuple((k, _walk(kwargs[k], k, found)) for k in kwargs)
-    return (tuple(pos), kw), found[0], Paths(found[1])
+    leaves = found[0]
+    spec = (tuple(pos), kw)
+    if len(leaves) > 1:
+        ids = [id(o) for o in leaves]
+        if len(set(ids)) < len(ids):
+            spec += (_same(ids),)
+    return spec, leaves, Paths(found[1])
+
+
+def _same(ids):
+    """(SAME, ((position, earlier position), ...)): the leaves that are an
+    earlier leaf again (``model(x, x)``). The recording gives them one
+    object too (capture.py), as define-by-run has: one Variable gathers
+    the gradient of every use in the order its graph adds them, and NumPy
+    computes ``x.T @ x`` of one array with another BLAS routine (syrk)
+    than of two equal ones. A call with such arguments is another key."""
+    first, pairs = {}, []
+    for i, k in enumerate(ids):
+        j = first.setdefault(k, i)
+        if j != i:
+            pairs.append((i, j))
+    return (SAME, tuple(pairs))
+
+
+SAME = 'same'
+
 
 
 class Paths(object):

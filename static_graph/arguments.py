@@ -1,0 +1,67 @@
+"""The recording's own copies of a call's array arguments (capture.py):
+input buffers of the recording, laid out as the caller's, one object where
+the caller gave one object twice."""
+import numpy
+
+import chainer
+
+from schedules import ir
+from static_graph import arrayutil
+
+
+def inner_arguments(rec, leaves, paths):
+    """The recording runs on copies of the array arguments (traced
+    where they are NumPy arrays), input buffers of the recording."""
+    inner, leaf_bids = [], []
+    first = {}    # id(leaf) -> its first position (model(x, x))
+    shared = _copies_sharing(leaves)
+    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+        j = first.setdefault(id(leaf), i)
+        if j != i:
+            # One object again, as the method gets it under
+            # define-by-run (signature._same): one input buffer.
+            inner.append(inner[j])
+            leaf_bids.append(leaf_bids[j])
+            continue
+        if isinstance(leaf, chainer.Variable):
+            a = shared.get(i) if shared else None
+            if a is None:
+                a = arrayutil.copy_exact(leaf.raw_array)
+            leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+            inner.append(chainer.Variable(
+                a, requires_grad=leaf.requires_grad, name=leaf.name))
+        else:
+            a = shared.get(i) if shared else None
+            if a is None:
+                a = arrayutil.copy_exact(leaf)
+            leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+            inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
+    return inner, leaf_bids
+
+
+def _copies_sharing(leaves):
+    """{position: copy} for NumPy array arguments (or Variables' arrays)
+    that start at one address (``model(x, x.T)``, two Variables of one
+    array): copies that do too (arrayutil.copies_sharing). Replays run on
+    the caller's arrays."""
+    by_root, seen = {}, set()
+    for i, leaf in enumerate(leaves):
+        if id(leaf) in seen:
+            continue      # the same object again: one copy (first)
+        seen.add(id(leaf))
+        a = leaf.raw_array if isinstance(leaf, chainer.Variable) else leaf
+        if type(a) is numpy.ndarray and a.size:
+            by_root.setdefault(id(arrayutil.root_of(a)), []).append((i, a))
+    out = {}
+    for group in by_root.values():
+        if len(group) < 2:
+            continue      # (most: each argument its own memory)
+        at = {}
+        for i, a in group:
+            at.setdefault(a.__array_interface__['data'][0], []).append(
+                (i, a))
+        for same in at.values():
+            if len(same) > 1:
+                pos, arrays = zip(*same)
+                out.update(zip(pos, arrayutil.copies_sharing(arrays)))
+    return out

@@ -162,6 +162,9 @@ class Capture(object):
         written = set((id(d), k) for d, k, _, _ in attr_writes)
         self.written = written
         self.chain_map = analysis.chain_arrays(chain, written)
+        self.foreign = link_state.foreign_parameters(rec, self.chain_map)
+        if self.foreign:
+            self.chain_map.update(self.foreign)
         params, persists = analysis.classify_unknown(rec, self.chain_map)
         shared = analysis.shared_parameter_arrays(chain, rec, params)
         if shared:
@@ -503,8 +506,10 @@ class Capture(object):
                     % tie)
                 rec.add_reason(reason)
                 self.cache.define_by_run = reason
-        replaced = set(analysis.chain_arrays(self.chain, self.written)) != \
-            set(self.chain_map)
+        now = analysis.chain_arrays(self.chain, self.written)
+        now.update(link_state.foreign_parameters(rec, now)
+                   if self.foreign else ())
+        replaced = set(now) != set(self.chain_map)
         if replaced and self.cache.replaced_midway(self.key):
             # The second recording of this key to see it: its calls do
             # this every time, and recording each would cost more than

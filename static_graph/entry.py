@@ -50,7 +50,8 @@ def link_structure(chain, written=()):
     """What replay assumes of the chain's structure: (dict, name, object)
     for every child link, Parameter, persistent array (nodes may hold it by
     reference: BatchNorm's running statistics) and other array or Variable
-    attribute of its links (except those the method itself writes), and
+    attribute of its links (except those the method itself writes; a
+    Variable that is no Parameter with its array), and
     each link's sets of parameter and child names."""
     same, sets = [], []
     skip = set((id(d), k) for d, k in written)
@@ -62,7 +63,9 @@ def link_structure(chain, written=()):
             if (id(d), k) in skip and k not in persistent:
                 continue
             if link_values.structural(v):
-                same.append((d, k, v))
+                # (A Variable that is no Parameter with its array too:
+                # ``self.mask.array = new`` between calls.)
+                same.append((d, k, v, link_values.variable_array(v)))
         # Chain: a set of names; ChainList: a list of links.
         sets.append((link, set(link._params),
                      None if children is None else type(children)(children)))
@@ -318,8 +321,9 @@ class Entry(object):
         # The same child links, Parameter objects, persistent and other
         # array attributes (a link swapped, a Parameter, running statistics
         # or class weights replaced)...
-        for d, name, v in self.structure:
-            if d.get(name) is not v:
+        for d, name, v, a in self.structure:
+            if d.get(name) is not v or (
+                    a is not None and v.raw_array is not a):
                 return False
         # ... and none added.
         for link, params, children in self.link_sets:

@@ -94,8 +94,11 @@ def attr_changes(rec, snapshot, detached=()):
 
 def detach_link_variables(chain, rec, slots=()):
     """Variables that the chain's links hold and that belong to a graph
-    (recurrent state: L.LSTM's ``h`` and ``c``, left by the previous call),
-    or that sit where earlier calls left state (``slots``: (link
+    (recurrent state: L.LSTM's ``h`` and ``c``, left by the previous call)
+    or need a gradient (``self.prompt = chainer.Variable(...)``, learned
+    but no Parameter: an input of the call, which gets its gradient, as a
+    constant it got none), or that sit where earlier calls left state
+    (``slots``: (link
     ``__dict__``, name) pairs; after ``unchain_backward()`` the state has
     no graph), are swapped for detached leaves of the recording, so that
     its backward does not run into an earlier call's graph. Returns
@@ -107,7 +110,8 @@ def detach_link_variables(chain, rec, slots=()):
         d = link.__dict__
         for k, v in list(d.items()):
             if type(v) is chainer.Variable and v.raw_array is not None and (
-                    v.creator_node is not None or (id(d), k) in slot_ids):
+                    v.creator_node is not None or v.requires_grad or
+                    (id(d), k) in slot_ids):
                 leaf = chainer.Variable(arrayutil.copy_exact(v.raw_array),
                                         requires_grad=v.requires_grad)
                 rec.arrays.append(leaf.raw_array)   # ids stay unique
@@ -215,6 +219,25 @@ def keep_attrs(attr_writes, by_inner, bufs):
             d[k] = bufs[b].storage
         else:
             d[k] = arrayutil.detached_copy(cur)
+
+
+def foreign_parameters(rec, chain_map):
+    """{id(array): chain_arrays' entry} for the Parameters the recorded
+    forward reads that are not the chain's (not in ``chain_map``): a link
+    kept outside ``init_scope``, shared with another model. Parameters of
+    the call like the chain's own, they get their gradients."""
+    out = {}
+    for rop in rec.forward_ops:
+        for vn in rop.node.inputs or ():
+            if vn.creator_node is not None or not vn.requires_grad:
+                continue
+            v = vn.get_variable_or_none()
+            if isinstance(v, chainer.Parameter) and \
+                    v.raw_array is not None and \
+                    id(v.raw_array) not in chain_map:
+                out[id(v.raw_array)] = (
+                    ir.PARAM, 'a Parameter of no link of the chain', v, None)
+    return out
 
 
 def inner_leaves(rec, targets):

@@ -88,12 +88,37 @@ class _Same(object):
         return id(self.obj)
 
 
+class _SameVariable(_Same):
+    """A Variable that is no Parameter, compared by identity and by its
+    array's (``v.array = new``: the recording read the old one)."""
+    __slots__ = ('array',)
+
+    def __init__(self, obj):
+        self.obj = obj
+        self.array = obj.raw_array
+
+    def __eq__(self, other):
+        return type(other) is _SameVariable and other.obj is self.obj and \
+            other.array is self.array
+
+
+def variable_array(v):
+    """The array of ``v`` where it is a Variable that is no Parameter (its
+    array is part of what a recording read), else None."""
+    if isinstance(v, chainer.Variable) and \
+            not isinstance(v, chainer.Parameter):
+        return v.raw_array
+    return None
+
+
 def _freeze(v, budget):
     """A value of ``v`` that later changes to it do not reach, comparable
     with ==; ``budget``: [elements left]. A tuple of scalars is its own."""
     if isinstance(v, SCALARS):
         return v
     if not isinstance(v, _CONTAINERS):
+        if variable_array(v) is not None:
+            return _SameVariable(v)
         return _Same(v)
     budget[0] -= len(v)
     if budget[0] < 0:
@@ -468,7 +493,8 @@ class Watch(object):
             self.pairs.append((d, k))
             self.values.append(v)
             return
-        frozen = freeze(v) if isinstance(v, _CONTAINERS) else None
+        frozen = freeze(v) if isinstance(v, _CONTAINERS) or \
+            variable_array(v) is not None else None
         if frozen is None:
             self.objects.append((d, k, v))
         else:

@@ -2633,7 +2633,10 @@ def test_state_carried_through_an_attribute_falls_back(name):
     models = make_twins(body, init)
     train_alike(models, [(data(4, 3),) for _ in range(4)], **EXACT)
     assert states(models[1]) == ['fallback']
-    assert 'reads attribute' in states_reason(models[1])
+    # (A Variable that needs a gradient is read as recurrent state, an
+    # input of the call: its sums tie with the state's.)
+    assert ('reads attribute' if name == 'array' else
+            'reads recurrent state') in states_reason(models[1])
 
 
 def states_reason(chain):

@@ -38,6 +38,7 @@ from chainer import optimizer as optimizer_module
 from chainer import variable
 
 from schedules import parallel
+from static_graph import arrayutil
 from static_graph import blas_idle
 from static_graph import compat
 from static_graph import diagnostics
@@ -49,6 +50,9 @@ MIN_SPLIT = 1 << 15    # elements: smaller parameters run on one thread
 BLOCK = None           # a thread's whole chunk in one go (see capture_update)
 
 _KEY = '_static_graph_update'
+# NumPy 1 computes with 0-d arrays by their values (a 0-d float32 times a
+# Python float is float64); NumPy 2 by their dtypes (NEP 50).
+_VALUE_BASED = int(numpy.__version__.split('.')[0]) < 2
 _uids = itertools.count()
 
 
@@ -320,6 +324,11 @@ class _Capture(object):
         ndarray = numpy.ndarray
         float16 = R.FLOAT16
         opt_pre, opt_post = st.opt_pre_items, st.opt_post_items
+        # Chainer runs each optimizer hook over every gradient before any
+        # rule, the captured step a parameter at a time: the same only
+        # where no two parameters share memory (W = base + delta: Add's
+        # backward gives both one gradient array).
+        roots = {} if opt_pre or opt_post else None
         for i in range(n):
             p = params[i]
             arr = p.array
@@ -342,6 +351,12 @@ class _Capture(object):
             dtype = arr.dtype
             if arr.shape != st.shapes[i] or dtype != st.dtypes[i]:
                 raise update_plan.Stale()
+            if not arr.ndim and _VALUE_BASED and dtype.itemsize < 8:
+                raise R.Unsupported(
+                    '0-d parameter %s: NumPy 1 computes an update of 0-d '
+                    '%s arrays in float64 (value-based casting), the '
+                    'captured loops in %s' % (st.names[i], dtype.name,
+                                              dtype.name))
             try:
                 g = p.grad
             except RuntimeError as e:     # Chainer raises it too
@@ -352,6 +367,8 @@ class _Capture(object):
             elif type(g) is not ndarray or g.dtype != dtype or \
                     g.shape != arr.shape:
                 raise R.Unsupported(_array_reason('gradient', g))
+            if roots is not None:
+                _note_memory(roots, (arr, g), st.names[i])
             loss_scale = p._loss_scale
             S = []
             promo = None        # item -> scalars NumPy promotes past dtype
@@ -490,6 +507,18 @@ def _fp32_param(rule, param):
         rule._fp32_param = variable.Parameter(
             param.array.astype(numpy.float32), name=param.name)
     return rule._fp32_param
+
+
+def _note_memory(roots, arrays, name):
+    for a in arrays:
+        r = id(a if a.base is None else arrayutil.root_of(a))
+        other = roots.setdefault(r, name)
+        if other is not name:
+            raise R.Unsupported(
+                'parameters %s and %s share the memory of their arrays or '
+                'gradients (W = base + delta gives both one gradient), and '
+                'an optimizer hook runs over every gradient before any '
+                'update' % (other, name))
 
 
 def _array_reason(what, a):

@@ -281,7 +281,13 @@ def check_typed(kernel, values, dtype):
     """() where every scalar that feeds a temporary leaves it ``dtype``
     (Python numbers always do); else ((name, dtype the temporaries take),
     ...) for the others. Raises Unsupported for a scalar NumPy cannot
-    combine with ``dtype`` arrays into a float dtype."""
+    combine with ``dtype`` arrays into a float dtype, and for an array of
+    more than one element."""
+    for i, v in enumerate(values):
+        if type(v) is numpy.ndarray and v.size != 1:
+            # (Chainer broadcasts it against the parameter: a rate per row)
+            raise Unsupported('%s: %s is an array of shape %s' % (
+                kernel.name, kernel.scalars[i], v.shape))
     idx = _typed_index.get(kernel)
     if idx is None:
         idx = _typed_index[kernel] = tuple(

@@ -14,7 +14,7 @@ from chainer import optimizers as Opt
 
 import static_graph
 from static_graph import StaticGraphWarning
-from tests.update_twins import Net, RULES, Twins, captured
+from tests.update_twins import HOOKS, Net, RULES, Twins, captured
 
 
 class NoisyRule(Opt.sgd.SGDRule):
@@ -126,3 +126,70 @@ def test_copies_are_plain_optimizers():
               pickle.loads(pickle.dumps(t.ob))):
         assert type(c) is Opt.Adam and captured(c) is None
     assert type(t.ob).__name__ == 'Adam' and isinstance(t.ob, Opt.Adam)
+
+
+class Temperature(Net):
+    """A 0-d parameter (SAC's log-temperature)."""
+
+    def __init__(self, dtype=None):
+        super(Temperature, self).__init__(dtype)
+        with self.init_scope():
+            self.log_t = chainer.Parameter(numpy.array(0.3, numpy.float32))
+
+    def forward(self, x):
+        return super(Temperature, self).forward(x) * self.log_t
+
+
+@pytest.mark.skipif(int(numpy.__version__.split('.')[0]) >= 2,
+                    reason='NumPy 2 computes 0-d arrays by their dtype')
+@pytest.mark.parametrize('rule', ['SGD', 'MomentumSGD', 'Adam'])
+def test_a_0d_parameter_falls_back_on_numpy_1(rule):
+    """NumPy 1 computes Chainer's ``lr * grad`` of a 0-d float32 gradient
+    in float64: the captured float32 loops were an ulp off each step."""
+    t = Twins(RULES[rule][0], net=Temperature)
+    with pytest.warns(StaticGraphWarning, match='0-d parameter /log_t'):
+        t.step(4)
+    assert captured(t.ob).fallback_steps == 4
+
+
+class BasePlusDelta(Net):
+    """W = base + delta: Add's backward gives both one gradient array."""
+
+    def __init__(self, dtype=None):
+        super(BasePlusDelta, self).__init__(dtype)
+        with self.init_scope():
+            self.base = chainer.Parameter(numpy.full((5, 7), 0.5, 'f'))
+            self.delta = chainer.Parameter(numpy.full((5, 7), 0.01, 'f'))
+
+    def forward(self, x):
+        return chainer.functions.linear(x, self.base + self.delta)
+
+
+@pytest.mark.parametrize('hook', ['GradientClipping', 'WeightDecay',
+                                  'GradientLARS'])
+def test_parameters_sharing_a_gradient_under_a_hook_fall_back(hook):
+    """Chainer runs the hook over both (one array: twice) before either
+    rule; the captured step ran hook and rule a parameter at a time (off by
+    7e-3 after three SGD steps)."""
+    t = Twins(RULES['SGD'][0], net=BasePlusDelta, hooks=[HOOKS[hook]])
+    with pytest.warns(StaticGraphWarning, match='share the memory'):
+        t.step(3)
+    assert t.b.base.grad is t.b.delta.grad
+    assert captured(t.ob).fallback_steps == 3
+
+
+def test_parameters_sharing_a_gradient_without_hooks_stay_captured():
+    t = Twins(RULES['Adam'][0], net=BasePlusDelta)
+    t.step(3)
+    assert captured(t.ob).fallback_steps == 0
+
+
+def test_a_hyperparameter_array_falls_back():
+    """A learning rate per row (Chainer broadcasts it) crashed the step."""
+    t = Twins(RULES['MomentumSGD'][0])
+    t.for_both(lambda m, o: setattr(
+        m.l1.W.update_rule.hyperparam, 'lr',
+        numpy.linspace(0.01, 0.1, 37, dtype='f')[:, None]))
+    with pytest.warns(StaticGraphWarning, match=r'lr is an array of shape'):
+        t.step(2)
+    assert captured(t.ob).fallback_steps == 2

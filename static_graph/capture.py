@@ -33,7 +33,7 @@ from static_graph import nodes
 from static_graph import outputs
 from static_graph import patches
 from static_graph import recorder
-from static_graph.recurrent import order_tie
+from static_graph.recurrent import order_tie, state_sum_tie
 from static_graph import signature
 from static_graph.gc_pause import with_gc_paused
 
@@ -493,13 +493,21 @@ class Capture(object):
         if more_params:
             rec.add_reason('a parameter is used only in backward')
         if e.recurrent:
+            n_state = len(e.recurrent)
+            first_state = len(self.leaves) - n_state
             tie = order_tie(rec)
+            if tie is not None:
+                tie = 'the gradient contributions of %s, of one rank' % tie
+            else:
+                tie = state_sum_tie(
+                    rec, [b for t, b in zip(targets, grad_in)
+                          if first_state <= t < len(self.leaves)],
+                    [grad_out_bids[i] for i in self._state_outputs()])
             if tie is not None:
                 # For the whole method: a key that replayed next to calls
                 # of define-by-run would change the order of their sums.
                 reason = (
-                    'it reads recurrent state, and its backward sums the '
-                    'gradient contributions of %s, of one rank: '
+                    'it reads recurrent state, and its backward sums %s: '
                     'define-by-run orders them by its whole graph of calls, '
                     'which a replayed call cannot know (the last bits could '
                     'differ); the method runs define-by-run from now on'

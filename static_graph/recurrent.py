@@ -46,3 +46,28 @@ def _label(rec, b):
                 return '%s (%s)' % (type(st.node).__name__,
                                     st.label or '?')
     return 'a sum'
+
+
+def state_sum_tie(rec, state_in_grads, state_out_grads):
+    """Where the call's state input has several consumers (its gradient a
+    sum of their contributions) and its state output a consumer inside the
+    call (the incoming gradient added to that one's): define-by-run adds
+    each consumer's contribution of the next call to the state's gradient
+    in its rank order, between this call's own (L.StatefulMGU: ``h`` feeds
+    three nodes of the next call and ``self.o(h)`` of this one: 3e-8 off),
+    where a replay adds their sum. Returns a text, or None."""
+    inside = set()
+    for st in rec.steps:
+        inside.update(range(st.start, st.end))
+    summed_into, summed_from = set(), set()
+    for j, rop in enumerate(rec.backward_ops):
+        if j not in inside:      # a sum backprop made
+            summed_into.update(rop.outputs)
+            summed_from.update(rop.inputs)
+    if any(b in summed_into for b in state_in_grads if b is not None) and \
+            any(b in summed_from for b in state_out_grads if b is not None):
+        return 'the contributions to its state input\'s gradient (used ' \
+            'several times) and to its state output\'s (used inside the ' \
+            'call too)'
+    return None
+

@@ -92,13 +92,14 @@ def copies_sharing(arrays):
     arrays that start at one address (``x`` and ``x.T``) still do, so
     that NumPy chooses the same routine for them (``x @ x.T`` of one
     memory is a symmetric product, syrk, not gemm: other last bits)."""
-    bounds = [numpy.byte_bounds(a) for a in arrays]
-    lo = min(b[0] for b in bounds)
-    hi = max(b[1] for b in bounds)
+    starts = [a.__array_interface__['data'][0] for a in arrays]
+    lo = min(s + sum(st * (n - 1) for st, n in zip(a.strides, a.shape)
+                     if st < 0) for s, a in zip(starts, arrays))
+    hi = max(s + sum(st * (n - 1) for st, n in zip(a.strides, a.shape)
+                     if st > 0) + a.itemsize for s, a in zip(starts, arrays))
     block = numpy.empty(hi - lo, numpy.uint8)
     out = []
-    for a in arrays:
-        start = a.__array_interface__['data'][0]
+    for a, start in zip(arrays, starts):
         c = numpy.ndarray(a.shape, a.dtype, buffer=block, offset=start - lo,
                           strides=a.strides)
         numpy.copyto(c, a)

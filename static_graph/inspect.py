@@ -13,7 +13,6 @@ from schedules import ir
 from static_graph import cache as cache_module
 from static_graph import decorator
 from static_graph import graphs
-from static_graph import signature
 
 
 class CachedSchedule(collections.namedtuple(
@@ -68,8 +67,11 @@ def spec_text(spec):
     pos, kw = spec[:2]
     parts = [_spec_text(s) for s in pos]
     parts += ['%s=%s' % (k, _spec_text(s)) for k, s in kw]
+    # (signature imports Chainer's backend module, which the Chainers the
+    # library falls back under lack: not at import.)
+    from static_graph.signature import SAME
     for extra in spec[2:]:
-        if extra[:1] == (signature.SAME,):   # model(x, x)
+        if extra[:1] == (SAME,):   # model(x, x)
             parts.extend('array %d is array %d' % pair
                          for pair in extra[1])
         else:      # the recurrent state the links hold

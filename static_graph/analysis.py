@@ -104,7 +104,8 @@ def _shape_derived(a):
 def _uniform(a):
     if a.size <= 1:
         return True
-    flat = a.reshape(-1)
+    # (numpy.asarray: a numpy.matrix stays 2-D through reshape(-1))
+    flat = numpy.asarray(a).reshape(-1)
     return bool((flat == flat[0]).all())
 
 

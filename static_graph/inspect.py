@@ -41,6 +41,9 @@ def _layout_text(layout):
 
 def _spec_text(spec):
     tag = spec[0]
+    if isinstance(tag, type) and issubclass(tag, numpy.ndarray):
+        # an ndarray subclass (signature._walk)
+        return '%s %s' % (tag.__name__, _spec_text(spec[1]))
     if tag == 'V':
         _, shape, dtype, dev, rg, layout = spec
         return 'Variable %s[%s]%s%s%s' % (

@@ -165,8 +165,12 @@ def _walk(obj, path, found):
                                           isinstance(obj, cupy_nd)):
         leaves.append(obj)
         paths.append(path)
-        return ('A', obj.shape, obj.dtype.str, device_tag(obj),
-                layout(obj))
+        spec = ('A', obj.shape, obj.dtype.str, device_tag(obj), layout(obj))
+        if isinstance(obj, numpy.ndarray):
+            # A subclass computes otherwise (numpy.ma's masked products,
+            # numpy.matrix's *): another key than a plain array's.
+            spec = (type(obj), spec)
+        return spec
     if isinstance(obj, _SCALARS):
         return scalar_key(obj)
     if isinstance(obj, (tuple, list)):

@@ -38,7 +38,6 @@ from chainer import optimizer as optimizer_module
 from chainer import variable
 
 from schedules import parallel
-from static_graph import arrayutil
 from static_graph import blas_idle
 from static_graph import compat
 from static_graph import diagnostics
@@ -511,7 +510,9 @@ def _fp32_param(rule, param):
 
 def _note_memory(roots, arrays, name):
     for a in arrays:
-        r = id(a if a.base is None else arrayutil.root_of(a))
+        while isinstance(a.base, numpy.ndarray):   # (the memory's owner)
+            a = a.base
+        r = id(a)
         other = roots.setdefault(r, name)
         if other is not name:
             raise R.Unsupported(

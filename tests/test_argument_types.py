@@ -1,0 +1,55 @@
+"""Array arguments of NumPy's subclasses: a masked array computes otherwise
+than a plain one (numpy.ma fills masked entries), so it is another key; a
+numpy.matrix argument is no constant."""
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph import static_graph as static
+
+
+class Net(chainer.Chain):
+    def __init__(self):
+        super(Net, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(4, 5)
+
+    def forward(self, x):
+        return F.sum(self.l1(x / 3.0 + 1.0) ** 2)
+
+
+class StaticNet(Net):
+    forward = static(Net.forward)
+
+
+def _masked(x):
+    mask = numpy.zeros(x.shape, bool)
+    mask[0, 0] = True
+    return numpy.ma.MaskedArray(x, mask=mask)
+
+
+@pytest.mark.parametrize('make', [_masked, numpy.asmatrix],
+                         ids=['MaskedArray', 'matrix'])
+@pytest.mark.filterwarnings('ignore::static_graph.StaticGraphWarning')
+def test_a_subclass_after_plain_arrays_computes_as_define_by_run(make):
+    rs = numpy.random.RandomState(0)
+    dbr, ours = Net(), StaticNet()
+    ours.copyparams(dbr)
+    for step in range(6):
+        x = rs.randn(6, 4).astype('f')
+        if step >= 3:
+            x = make(x)
+        got = []
+        for m in (dbr, ours):
+            m.cleargrads()
+            loss = m(x.copy())
+            loss.backward()
+            got.append((loss.array, m.l1.W.grad.copy()))
+        assert numpy.array_equal(got[0][0], got[1][0]), step
+        assert numpy.array_equal(got[0][1], got[1][1]), step
+    name = make(numpy.zeros((1, 1), 'f')).__class__.__name__
+    assert '(%s f32[6,4])' % name in static_graph.explain(ours)

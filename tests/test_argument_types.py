@@ -19,7 +19,8 @@ class Net(chainer.Chain):
             self.l1 = L.Linear(4, 5)
 
     def forward(self, x):
-        return F.sum(self.l1(x / 3.0 + 1.0) ** 2)
+        # (NumPy scalars: numpy.ma on NumPy 2 makes x / 3.0 float64)
+        return F.sum(self.l1(x / numpy.float32(3) + numpy.float32(1)) ** 2)
 
 
 class StaticNet(Net):

@@ -159,6 +159,16 @@ class Cache(object):
                 diagnostics.logger.info('%s: evicted a cached schedule',
                                         self.owner_name)
 
+    def calls_waiting(self):
+        """Do calls of this method wait for their backward as one node each
+        (recorded or replayed)? A call run define-by-run next to them would
+        add its parameters' gradient contributions at its own nodes' ranks,
+        in another order than theirs (a loss summed over three calls)."""
+        with self.lock:
+            # (entry.RECORDING: entry.py imports what old Chainers lack)
+            return any(e.state == 'recording' or e.pending
+                       for e in self.entries.values())
+
     def must_repeat(self, key):
         """Called at each call of a key not in the cache: None where it may
         record, else why it runs define-by-run. Once the method's new keys

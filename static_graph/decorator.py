@@ -121,7 +121,8 @@ def static_graph(method=None, **options):
             return _define_by_run(method, self, args, kwargs)
         config = signature.config_key()
         if cache.shortcuts and (config, signature.outline(
-                args, kwargs)) in cache.shortcuts:
+                args, kwargs)) in cache.shortcuts and \
+                not cache.calls_waiting():
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
         try:
@@ -141,15 +142,18 @@ def static_graph(method=None, **options):
         e = cache.get(key)
         why = None
         if e is None:
+            # (Not define-by-run next to calls that wait for their backward
+            # as one node each: cache.calls_waiting. This call records.)
             reason = cache.family_fallback(key)
-            if reason is not None:
+            if reason is not None and not cache.calls_waiting():
                 cache.fallback_calls += 1
                 cache.family_hit(key, reason, signature.outline(args, kwargs))
                 return _define_by_run(method, self, args, kwargs)
             if cache.forward_only and key in cache.forward_only:
                 return _forward_only(method, self, name, cache, key, args,
                                      kwargs, leaves, paths)
-            if cache.must_repeat(key) is not None:
+            if cache.must_repeat(key) is not None and \
+                    not cache.calls_waiting():
                 diagnostics.warn_once(
                     (type(self), name, 'must repeat'),
                     '%s.%s: %s' % (type(self).__name__, name,

@@ -22,6 +22,7 @@ from schedules import ir
 from static_graph import arrayutil
 from static_graph import device_reads
 from static_graph import recorder
+from static_graph import user_nodes
 
 _SCAN_DEPTH = 4
 # Buffers whose arrays are new on every call (not the chain's, not
@@ -338,6 +339,7 @@ def mark_captured(rec, chain_map):
             step.rerun = True
         else:
             rec.add_reason(reason)
+    user_nodes.rerun_scalar_steps(rec, reruns_ok)
     forward_consts = set()
     # NumPy scalars forward nodes were built with (``x * numpy.float32(2)``):
     # constants a backward node may be built with too. Filled while the

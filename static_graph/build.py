@@ -355,7 +355,9 @@ def ir_ops(rec, rops, roots=None):
                    if rop.rebind else rop.inputs,
                    rop.outputs,
                    functools.partial(describe.describe, rop.node),
-                   rop.source, kernels.make_kernel(rop, static_attrs), rop.select)
+                   rop.source, kernels.make_kernel(
+                       rop, static_attrs, [bufs[b].shape for b in rop.outputs]),
+                   rop.select)
         if lowering.candidate(rop):
             op.lower_from = rop     # kernel chosen by lower_pass.lower
         if id(rop) in sums:

@@ -9,13 +9,18 @@ from schedules import ir
 from static_graph import arrayutil
 from static_graph import lower_pass
 from static_graph import recorder
+from static_graph import user_nodes
 
 
-def make_kernel(rop, static_attrs):
+def make_kernel(rop, static_attrs, shapes=None):
     """The callable an op runs at replay: the node's own forward, with its
     pre-forward attributes restored first, the arrays it was built with
-    rebound and its hidden state returned."""
+    rebound and its hidden state returned. ``shapes``: its results'
+    recorded shapes, checked where the node is defined outside Chainer."""
     kernel = _state_kernel(rop, static_attrs)
+    if shapes is not None and recorder.user_defined(rop.node):
+        kernel = user_nodes.shape_checking_kernel(kernel, rop.kind,
+                                                 tuple(shapes))
     if rop.nones:
         kernel = none_filling_kernel(kernel, rop.nones,
                                       len(rop.inputs) + len(rop.nones))

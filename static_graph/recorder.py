@@ -436,6 +436,12 @@ class Recording(object):
                         'in place at %s' % (kind, traced.user_location(2)))
                     break
         self._record(node, kind, in_arrays, outs, pre, sources, d)
+        if user_defined:
+            # Its results may be memory it keeps between calls (a buffer it
+            # hands out again): replay never writes into them.
+            by_id = self.by_id
+            self.held.update(by_id[id(y._data[0])] for y in outs
+                             if id(y._data[0]) in by_id)
         return outs
 
     def _record(self, node, kind, in_arrays, outs, pre, sources, post):

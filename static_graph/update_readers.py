@@ -103,6 +103,10 @@ def _adam(rule, dtype):
     _adam_check_eps(hp, dtype)
     amsgrad, adabound = bool(hp.amsgrad), bool(hp.adabound)
     a = 1.0 - hp.eta * hp.weight_decay_rate
+    if isinstance(a, numpy.ndarray):
+        # (Chainer computes with it as an array: its dtype widens the
+        # update's temporaries)
+        raise Unsupported('Adam: eta or weight_decay_rate is an array')
     values = {'one_minus_beta1': 1.0 - hp.beta1,
               'one_minus_beta2': 1.0 - hp.beta2,
               'eps': hp.eps, 'alpha_t': rule.alpha_t, 'a': a, 'b': -hp.eta}

@@ -193,3 +193,12 @@ def test_a_hyperparameter_array_falls_back():
     with pytest.warns(StaticGraphWarning, match=r'lr is an array of shape'):
         t.step(2)
     assert captured(t.ob).fallback_steps == 2
+
+
+def test_adam_weight_decay_as_an_array_falls_back():
+    """A one-element array weight_decay_rate (or eta) crashed the captured
+    step (a dict key of an array); Chainer computes with it as an array."""
+    t = Twins(lambda: Opt.Adam(weight_decay_rate=numpy.array([0.01])))
+    with pytest.warns(StaticGraphWarning, match='is an array'):
+        t.step(2)
+    assert captured(t.ob).fallback_steps == 2

@@ -97,15 +97,18 @@ class Capture(object):
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)
         with rec:
+            shown = watch.trace_arrays(rec)
             try:
                 out = self.method(chain, *new_args, **new_kwargs)
             except BaseException:
                 generators.put_back(stand_ins)
                 link_state.put_back(detached)   # the caller's Variables
                 link_state.untrace_held(chain, held)
+                watch.put_back_arrays(shown)
                 raise
             generators.put_back(stand_ins)
             link_state.untrace_held(chain, held)
+            watch.put_back_arrays(shown)
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()

@@ -338,15 +338,32 @@ def reachable_functions(method, classes=()):
         seen.add(code)
         out.append(fn)
         glob = fn.__globals__
+        # (What a decorator's wrapper calls: the function in its closure.)
+        found = [_cell_value(c) for c in fn.__closure__ or ()]
         for name in global_names(fn):
-            f = _user_function(glob.get(name))
-            if f is not None and f.__code__ not in seen:
-                todo.append(f)
-            for cls in user:
-                f = _user_function(cls.__dict__.get(name))
+            found.append(glob.get(name))
+            found.extend(cls.__dict__.get(name) for cls in user)
+        for v in found:
+            for f in _functions_of(v):
+                f = _user_function(f)
                 if f is not None and f.__code__ not in seen:
                     todo.append(f)
     return out
+
+
+def _functions_of(v):
+    """The functions behind a name: a property's getter and setter (``self
+    .gain``), else the value itself."""
+    if isinstance(v, property):
+        return (v.fget, v.fset)
+    return (v,)
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:      # an empty cell
+        return None
 
 
 def named_globals(functions):
@@ -435,6 +452,36 @@ class Watch(object):
                         self._add(env, k, v)
         self._add_helper_fields()
         self.values = tuple(self.values)
+
+    def trace_arrays(self, rec):
+        """Hand the call the NumPy arrays of the watched globals and helper
+        objects' attributes as traced views, as the links' own are
+        (link_state.trace_held_arrays): a branch on their values (``if
+        GATE > 0``, ``self.cfg.gate``) is a value read, which replay would
+        freeze. Returns what ``put_back_arrays`` restores."""
+        out = []
+        for d, k, v in self.objects[self.n_link_objects:]:
+            if type(d) is dict and type(v) is numpy.ndarray and \
+                    d.get(k) is v:
+                view = d[k] = rec.trace(v)
+                out.append((d, k, v, view))
+        # ... and those a watched list or dict holds (``self.gates[0]``)
+        for _, _, _, c in self.frozen:
+            items = enumerate(c) if type(c) is list else \
+                list(c.items()) if type(c) is dict else ()
+            for k, v in items:
+                if type(v) is numpy.ndarray:
+                    view = c[k] = rec.trace(v)
+                    out.append((c, k, v, view))
+        return out
+
+    @staticmethod
+    def put_back_arrays(traced_arrays):
+        for d, k, v, view in traced_arrays:
+            # (not where the call assigned it)
+            if (d[k] if type(d) is list and k < len(d) else
+                    d.get(k) if type(d) is dict else None) is view:
+                d[k] = v
 
     def _add_class_attributes(self, classes):
         """The scalar and container class attributes of the user classes

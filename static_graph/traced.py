@@ -274,7 +274,9 @@ class TracedArray(numpy.ndarray):
             inputs, kwargs, result)
         if made is not None:
             return made
-        return _wrap(_first_traced(inputs), result)
+        # (A traced operand, or only a traced where= mask: W.sum(where=m))
+        return _wrap(_first_traced(tuple(inputs) + (kwargs.get('where'),)),
+                     result)
 
     def astype(self, dtype, order='K', casting='unsafe', subok=True,
                copy=True):

@@ -1325,7 +1325,9 @@ class _ScaledChild(chainer.Chain):
 
 def _helper_method_init(self):
     _mlp(self)
-    type(self).shifted = lambda self, h: h + _OFFSET[0]
+    # (The whole array, a constant input of Add: _OFFSET[0], a number read
+    # from a traced global, falls back.)
+    type(self).shifted = lambda self, h: h + _OFFSET
 
 
 def _child_init(self):

@@ -132,11 +132,13 @@ class Capture(object):
             if chainer.config.enable_backprop:
                 # A kept Variable in the graph (``self.hidden = h``) is a
                 # hidden output, so a loss computed from it outside
-                # backpropagates.
+                # backpropagates; unless the method returns that very
+                # Variable (not its array: ``return loss.array``).
                 for d, k, b, kind in attr_writes:
                     v = d[k]
                     if kind == 'V' and v.requires_grad and \
-                            v.creator is not None and b not in out_bids:
+                            v.creator is not None and \
+                            not any(v is o for o in inner_outs):
                         out_bids.append(b)
                         out_kinds.append('V')
                         inner_outs.append(v)

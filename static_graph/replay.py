@@ -28,7 +28,12 @@ def _side_effects(e, exposed, outs):
     values = dict(zip(e.expose, exposed or ()))
     by_out = {}
     for b, v in zip(e.forward.outputs, outs):
-        by_out.setdefault(b, v)
+        # (One buffer returned as an array and kept as a Variable,
+        # ``self.loss = loss; return loss.array``: the attribute gets the
+        # hidden output, in the graph.)
+        if b not in by_out or v.requires_grad and \
+                not by_out[b].requires_grad:
+            by_out[b] = v
 
     def var(b):
         if b in by_out:

@@ -319,10 +319,7 @@ def mark_captured(rec, chain_map):
     scalars = forward_scalars(rec)
     by_node = {id(op.node): op for op in ops}
     n_forward = len(rec.forward_ops)
-    step_of = {}     # backward op index -> the BackwardStep that applied it
-    for step in rec.steps:
-        for j in range(step.start, step.end):
-            step_of[j] = step
+    step_of = rec.step_of()
 
     def reruns_ok(step):
         """Can this step be replayed by calling its backward() again?"""

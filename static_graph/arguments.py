@@ -23,18 +23,15 @@ def inner_arguments(rec, leaves, paths):
             inner.append(inner[j])
             leaf_bids.append(leaf_bids[j])
             continue
-        if isinstance(leaf, chainer.Variable):
-            a = shared.get(i) if shared else None
-            if a is None:
-                a = arrayutil.copy_exact(leaf.raw_array)
-            leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+        variable = isinstance(leaf, chainer.Variable)
+        a = shared.get(i)
+        if a is None:
+            a = arrayutil.copy_exact(leaf.raw_array if variable else leaf)
+        leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
+        if variable:
             inner.append(chainer.Variable(
                 a, requires_grad=leaf.requires_grad, name=leaf.name))
         else:
-            a = shared.get(i) if shared else None
-            if a is None:
-                a = arrayutil.copy_exact(leaf)
-            leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
             inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
     return inner, leaf_bids
 

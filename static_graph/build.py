@@ -315,9 +315,7 @@ def ir_ops(rec, rops, roots=None):
     sums = set()     # ids of rops no backward() applied (the sums of
     #                  gradient contributions backprop makes)
     if rops is rec.backward_ops:
-        inside = set()
-        for step in rec.steps:
-            inside.update(range(step.start, step.end))
+        inside = rec.step_of()
         sums = set(id(rop) for j, rop in enumerate(rops) if j not in inside)
         rec.sum_ops = set()   # ids of their IR ops
         by_node = dict((id(op.node), op) for op in rec.forward_ops)

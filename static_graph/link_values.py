@@ -454,18 +454,17 @@ class Watch(object):
         self.values = tuple(self.values)
 
     def trace_arrays(self, rec):
-        """Hand the call the NumPy arrays of the watched globals and helper
-        objects' attributes as traced views, as the links' own are
-        (link_state.trace_held_arrays): a branch on their values (``if
-        GATE > 0``, ``self.cfg.gate``) is a value read, which replay would
-        freeze. Returns what ``put_back_arrays`` restores."""
+        """Hand the call the NumPy arrays of the watched globals, helper
+        objects' attributes, lists and dicts as traced views, as the links'
+        own are (link_state.trace_held_arrays): a branch on their values
+        (``if GATE > 0``, ``self.cfg.gate``, ``self.gates[0]``) is a value
+        read, which replay would freeze. Returns what ``put_back_arrays``
+        restores."""
         out = []
         for d, k, v in self.objects[self.n_link_objects:]:
-            if type(d) is dict and type(v) is numpy.ndarray and \
-                    d.get(k) is v:
+            if type(d) is dict and type(v) is numpy.ndarray and d.get(k) is v:
                 view = d[k] = rec.trace(v)
                 out.append((d, k, v, view))
-        # ... and those a watched list or dict holds (``self.gates[0]``)
         for _, _, _, c in self.frozen:
             items = enumerate(c) if type(c) is list else \
                 list(c.items()) if type(c) is dict else ()
@@ -478,10 +477,11 @@ class Watch(object):
     @staticmethod
     def put_back_arrays(traced_arrays):
         for d, k, v, view in traced_arrays:
-            # (not where the call assigned it)
-            if (d[k] if type(d) is list and k < len(d) else
-                    d.get(k) if type(d) is dict else None) is view:
-                d[k] = v
+            try:
+                if d[k] is view:    # (not where the call assigned another)
+                    d[k] = v
+            except (IndexError, KeyError):     # (the call removed it)
+                pass
 
     def _add_class_attributes(self, classes):
         """The scalar and container class attributes of the user classes

@@ -245,6 +245,16 @@ class Recording(object):
         self.scalar_like = set()
         self.alloc_hook = None
 
+    def step_of(self):
+        """{backward op index: the BackwardStep whose ``backward()`` applied
+        it}; the backward ops of no step are the sums of gradient
+        contributions backprop made."""
+        out = {}
+        for step in self.steps:
+            for j in range(step.start, step.end):
+                out[j] = step
+        return out
+
     # -- buffers ------------------------------------------------------------
     def new_buffer(self, array, role, name=None):
         bid = len(self.buffers)

@@ -14,10 +14,7 @@ def order_tie(rec):
     finds them in an order the call's own graph need not give (the
     embedding of L.StatefulGRU feeds three linear layers of one rank:
     1e-7 off), where nodes of different ranks keep their order."""
-    step_of = {}
-    for st in rec.steps:
-        for j in range(st.start, st.end):
-            step_of[j] = st
+    step_of = rec.step_of()
     made = {}      # buffer id -> ranks of the forward nodes behind it
     for j, rop in enumerate(rec.backward_ops):
         st = step_of.get(j)
@@ -56,9 +53,7 @@ def state_sum_tie(rec, state_in_grads, state_out_grads):
     in its rank order, between this call's own (L.StatefulMGU: ``h`` feeds
     three nodes of the next call and ``self.o(h)`` of this one: 3e-8 off),
     where a replay adds their sum. Returns a text, or None."""
-    inside = set()
-    for st in rec.steps:
-        inside.update(range(st.start, st.end))
+    inside = rec.step_of()
     summed_into, summed_from = set(), set()
     for j, rop in enumerate(rec.backward_ops):
         if j not in inside:      # a sum backprop made

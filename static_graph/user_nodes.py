@@ -16,13 +16,11 @@ def rerun_scalar_steps(rec, reruns_ok):
     self.n`` builds a MulConstant of a new float), which the recorded ops
     would freeze. Its backward step runs again at every replay, with the
     forward's fresh values; where it cannot, the recording falls back."""
-    forward = set(id(op.node) for op in rec.forward_ops)
     ops = dict((id(op.node), op) for op in rec.forward_ops)
     for step in rec.steps:
-        if step.rerun or id(step.node) not in forward or \
-                not recorder.user_defined(step.node):
+        op = ops.get(id(step.node))
+        if step.rerun or op is None or not recorder.user_defined(step.node):
             continue
-        op = ops[id(step.node)]
         d = recorder.attrs(op.node)
         if not any(_python_number(d.get(k)) for k, _ in op.restore or ()):
             continue

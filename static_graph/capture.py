@@ -16,7 +16,6 @@ reads the recorder, the analysis and the entry, and they never call back.
 import weakref
 
 import chainer
-from chainer import backend as backend_module
 
 from schedules import ir
 from static_graph import arrayutil
@@ -33,8 +32,10 @@ from static_graph import nodes
 from static_graph import outputs
 from static_graph import patches
 from static_graph import recorder
+from static_graph import recurrent
 from static_graph.recurrent import order_tie, state_sum_tie
 from static_graph import signature
+from static_graph import splice
 from static_graph.gc_pause import with_gc_paused
 
 
@@ -51,6 +52,7 @@ class Capture(object):
                  prev=None, stand_in=False):
         self.chain = chain
         self.stand_in = stand_in   # (stand_in.py)
+        self.spliced = False       # its nodes moved onto the caller's
         self.method = method
         self.name = name
         self.cache = cache
@@ -112,6 +114,9 @@ class Capture(object):
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()
+            outside = splice.outside_graph(rec.forward_ops)
+            if outside:
+                rec.add_reason(outside)
             recheck = (watch.changed_by_call() +
                        link_state.added_or_deleted(snapshot)) or None
             if recheck and self.prev is not None and self.prev.recheck:
@@ -199,6 +204,11 @@ class Capture(object):
             return self._finish_without_backward(out)
         if rec.reasons:
             self.fall_back(rec.reasons[0])
+            if not self.stand_in and splice.into_caller(
+                    rec.forward_ops, list(zip(inner, leaves)), inner_outs):
+                # No recording node: this call is define-by-run's.
+                self.patched.release()
+                return self._handed_out(inner_outs)
         else:
             self.cache.put(self.key, e)  # pending until its backward is seen
         # (A Variable given twice gets its gradient once, at its first
@@ -266,14 +276,20 @@ class Capture(object):
             return out
         self.cache.put(self.key, e)
         vals = []
-        for v, k, copy in zip(self.inner_outs, self.out_kinds, e.out_copy):
-            if copy:
-                v = chainer.Variable(arrayutil.copy_exact(v.raw_array),
-                                     requires_grad=v.requires_grad)
-            vals.append(v if k == 'V' else v.raw_array)
+        for v, copy in zip(self.inner_outs, e.out_copy):
+            vals.append(chainer.Variable(arrayutil.copy_exact(v.raw_array),
+                                         requires_grad=v.requires_grad)
+                        if copy else v)
+        return self._handed_out(vals)
+
+    def _handed_out(self, vals):
+        """The call's result from ``vals`` (per inner output, what takes
+        its place), and the attributes the method set, as it leaves them."""
         link_state.keep_attrs(
             self.attr_writes, dict(zip(map(id, self.inner_outs), vals)),
-            rec.buffers)
+            self.rec.buffers)
+        vals = [v if k == 'V' else v.raw_array
+                for v, k in zip(vals, self.out_kinds)]
         return outputs.rebuild(self.out_spec, vals[:self.n_outs])
 
     # -- finishing ------------------------------------------------------------
@@ -389,7 +405,7 @@ class Capture(object):
         recording = e.state == entry_module.RECORDING
         given = grad_outputs
         if recording:
-            grad_outputs = self._state_gradients(grad_outputs)
+            grad_outputs = recurrent.state_gradients(self, grad_outputs)
         # (Not recording: the gradients as Chainer handed them, as the
         # nodes get them under define-by-run; a node that writes into its
         # gradient, F.hinge, writes into what other nodes read.)
@@ -428,7 +444,7 @@ class Capture(object):
                 result = [None] * len(result)
                 for pos, a in zip(targets, true):
                     result[pos] = a
-            self._check_state_outputs()
+            recurrent.check_state_outputs(self)
         return [chainer.Variable(a) if a is not None else None
                 for a in result]
 
@@ -440,52 +456,6 @@ class Capture(object):
         into it, and other nodes that read it after see the change."""
         arrayutil.write_back(self.grad_copies)
         self.grad_copies = []
-
-    def _state_outputs(self):
-        """Indexes of the hidden outputs that are recurrent state: left on
-        the links where a later call read its state."""
-        state = set((id(d), k) for d, k in self.cache.state_slots)
-        return [i for i, (d, k) in enumerate(self.hidden_slots, self.n_outs)
-                if (id(d), k) in state]
-
-    def _check_state_outputs(self):
-        """A built entry whose state outputs got gradients must also run
-        its backward without them (the last call of a sequence replays
-        it too): where it cannot (masked.py), the key falls back."""
-        e = self.entry
-        if e.state != entry_module.COMPLETE or e.backward is None:
-            return
-        outs = frozenset(i for i in self._state_outputs()
-                         if e.grad_out_mask[i])
-        if outs and e.accumulating_backward(frozenset(), True,
-                                            outs) is None:
-            self.fall_back(
-                'its state outputs (Variables it leaves on its links for '
-                'the next call) get a gradient in some calls and none in '
-                'others (the last call of a sequence), and replay can run '
-                'its backward without one only where the missing gradient '
-                'is added to others or reaches LSTMGrad')
-
-    def _state_gradients(self, grad_outputs):
-        """``grad_outputs`` with zeros for the state outputs (Variables the
-        method left on its links where a later call read its state) that
-        got no gradient, if any: the last
-        call of a truncated sequence has no next call to give one. The
-        backward is recorded with them, so that it serves every call of
-        the key; calls whose state gets none run it without (masked.py).
-        Not where a node of the recording communicates (ChainerMN): its
-        backward would run twice."""
-        fill = [i for i in self._state_outputs()
-                if grad_outputs[i] is None and
-                self.inner_outs[i].requires_grad]
-        if not fill or any(type(op.node).__module__.startswith('chainermn')
-                           for op in self.rec.forward_ops):
-            return grad_outputs
-        out = list(grad_outputs)
-        for i in fill:
-            a = self.inner_outs[i].raw_array
-            out[i] = backend_module.get_array_module(a).zeros_like(a)
-        return tuple(out)
 
     def _finish(self, arrays, grad_out_bids, result):
         """After the recorded backward: build the entry (or fall back, or
@@ -507,7 +477,7 @@ class Capture(object):
                 tie = state_sum_tie(
                     rec, [b for t, b in zip(targets, grad_in)
                           if first_state <= t < len(self.leaves)],
-                    [grad_out_bids[i] for i in self._state_outputs()])
+                    [grad_out_bids[i] for i in recurrent.state_outputs(self)])
             if tie is not None:
                 # For the whole method: a key that replayed next to calls
                 # of define-by-run would change the order of their sums.
@@ -576,20 +546,28 @@ class Capture(object):
     def _double_backprop(self, grad_outputs):
         """A backward asked for double backpropagation (an input-gradient
         penalty): the gradients keep their graph, through the recorded
-        call's own nodes, to the parameters; not the inputs, which the
-        recording took as copies. Replay cannot give either, so the key
-        runs define-by-run from now on."""
+        call's own nodes, moved onto the caller's Variables (splice.py),
+        to the parameters and the inputs. Replay cannot give either, so
+        the key runs define-by-run from now on."""
         e = self.entry
         reason = ('its backward was asked for double backpropagation '
                   '(enable_double_backprop=True), which replay cannot give')
         if e.state in (entry_module.RECORDING, entry_module.COMPLETE):
             self.fall_back(reason)
-        if any(t < len(self.leaves) for t in self.targets):
+        n = len(self.leaves)
+        # (RecordNode.backward then makes the call's outputs theirs.)
+        self.spliced = splice.into_caller(
+            self.rec.forward_ops, list(zip(self.inner, self.leaves)),
+            self.inner_outs)
+        if self.spliced:
+            self.target_vars = [self.leaves[t] if t < n else v for t, v
+                                in zip(self.targets, self.target_vars)]
+        elif any(t < n for t in self.targets):
             raise NotImplementedError(
                 'double backpropagation through the recording call of a '
-                'static graph to its input Variables is not supported: %s '
-                'falls back to define-by-run from its next call; run this '
-                'call with chainer.config.use_static_graph = False'
+                'static graph to its input Variables is not supported '
+                'here: %s falls back to define-by-run from its next call; '
+                'run this call with chainer.config.use_static_graph = False'
                 % self.name)
         outs, gys, more, _ = self._outputs_and_gradients(grad_outputs,
                                                          keep=False)

@@ -23,6 +23,7 @@ from chainer import function_node
 from static_graph import arrayutil
 from static_graph import diagnostics
 from static_graph import signature
+from static_graph import splice
 
 
 def output_depth(inner_outs):
@@ -415,6 +416,10 @@ class RecordNode(_Replayed, function_node.FunctionNode):
                 arrayutil.copyto_for((out,))(out, mine)
         self.handed = None
         grads = capture.backward(grad_outputs)
+        if capture.spliced:
+            # Its recorded nodes are the caller's: define-by-run's graph
+            # from now on, without this node.
+            splice.outputs_onto(self, capture.inner_outs)
         e, self.built = self.built, None
         if e.recording_saved is not None:
             self.bind(e)

@@ -3,7 +3,13 @@
 A replayed call's backward sums gradient contributions in the order its
 own recorded graph gave; define-by-run sums them in the order of its
 whole graph of chained calls. Where those orders can differ (``order_tie``)
-the method runs define-by-run (capture.py)."""
+the method runs define-by-run (capture.py). And the state outputs of a
+recording (Variables it leaves on its links for the next call): which
+they are, the zero gradients a last call of a sequence gets, and whether
+the built entry can run without them."""
+from chainer import backend as backend_module
+
+from static_graph import entry as entry_module
 
 
 def order_tie(rec):
@@ -66,3 +72,47 @@ def state_sum_tie(rec, state_in_grads, state_out_grads):
             'call too)'
     return None
 
+
+def state_outputs(cap):
+    """Indexes of the hidden outputs that are recurrent state: left on
+    the links where a later call read its state."""
+    state = set((id(d), k) for d, k in cap.cache.state_slots)
+    return [i for i, (d, k) in enumerate(cap.hidden_slots, cap.n_outs)
+            if (id(d), k) in state]
+
+
+def check_state_outputs(cap):
+    """A built entry whose state outputs got gradients must also run
+    its backward without them (the last call of a sequence replays
+    it too): where it cannot (masked.py), the key falls back."""
+    e = cap.entry
+    if e.state != entry_module.COMPLETE or e.backward is None:
+        return
+    outs = frozenset(i for i in state_outputs(cap) if e.grad_out_mask[i])
+    if outs and e.accumulating_backward(frozenset(), True, outs) is None:
+        cap.fall_back(
+            'its state outputs (Variables it leaves on its links for '
+            'the next call) get a gradient in some calls and none in '
+            'others (the last call of a sequence), and replay can run '
+            'its backward without one only where the missing gradient '
+            'is added to others or reaches LSTMGrad')
+
+
+def state_gradients(cap, grad_outputs):
+    """``grad_outputs`` with zeros for the state outputs (Variables the
+    method left on its links where a later call read its state) that got
+    no gradient, if any: the last call of a truncated sequence has no next
+    call to give one. The backward is recorded with them, so that it
+    serves every call of the key; calls whose state gets none run it
+    without (masked.py). Not where a node of the recording communicates
+    (ChainerMN): its backward would run twice."""
+    fill = [i for i in state_outputs(cap) if grad_outputs[i] is None and
+            cap.inner_outs[i].requires_grad]
+    if not fill or any(type(op.node).__module__.startswith('chainermn')
+                       for op in cap.rec.forward_ops):
+        return grad_outputs
+    out = list(grad_outputs)
+    for i in fill:
+        a = cap.inner_outs[i].raw_array
+        out[i] = backend_module.get_array_module(a).zeros_like(a)
+    return tuple(out)

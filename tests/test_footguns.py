@@ -2566,22 +2566,25 @@ def test_double_backprop_through_an_output_returned_twice():
     compare_chains(*models, **EXACT)
 
 
-def test_double_backprop_to_an_input_of_the_recording_call_raises():
-    """To an input Variable (an R1 penalty) the recording call cannot give
-    define-by-run's graph: a clear error, and the next call runs
-    define-by-run."""
+def test_double_backprop_to_an_input_of_the_recording_call():
+    """To an input Variable (an R1 penalty) through the recording call:
+    its recorded nodes become the caller's graph (splice.py), so the
+    gradient and its graph are define-by-run's, the recording call
+    included; the next calls run define-by-run."""
     models = make_twins(lambda self, x: F.sum(self.l2(F.tanh(self.l1(x)))))
     b = models[1]
-    xv = chainer.Variable(data(4, 3))
-    with pytest.raises(NotImplementedError, match='double backprop'):
-        chainer.grad([b(xv)], [xv], enable_double_backprop=True)
-    for m in models:
-        m.cleargrads()
-    xs = [chainer.Variable(xv.array.copy()) for _ in models]
-    for m, x in zip(models, xs):
-        g, = chainer.grad([m(x)], [x], enable_double_backprop=True)
-        F.sum(g * g).backward()
-    compare_chains(*models, **EXACT)
+    x0 = data(4, 3)
+    for step in range(3):
+        for m in models:
+            m.cleargrads()
+        gs = []
+        for m in models:
+            x = chainer.Variable(x0 + step)
+            g, = chainer.grad([m(x)], [x], enable_double_backprop=True)
+            F.sum(g * g).backward()
+            gs.append(g.array)
+        assert_close(gs[0], gs[1], 'input gradient', **EXACT)
+        compare_chains(*models, **EXACT)
     assert states(b) == ['fallback']
 
 

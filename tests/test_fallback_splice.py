@@ -1,0 +1,229 @@
+"""A recording that falls back while its forward runs is the define-by-run
+call it stands for: its graph is the caller's (splice.py), so gradients
+are summed where define-by-run sums them, even in the step that records."""
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from static_graph import StaticGraphWarning, static_graph
+
+
+def _quiet():
+    warnings.simplefilter('ignore', StaticGraphWarning)
+
+
+class Twice(chainer.Chain):
+    """One weight used twice; reads a value (the recording falls back)."""
+
+    def __init__(self):
+        super(Twice, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 6)
+            self.o = L.Linear(6, 1)
+
+    def forward(self, x):
+        h = F.tanh(self.l(x))
+        h = F.tanh(self.l(h))
+        if float(F.sum(h).array) > 1e9:
+            h = h * 2
+        return self.o(h)
+
+
+class StaticTwice(Twice):
+    forward = static_graph(Twice.forward)
+
+
+def _twins(cls, static_cls):
+    numpy.random.seed(0)
+    a = cls()
+    numpy.random.seed(0)
+    b = static_cls()
+    return a, b
+
+
+def _grads(model):
+    return dict((n, p.grad.copy()) for n, p in model.namedparams())
+
+
+def _assert_same(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert numpy.array_equal(got[k], want[k]), k
+
+
+def test_two_calls_in_one_backward_sum_as_define_by_run():
+    _quiet()
+    rs = numpy.random.RandomState(0)
+    data = [(rs.randn(4, 6).astype('f'), rs.randn(4, 6).astype('f'))
+            for _ in range(3)]
+    plain, static = _twins(Twice, StaticTwice)
+    for a, b in data:
+        for m in (plain, static):
+            m.cleargrads()
+            (F.sum(m(a) ** 2) + F.sum(m(b) ** 2)).backward()
+        _assert_same(_grads(static), _grads(plain))
+
+
+def test_argument_with_a_graph_and_its_gradient():
+    """The argument comes from ops outside the call, and the caller uses
+    it again: its gradient and the parameters' as define-by-run's."""
+    _quiet()
+    rs = numpy.random.RandomState(1)
+    plain, static = _twins(Twice, StaticTwice)
+    x0 = rs.randn(4, 6).astype('f')
+    out = {}
+    for m in (plain, static):
+        m.cleargrads()
+        x = chainer.Variable(x0.copy())
+        h = F.sin(x) * 3
+        loss = F.sum(m(h) * F.sum(h ** 2)) + F.sum(m.l(h))
+        loss.backward()
+        out[m is static] = (_grads(m), x.grad.copy(), loss.array.copy())
+    _assert_same(out[True][0], out[False][0])
+    assert numpy.array_equal(out[True][1], out[False][1])
+    assert numpy.array_equal(out[True][2], out[False][2])
+
+
+def test_double_backprop_to_the_input():
+    """A gradient penalty through a call that fell back at its recording:
+    define-by-run's graph, so the second-order graph reaches the input."""
+    _quiet()
+    rs = numpy.random.RandomState(2)
+    xs = [rs.randn(4, 6).astype('f') for _ in range(2)]
+    plain, static = _twins(Twice, StaticTwice)
+    got = {}
+    for m in (plain, static):
+        for step, x0 in enumerate(xs):
+            m.cleargrads()
+            x = chainer.Variable(x0.copy())
+            y = m(x)
+            gx, = chainer.grad([F.sum(y)], [x], enable_double_backprop=True)
+            (F.sum(y) + F.sum(gx * gx)).backward()
+            got[m is static, step] = _grads(m)
+    for step in range(len(xs)):
+        _assert_same(got[True, step], got[False, step])
+
+
+class Elman(chainer.Chain):
+    """State kept on self across calls; a value read (falls back)."""
+
+    def __init__(self):
+        super(Elman, self).__init__()
+        with self.init_scope():
+            self.x2h = L.Linear(3, 5)
+            self.h2h = L.Linear(5, 5, nobias=True)
+        self.h = None
+
+    def forward(self, x):
+        z = self.x2h(x)
+        if self.h is not None:
+            z = z + self.h2h(self.h)
+        self.h = F.tanh(z)
+        if float(self.h.array.max()) > 1e9:
+            self.h = self.h * 0
+        return self.h
+
+
+class StaticElman(Elman):
+    forward = static_graph(Elman.forward)
+
+
+@pytest.mark.parametrize('length', [2, 4])
+def test_recurrent_state_from_an_earlier_call(length):
+    _quiet()
+    rs = numpy.random.RandomState(3)
+    xs = [rs.randn(2, 3).astype('f') for _ in range(length)]
+    plain, static = _twins(Elman, StaticElman)
+    for m in (plain, static):
+        m.cleargrads()
+        m.h = None
+        loss = 0
+        for x in xs:
+            loss = loss + F.sum(m(x) * m.h2h.W[0, 0])
+        loss.backward()
+    _assert_same(_grads(static), _grads(plain))
+
+
+OUTSIDE = {}
+
+
+class ReadsOutside(chainer.Chain):
+    """Reads a Variable with a graph that is no argument (a global)."""
+
+    def __init__(self):
+        super(ReadsOutside, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 3)
+
+    def forward(self, x):
+        return self.l(x) * OUTSIDE['v']
+
+
+class StaticReadsOutside(ReadsOutside):
+    forward = static_graph(ReadsOutside.forward)
+
+
+def test_a_variable_with_a_graph_from_outside_gets_its_gradient():
+    """Replay would read its array and drop its graph: the key runs
+    define-by-run, the recording call included, and says why."""
+    plain, static = _twins(ReadsOutside, StaticReadsOutside)
+    x = numpy.ones((2, 3), 'f')
+    for step in range(3):
+        got = {}
+        for m in (plain, static):
+            m.cleargrads()
+            w = chainer.Variable(numpy.full((2, 3), 0.5 + step, 'f'))
+            OUTSIDE['v'] = F.exp(w)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                F.sum(m(x)).backward()
+            got[m is static] = (_grads(m), w.grad.copy())
+        _assert_same(got[True][0], got[False][0])
+        assert numpy.array_equal(got[True][1], got[False][1])
+        if step == 0:
+            assert any('reads a Variable made outside the call (by exp)'
+                       in str(c.message) for c in caught)
+
+
+class Plain(chainer.Chain):
+    """Replays: no value read."""
+
+    def __init__(self):
+        super(Plain, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 6)
+            self.o = L.Linear(6, 1)
+
+    def forward(self, x):
+        return self.o(F.tanh(self.l(F.tanh(self.l(x)))))
+
+
+class StaticPlain(Plain):
+    forward = static_graph(Plain.forward)
+
+
+def test_gradient_penalty_at_the_recording_call():
+    """Double backpropagation to the input is asked for in the recording
+    call's backward (WGAN-GP's penalty): the recorded nodes are moved onto
+    the caller's input then, and the key runs define-by-run after."""
+    _quiet()
+    rs = numpy.random.RandomState(4)
+    xs = [rs.randn(4, 6).astype('f') for _ in range(3)]
+    plain, static = _twins(Plain, StaticPlain)
+    got = {}
+    for m in (plain, static):
+        for step, x0 in enumerate(xs):
+            m.cleargrads()
+            x = chainer.Variable(x0.copy())
+            y = m(x)
+            gx, = chainer.grad([F.sum(y)], [x], enable_double_backprop=True)
+            (F.sum(y) + F.sum(gx * gx)).backward()
+            got[m is static, step] = (_grads(m), gx.array.copy())
+    for step in range(len(xs)):
+        _assert_same(got[True, step][0], got[False, step][0])
+        assert numpy.array_equal(got[True, step][1], got[False, step][1])

@@ -89,26 +89,6 @@ def test_argument_with_a_graph_and_its_gradient():
     assert numpy.array_equal(out[True][2], out[False][2])
 
 
-def test_double_backprop_to_the_input():
-    """A gradient penalty through a call that fell back at its recording:
-    define-by-run's graph, so the second-order graph reaches the input."""
-    _quiet()
-    rs = numpy.random.RandomState(2)
-    xs = [rs.randn(4, 6).astype('f') for _ in range(2)]
-    plain, static = _twins(Twice, StaticTwice)
-    got = {}
-    for m in (plain, static):
-        for step, x0 in enumerate(xs):
-            m.cleargrads()
-            x = chainer.Variable(x0.copy())
-            y = m(x)
-            gx, = chainer.grad([F.sum(y)], [x], enable_double_backprop=True)
-            (F.sum(y) + F.sum(gx * gx)).backward()
-            got[m is static, step] = _grads(m)
-    for step in range(len(xs)):
-        _assert_same(got[True, step], got[False, step])
-
-
 class Elman(chainer.Chain):
     """State kept on self across calls; a value read (falls back)."""
 
@@ -207,14 +187,19 @@ class StaticPlain(Plain):
     forward = static_graph(Plain.forward)
 
 
-def test_gradient_penalty_at_the_recording_call():
-    """Double backpropagation to the input is asked for in the recording
-    call's backward (WGAN-GP's penalty): the recorded nodes are moved onto
-    the caller's input then, and the key runs define-by-run after."""
+@pytest.mark.parametrize('classes', [
+    (Twice, StaticTwice),    # fell back in its forward (a value read)
+    (Plain, StaticPlain),    # falls back in its backward
+])
+def test_gradient_penalty_to_the_input(classes):
+    """Double backpropagation to the input (WGAN-GP's penalty) through
+    the recording call: its recorded nodes are the caller's graph, so the
+    gradient, its graph and the parameters' gradients are define-by-run's,
+    the recording call included; the key runs define-by-run after."""
     _quiet()
     rs = numpy.random.RandomState(4)
     xs = [rs.randn(4, 6).astype('f') for _ in range(3)]
-    plain, static = _twins(Plain, StaticPlain)
+    plain, static = _twins(*classes)
     got = {}
     for m in (plain, static):
         for step, x0 in enumerate(xs):

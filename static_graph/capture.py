@@ -86,6 +86,7 @@ class Capture(object):
 
     def _forward(self, args, kwargs, leaves, paths):
         rec, chain, e = self.rec, self.chain, self.entry
+        args_leaves = leaves
         inner, leaf_bids = arguments.inner_arguments(rec, leaves, paths)
         new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
         detached = link_state.detach_link_variables(
@@ -131,6 +132,12 @@ class Capture(object):
             out_spec, inner_outs, out_bids, out_kinds = self._outputs(out)
             attr_writes = link_state.attr_changes(
                 rec, snapshot, set(id(d[3]) for d in detached))
+            copies = set(id(v) for v, a in zip(inner, args_leaves)
+                         if v is not a and isinstance(a, chainer.Variable))
+            for d, k, _, kind in attr_writes:
+                if kind == 'V' and id(d[k]) in copies:
+                    rec.add_reason('it keeps an argument Variable on self '
+                                   '(%s = x), which replay would not' % k)
             recurrent = link_state.reattach(rec, detached)
             n_outs = len(out_bids)
             self.hidden_slots = []   # (link __dict__, name) per hidden output
@@ -205,10 +212,13 @@ class Capture(object):
         if rec.reasons:
             self.fall_back(rec.reasons[0])
             if not self.stand_in and splice.into_caller(
-                    rec.forward_ops, list(zip(inner, leaves)), inner_outs):
-                # No recording node: this call is define-by-run's.
+                    [op.node for op in rec.forward_ops],
+                    list(zip(inner, leaves)), inner_outs):
+                # No recording node: this call is define-by-run's, its
+                # arguments returned or kept the caller's Variables.
                 self.patched.release()
-                return self._handed_out(inner_outs)
+                return self._handed_out(
+                    inner_outs, zip(map(id, inner), leaves))
         else:
             self.cache.put(self.key, e)  # pending until its backward is seen
         # (A Variable given twice gets its gradient once, at its first
@@ -282,12 +292,14 @@ class Capture(object):
                         if copy else v)
         return self._handed_out(vals)
 
-    def _handed_out(self, vals):
+    def _handed_out(self, vals, more=()):
         """The call's result from ``vals`` (per inner output, what takes
-        its place), and the attributes the method set, as it leaves them."""
-        link_state.keep_attrs(
-            self.attr_writes, dict(zip(map(id, self.inner_outs), vals)),
-            self.rec.buffers)
+        its place; ``more``: (id, object) pairs, the same for others), and
+        the attributes the method set, as it leaves them."""
+        by_inner = dict(more)
+        vals = [by_inner.get(id(v), v) for v in vals]
+        by_inner.update(zip(map(id, self.inner_outs), vals))
+        link_state.keep_attrs(self.attr_writes, by_inner, self.rec.buffers)
         vals = [v if k == 'V' else v.raw_array
                 for v, k in zip(vals, self.out_kinds)]
         return outputs.rebuild(self.out_spec, vals[:self.n_outs])
@@ -511,6 +523,12 @@ class Capture(object):
                 'records again', type(self.chain).__name__, self.name)
         elif rec.reasons:
             self.fall_back(rec.reasons[0])
+        elif getattr(self.cache.get(self.key), 'state',
+                     None) == entry_module.FALLBACK:
+            # Another call of this key fell back meanwhile (its backward
+            # asked for double backpropagation): the key stays so.
+            e.move(entry_module.DISCARDED)
+            build.release_arrays(rec)
         elif (served := self.cache.covering(self.key, e, tuple(
                 b is not None for b in grad_out_bids), self.chain)):
             # A later call of this key, recorded before this backward (a
@@ -555,23 +573,25 @@ class Capture(object):
         if e.state in (entry_module.RECORDING, entry_module.COMPLETE):
             self.fall_back(reason)
         n = len(self.leaves)
+        movable = splice.movable(self.inner_outs)
+        outs, gys, more, _ = self._outputs_and_gradients(grad_outputs,
+                                                         keep=False)
+        made = splice.Made()
+        if movable or not any(t < n for t in self.targets):
+            with made:
+                grads = self._backprop(outs, gys, more,
+                                       enable_double_backprop=True)
         # (RecordNode.backward then makes the call's outputs theirs.)
-        self.spliced = splice.into_caller(
-            self.rec.forward_ops, list(zip(self.inner, self.leaves)),
-            self.inner_outs)
-        if self.spliced:
-            self.target_vars = [self.leaves[t] if t < n else v for t, v
-                                in zip(self.targets, self.target_vars)]
-        elif any(t < n for t in self.targets):
+        self.made = [op.node for op in self.rec.forward_ops] + made.nodes
+        self.spliced = movable and splice.into_caller(
+            self.made, list(zip(self.inner, self.leaves)), self.inner_outs)
+        if not self.spliced and any(t < n for t in self.targets):
             raise NotImplementedError(
                 'double backpropagation through the recording call of a '
                 'static graph to its input Variables is not supported '
                 'here: %s falls back to define-by-run from its next call; '
                 'run this call with chainer.config.use_static_graph = False'
                 % self.name)
-        outs, gys, more, _ = self._outputs_and_gradients(grad_outputs,
-                                                         keep=False)
-        grads = self._backprop(outs, gys, more, enable_double_backprop=True)
         result = [None] * (len(self.leaves) + len(self.param_objs))
         for pos, g in zip(self.targets, grads):
             result[pos] = g

@@ -419,7 +419,7 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         if capture.spliced:
             # Its recorded nodes are the caller's: define-by-run's graph
             # from now on, without this node.
-            splice.outputs_onto(self, capture.inner_outs)
+            splice.outputs_onto(self, capture.inner_outs, capture.made)
         e, self.built = self.built, None
         if e.recording_saved is not None:
             self.bind(e)

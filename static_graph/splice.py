@@ -16,10 +16,11 @@ import weakref
 import chainer
 
 
-def into_caller(forward_ops, pairs, roots):
+def into_caller(nodes, pairs, roots):
     """Rewire the recorded forward onto the caller's Variables.
 
-    forward_ops: the recording's forward ops, in the order they ran.
+    nodes: the recording's forward nodes, in the order they ran (and those
+        a double backpropagation through them made, after them: ``Made``).
     pairs: (copy, caller's Variable) for each Variable the method got a
         copy of.
     roots: the Variables the call hands out (its outputs, those it keeps).
@@ -33,7 +34,7 @@ def into_caller(forward_ops, pairs, roots):
     for copy, caller in pairs:
         if copy is not caller and isinstance(caller, chainer.Variable):
             to_caller[id(copy.node)] = caller.node
-    recorded = set(id(op.node) for op in forward_ops)
+    recorded = set(map(id, nodes))
     seen, stack = set(), [v.creator_node for v in roots
                           if v.creator_node is not None]
     while stack:
@@ -46,8 +47,7 @@ def into_caller(forward_ops, pairs, roots):
                 return False
             if vn.creator_node is not None:
                 stack.append(vn.creator_node)
-    for op in forward_ops:
-        node = op.node
+    for node in nodes:
         inputs = node.inputs
         if inputs is None:       # (applied without backprop)
             continue
@@ -90,25 +90,52 @@ def outside_graph(forward_ops):
     return None
 
 
-def outputs_onto(node, inner_outs):
-    """The recording node's output Variables made outputs of the recorded
-    nodes that made ``inner_outs``: once its nodes are the caller's
-    (``into_caller``), the node leaves the graph and a later backward runs
-    define-by-run's. Returns False, and changes nothing, where an output
-    has no recorded node behind it (an argument returned as it is) or one
-    recorded Variable is returned twice."""
-    moves, seen = [], set()
+def movable(inner_outs):
+    """Can ``outputs_onto`` make the call's outputs the recorded nodes'?
+    Not where an output has no recorded node behind it (an argument
+    returned as it is) or one recorded Variable is handed out twice
+    (``return y, y``; kept on ``self`` and returned): define-by-run's one
+    Variable is two of the recording node's."""
+    ids = [id(v) for v in inner_outs]
+    return len(set(ids)) == len(ids) and all(
+        v.creator_node is not None for v in inner_outs)
+
+
+def outputs_onto(node, inner_outs, nodes):
+    """The recording node's output Variables made the recorded Variables
+    ``inner_outs`` (``movable``): the nodes that made them, and the nodes
+    that read them (``nodes``, as for ``into_caller``), take the node's
+    outputs instead. Once its nodes are the caller's (``into_caller``), the
+    node leaves the graph and a later backward runs define-by-run's."""
+    moves = {}
     for ref, inner in zip(node.outputs, inner_outs):
         outer = ref()
+        if outer is not None:
+            moves[id(inner.node)] = outer
+    for inner in inner_outs:
+        outer = moves.get(id(inner.node))
         if outer is None:
             continue
+        inner = inner.node
         creator = inner.creator_node
-        if creator is None or id(inner.node) in seen:
-            return False
-        seen.add(id(inner.node))
-        moves.append((outer, inner.node, creator))
-    for outer, inner, creator in moves:
         creator.outputs = tuple(weakref.ref(outer) if r() is inner else r
                                 for r in creator.outputs)
         outer.creator_node = creator
-    return True
+        if inner.data is not None:        # (retained by its node)
+            outer.data = inner.data
+    for f in nodes:
+        if f.inputs is not None and any(id(vn) in moves for vn in f.inputs):
+            f.inputs = tuple(moves.get(id(vn), vn) for vn in f.inputs)
+
+
+class Made(chainer.FunctionHook):
+    """The nodes applied while it is on (in this thread), in order: those a
+    double backpropagation through the recorded nodes makes."""
+
+    name = 'static_graph_made'
+
+    def __init__(self):
+        self.nodes = []
+
+    def forward_postprocess(self, function, in_data):
+        self.nodes.append(function)

@@ -212,3 +212,102 @@ def test_gradient_penalty_to_the_input(classes):
     for step in range(len(xs)):
         _assert_same(got[True, step][0], got[False, step][0])
         assert numpy.array_equal(got[True, step][1], got[False, step][1])
+
+
+class KeepsInput(chainer.Chain):
+    def __init__(self):
+        super(KeepsInput, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 2)
+
+    def forward(self, x):
+        self.inp = x
+        return self.l(x)
+
+
+class StaticKeepsInput(KeepsInput):
+    forward = static_graph(KeepsInput.forward)
+
+
+def test_an_argument_kept_on_self_is_the_callers():
+    """``self.inp = x`` with a Variable argument, used by the caller's
+    loss: define-by-run keeps the caller's Variable; the recording ran on
+    a copy, and replay would keep one, so the key runs define-by-run and
+    its recording call hands the caller's back."""
+    plain, static = _twins(KeepsInput, StaticKeepsInput)
+    for step in range(3):
+        got = {}
+        for m in (plain, static):
+            m.cleargrads()
+            x = chainer.Variable(numpy.full((2, 3), step + 1.0, 'f'))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                y = m(x)
+            assert m.inp is x
+            F.sum(y * F.sum(m.inp)).backward()
+            got[m is static] = (_grads(m), x.grad.copy())
+        _assert_same(got[True][0], got[False][0])
+        assert numpy.array_equal(got[True][1], got[False][1])
+        if step == 0:
+            assert any('keeps an argument Variable on self (inp = x)'
+                       in str(c.message) for c in caught)
+
+
+class Lstm(chainer.Chain):
+    def __init__(self):
+        super(Lstm, self).__init__()
+        with self.init_scope():
+            self.l = L.LSTM(6, 5)
+            self.o = L.Linear(5, 1)
+
+    def forward(self, x):
+        return F.tanh(self.o(self.l(x)))   # (tanh keeps its output)
+
+
+class StaticLstm(Lstm):
+    forward = static_graph(Lstm.forward)
+
+
+def test_gradient_penalty_through_recurrent_calls():
+    """Two recording calls chained by L.LSTM's state, a penalty on both
+    inputs through the last: each call's nodes move onto the caller's
+    graph as its backward comes, define-by-run's gradients."""
+    _quiet()
+    rs = numpy.random.RandomState(5)
+    data = [rs.randn(4, 6).astype('f') for _ in range(2)]
+    got = {}
+    for cls in (Lstm, StaticLstm):
+        numpy.random.seed(0)
+        m = cls()
+        m.cleargrads()
+        xs = [chainer.Variable(a.copy()) for a in data]
+        ys = [m(x) for x in xs]
+        gs = chainer.grad([F.sum(ys[-1] ** 2)], xs,
+                          enable_double_backprop=True)
+        (F.sum(ys[0]) + sum(F.sum(g * g) for g in gs)).backward()
+        got[cls] = ([g.array.copy() for g in gs], _grads(m))
+    for a, b in zip(got[StaticLstm][0], got[Lstm][0]):
+        assert numpy.array_equal(a, b)
+    _assert_same(got[StaticLstm][1], got[Lstm][1])
+
+
+def test_penalty_call_after_other_calls_of_its_key():
+    """D on real data, then on x_hat with a penalty, one key: the penalty
+    call falls back; the other call's build later must not bring the key
+    back to replay (whose backward cannot double backpropagate)."""
+    _quiet()
+    plain, static = _twins(Plain, StaticPlain)
+    rs = numpy.random.RandomState(6)
+    for step in range(3):
+        real = rs.randn(4, 6).astype('f')
+        hat = rs.randn(4, 6).astype('f')
+        gs = []
+        for m in (plain, static):
+            m.cleargrads()
+            d_real = m(chainer.Variable(real.copy()))
+            x_hat = chainer.Variable(hat.copy())
+            g, = chainer.grad([F.sum(m(x_hat))], [x_hat],
+                              enable_double_backprop=True)
+            (F.sum(d_real) + F.sum(g * g)).backward()
+            gs.append(g.array.copy())
+        assert numpy.array_equal(gs[0], gs[1])

@@ -86,7 +86,6 @@ class Capture(object):
 
     def _forward(self, args, kwargs, leaves, paths):
         rec, chain, e = self.rec, self.chain, self.entry
-        args_leaves = leaves
         inner, leaf_bids = arguments.inner_arguments(rec, leaves, paths)
         new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
         detached = link_state.detach_link_variables(
@@ -132,7 +131,7 @@ class Capture(object):
             out_spec, inner_outs, out_bids, out_kinds = self._outputs(out)
             attr_writes = link_state.attr_changes(
                 rec, snapshot, set(id(d[3]) for d in detached))
-            copies = set(id(v) for v, a in zip(inner, args_leaves)
+            copies = set(id(v) for v, a in zip(inner, leaves)
                          if v is not a and isinstance(a, chainer.Variable))
             for d, k, _, kind in attr_writes:
                 if kind == 'V' and id(d[k]) in copies:

@@ -56,6 +56,15 @@ def _assert_same(got, want):
         assert numpy.array_equal(got[k], want[k]), k
 
 
+def _assert_twins(got, caught=(), warned=None):
+    """``got``: {static?: (gradients, an input's gradient)}, equal; and
+    ``warned`` in one of the ``caught`` warnings, where given."""
+    _assert_same(got[True][0], got[False][0])
+    assert numpy.array_equal(got[True][1], got[False][1])
+    if caught:
+        assert any(warned in str(c.message) for c in caught)
+
+
 def test_two_calls_in_one_backward_sum_as_define_by_run():
     _quiet()
     rs = numpy.random.RandomState(0)
@@ -84,9 +93,8 @@ def test_argument_with_a_graph_and_its_gradient():
         loss = F.sum(m(h) * F.sum(h ** 2)) + F.sum(m.l(h))
         loss.backward()
         out[m is static] = (_grads(m), x.grad.copy(), loss.array.copy())
-    _assert_same(out[True][0], out[False][0])
-    assert numpy.array_equal(out[True][1], out[False][1])
-    assert numpy.array_equal(out[True][2], out[False][2])
+    _assert_twins(out)
+    assert numpy.array_equal(out[True][2], out[False][2])   # the loss
 
 
 class Elman(chainer.Chain):
@@ -163,11 +171,8 @@ def test_a_variable_with_a_graph_from_outside_gets_its_gradient():
                 warnings.simplefilter('always')
                 F.sum(m(x)).backward()
             got[m is static] = (_grads(m), w.grad.copy())
-        _assert_same(got[True][0], got[False][0])
-        assert numpy.array_equal(got[True][1], got[False][1])
-        if step == 0:
-            assert any('reads a Variable made outside the call (by exp)'
-                       in str(c.message) for c in caught)
+        _assert_twins(got, caught if step == 0 else (),
+                      'reads a Variable made outside the call (by exp)')
 
 
 class Plain(chainer.Chain):
@@ -246,11 +251,8 @@ def test_an_argument_kept_on_self_is_the_callers():
             assert m.inp is x
             F.sum(y * F.sum(m.inp)).backward()
             got[m is static] = (_grads(m), x.grad.copy())
-        _assert_same(got[True][0], got[False][0])
-        assert numpy.array_equal(got[True][1], got[False][1])
-        if step == 0:
-            assert any('keeps an argument Variable on self (inp = x)'
-                       in str(c.message) for c in caught)
+        _assert_twins(got, caught if step == 0 else (),
+                      'keeps an argument Variable on self (inp = x)')
 
 
 class Lstm(chainer.Chain):

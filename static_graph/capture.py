@@ -114,7 +114,8 @@ class Capture(object):
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()
-            outside = splice.outside_graph(rec.forward_ops)
+            outside = splice.outside_graph(
+                rec, set(id(d[3]) for d in detached))
             if outside:
                 rec.add_reason(outside)
             recheck = (watch.changed_by_call() +

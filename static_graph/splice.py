@@ -15,6 +15,8 @@ import weakref
 
 import chainer
 
+from schedules import ir
+
 
 def into_caller(nodes, pairs, roots):
     """Rewire the recorded forward onto the caller's Variables.
@@ -71,22 +73,41 @@ def into_caller(nodes, pairs, roots):
     return True
 
 
-def outside_graph(forward_ops):
+def outside_graph(rec, own):
     """Why replay would lose gradients, where a recorded op reads a
-    Variable made by a node outside the call (a Variable with a graph
-    found in a global, a dict or a helper object, no argument and no state
-    of the chain's links): replay reads its array and would not
-    backpropagate into its graph. None where there is none."""
-    recorded = set(id(op.node) for op in forward_ops)
-    for op in forward_ops:
+    Variable from outside the call that is no argument and no state of the
+    chain's links (found in a global, a dict or a helper object): one made
+    by a node outside the call (replay would read its array and not
+    backpropagate into its graph), or a leaf that needs a gradient and
+    holds an array the call did not make (SAC's ``log_alpha`` kept on the
+    agent: replay would give it none). ``own``: ids of the leaves the
+    recording made (the links' state, detached). None where there is
+    none."""
+    recorded = set(id(op.node) for op in rec.forward_ops)
+    for op in rec.forward_ops:
         for vn in op.node.inputs or ():
             creator = vn.creator_node
-            if creator is not None and id(creator) not in recorded:
-                return ('the op at %s (%s) reads a Variable made outside '
-                        'the call (by %s) that is no argument; replay '
-                        'would not backpropagate into its graph (pass it '
-                        'as an argument)' % (op.source, op.node.label,
-                                             creator.label))
+            if creator is not None:
+                if id(creator) not in recorded:
+                    return ('the op at %s (%s) reads a Variable made '
+                            'outside the call (by %s) that is no argument; '
+                            'replay would not backpropagate into its graph '
+                            '(pass it as an argument)'
+                            % (op.source, op.node.label, creator.label))
+                continue
+            v = vn.get_variable_or_none() if vn.requires_grad else None
+            if v is None or isinstance(v, chainer.Parameter) or \
+                    id(v) in own or v.raw_array is None or \
+                    v.raw_array.size == 0:   # (ChainerMN's delegate)
+                continue
+            b = rec.by_id.get(id(v.raw_array))
+            if b is None or rec.buffers[b].role == ir.CONST:
+                return ('the op at %s (%s) reads a Variable that needs a '
+                        'gradient, no function made and no argument or '
+                        'Parameter is (a global, a helper object\'s '
+                        'attribute); replay would give it none (pass it '
+                        'as an argument, or make it a Parameter of a link)'
+                        % (op.source, op.node.label))
     return None
 
 

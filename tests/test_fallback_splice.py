@@ -313,3 +313,46 @@ def test_penalty_call_after_other_calls_of_its_key():
             (F.sum(d_real) + F.sum(g * g)).backward()
             gs.append(g.array.copy())
         assert numpy.array_equal(gs[0], gs[1])
+
+
+class Agent(object):
+    """A learned temperature kept on a helper object, as SAC keeps
+    ``log_alpha``: a leaf Variable, no Parameter of any link."""
+
+    def __init__(self):
+        self.log_alpha = chainer.Variable(numpy.zeros((1,), 'f'))
+
+
+AGENT = Agent()
+
+
+class Policy(chainer.Chain):
+    def __init__(self):
+        super(Policy, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 2)
+
+    def forward(self, x):
+        return self.l(x) * F.broadcast_to(F.exp(AGENT.log_alpha), (2, 2))
+
+
+class StaticPolicy(Policy):
+    forward = static_graph(Policy.forward)
+
+
+def test_a_learned_leaf_variable_outside_the_chain_gets_its_gradient():
+    plain, static = _twins(Policy, StaticPolicy)
+    for step in range(3):
+        got = {}
+        for m in (plain, static):
+            m.cleargrads()
+            AGENT.log_alpha = chainer.Variable(
+                numpy.full((1,), 0.1 * step, 'f'))
+            x = chainer.Variable(numpy.full((2, 3), step + 1.0, 'f'))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                F.sum(m(x) ** 2).backward()
+            got[m is static] = (_grads(m), AGENT.log_alpha.grad.copy())
+        _assert_twins(got, caught if step == 0 else (),
+                      'reads a Variable that needs a gradient, no function '
+                      'made')

@@ -1,13 +1,14 @@
 """What a recording wraps while some thread records, and puts back.
 
 ``install()`` (when the first recording starts) replaces
-``FunctionNode.apply``, ``Variable._get_array`` and ``_get_grad``,
+``FunctionNode.apply`` (for good: see ``_put``), ``Variable._get_array``
+and ``_get_grad``,
 ``Reporter.report`` and ``chainer.report``,
 Chainer's ``backprop_step``, NumPy's array constructors and shape makers,
 the global random generators' functions and Chainer's pure array
 functions (``numpy_calls.PURE``) with wrappers that hand each
 event to the thread's recording (``current()``); ``uninstall()`` (when the
-last one ends) restores them. A recording holds them from its forward to
+last one ends) restores all but the first. A recording holds them from its forward to
 the end of its recorded backward (``Hold``). Calls while no recording is
 current in their thread pass straight through.
 """
@@ -307,8 +308,6 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
 # original}): one dict update per namespace each way (the 67 global
 # generator functions alone took ~30 us as setattr calls, cache cold).
 _PATCHES = (
-    (function_node.FunctionNode, {'apply': _patched_apply},
-     {'apply': _orig_apply}),
     (variable_module.Variable, {'_get_array': _patched_get_array,
                                 '_get_grad': _patched_get_grad},
      {'_get_array': _orig_get_array, '_get_grad': _orig_get_grad}),
@@ -338,7 +337,22 @@ for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only
         _PATCHES += (_cupy_patch,)
 
 
+# FunctionNode.apply's wrapper, once installed, stays (``_put`` never puts
+# the original back): writing to FunctionNode's class makes Python drop the
+# cached attribute lookups of every subclass (some hundreds), and looking
+# them up again cost a recording call about as much as the rest of its
+# install and uninstall together (about 1 ms of a 12 ms recording of the
+# MLP at batch 1: benchmarks/recording.py). With no recording current in
+# its thread, the wrapper passes the call straight through (one
+# thread-local read, a few hundredths of a microsecond against the
+# microseconds of an application).
+_APPLY_WRAPPED = []
+
+
 def _put(which):
+    if which and not _APPLY_WRAPPED:
+        function_node.FunctionNode.apply = _patched_apply
+        _APPLY_WRAPPED.append(True)
     for where, patched, orig in _PATCHES:
         pairs = patched if which else orig
         if isinstance(where, dict):
@@ -369,10 +383,8 @@ def uninstall():
 
 class Hold(object):
     """The wrappers held installed from a recording's forward to the end
-    of its recorded backward (``release``, once; again does nothing).
-    Installing them writes to FunctionNode's class, which makes Python
-    drop the cached attribute lookups of every subclass (some hundreds):
-    once for both passes instead of each. Calls in between go through
+    of its recorded backward (``release``, once; again does nothing):
+    one install for both passes instead of one each. Calls in between go through
     the wrappers, which record only while a recording is current. One
     hold at most: a new one lets the last go (a recording's passes each
     install the wrappers anyway; the hold only spares the writes), so

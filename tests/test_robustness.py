@@ -1098,17 +1098,18 @@ def test_recorder_wrappers_are_let_go_whatever_the_recording_call_does(
     to the end of its recorded backward (patches.Hold), and are let go
     after: a backward, a forward that raises, a fallback, a forward-only
     call, outputs dropped without a backward."""
-    from chainer import function_node
+    from chainer import variable as variable_module
     from static_graph import cache as cache_module
     from static_graph import patches
     # (Each call a new key that records: no bound on keys that do not
     # repeat here.)
     monkeypatch.setattr(cache_module, 'RECORDING_WINDOW', 100)
-    orig = patches.orig_apply
+    orig = patches._orig_get_array
 
     def let_go():
+        # (FunctionNode.apply's wrapper stays, passing calls through.)
         return patches._install_count == 0 and \
-            function_node.FunctionNode.apply is orig
+            variable_module.Variable._get_array is orig
 
     class Net(chainer.Chain):
         def __init__(self):
@@ -1252,3 +1253,54 @@ def test_a_recording_call_writes_back_what_its_backward_wrote_into_a_grad():
             (m(x0, t0, True) + 2 * m(x1, t1, False)).backward()
             grads.append(m.out1.W.grad.copy())
         numpy.testing.assert_array_equal(grads[0], grads[1])
+
+
+def test_apply_wrapper_passes_calls_through_without_a_recording():
+    """FunctionNode.apply's wrapper stays installed after the first
+    recording (writing to FunctionNode's class each time costs the
+    recording its subclasses' cached lookups); without a recording current
+    in the thread it is Chainer's apply: the same graph, the same bits, in
+    this thread and another."""
+    from chainer import function_node
+    from static_graph import patches
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        @static_graph.static_graph
+        def forward(self, x):
+            return F.sum(F.relu(self.l(x)))
+
+    x = numpy.arange(6, dtype='f').reshape(2, 3)
+    Net()(x).backward()      # a recording: the wrapper is in place
+    assert function_node.FunctionNode.apply is patches._patched_apply
+    assert patches._install_count == 0
+
+    def plain():
+        numpy.random.seed(3)
+        link = L.Linear(3, 2)
+        link.cleargrads()
+        h = F.relu(link(chainer.Variable(x)))
+        y = F.sum(h * h)
+        y.backward()
+        return (y.array, link.W.grad, type(h.creator).__name__,
+                h.creator.rank, y.rank)
+
+    got = plain()
+    monkey = function_node.FunctionNode.apply
+    function_node.FunctionNode.apply = patches.orig_apply
+    try:
+        want = plain()
+    finally:
+        function_node.FunctionNode.apply = monkey
+    assert got[2:] == want[2:]
+    assert numpy.array_equal(got[0], want[0])
+    assert numpy.array_equal(got[1], want[1])
+    out = []
+    t = threading.Thread(target=lambda: out.append(plain()))
+    t.start()
+    t.join()
+    assert numpy.array_equal(out[0][1], want[1])

@@ -29,8 +29,14 @@ def inner_arguments(rec, leaves, paths):
             a = arrayutil.copy_exact(leaf.raw_array if variable else leaf)
         leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
         if variable:
-            inner.append(chainer.Variable(
-                a, requires_grad=leaf.requires_grad, name=leaf.name))
+            v = chainer.Variable(a, requires_grad=leaf.requires_grad,
+                                 name=leaf.name)
+            if leaf.grad_var is not None:
+                # The caller's gradient, as define-by-run's method sees it
+                # (a read of it makes the call fall back: patches).
+                v.grad_var = leaf.grad_var
+            rec.argument_paths[id(v)] = path
+            inner.append(v)
         else:
             inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
     return inner, leaf_bids

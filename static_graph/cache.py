@@ -226,7 +226,8 @@ class Cache(object):
 
     def state_key(self):
         """What the state slots hold now, for the key: a Variable's shape,
-        dtype, device, requires_grad and layout; None; another type."""
+        dtype, device, requires_grad, name and layout (as an argument's);
+        None; another type."""
         out = []
         for d, k in self.state_slots:
             v = d.get(k)
@@ -235,7 +236,7 @@ class Cache(object):
             elif type(v) is _Variable and v.raw_array is not None:
                 a = v.raw_array
                 out.append(('V', a.shape, a.dtype.str, _device_tag(a),
-                            v.requires_grad, _layout(a)))
+                            v.requires_grad, v.name, _layout(a)))
             else:
                 out.append(('O', type(v).__name__))
         return tuple(out)
@@ -349,7 +350,7 @@ def _erase(spec):
         head = spec[0]
         if (head == 'V' or head == 'A') and len(spec) >= 5 and \
                 type(spec[1]) is tuple:
-            # ('V', shape, dtype, device, requires_grad, layout) or
+            # ('V', shape, dtype, device, requires_grad, name, layout) or
             # ('A', shape, dtype, device, layout)
             erased = _erased_leaves.get(spec)
             if erased is None:

@@ -45,11 +45,12 @@ def _spec_text(spec):
         # an ndarray subclass (signature._walk)
         return '%s %s' % (tag.__name__, _spec_text(spec[1]))
     if tag == 'V':
-        _, shape, dtype, dev, rg, layout = spec
-        return 'Variable %s[%s]%s%s%s' % (
+        _, shape, dtype, dev, rg, name, layout = spec
+        return 'Variable %s[%s]%s%s%s%s' % (
             ir.dtype_short(numpy.dtype(dtype)), ','.join(map(str, shape)),
             _layout_text(layout), '' if dev == -1 else ' @gpu%s' % dev,
-            '' if rg else ' requires_grad=False')
+            '' if rg else ' requires_grad=False',
+            '' if name is None else ' name=%r' % (name,))
     if tag == 'A':
         _, shape, dtype, dev, layout = spec
         return '%s[%s]%s%s' % (ir.dtype_short(numpy.dtype(dtype)),

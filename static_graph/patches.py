@@ -27,6 +27,7 @@ from chainer import variable as variable_module
 from static_graph import device_reads
 from static_graph import numpy_calls
 from static_graph import reports
+from static_graph import signature
 from static_graph import traced
 from static_graph.arrayutil import MISSING
 
@@ -128,19 +129,33 @@ def _patched_apply(self, inputs):
     return rec.on_apply(self, inputs)
 
 
-def _traced_getter(orig):
+def _traced_getter(orig, gradient=False):
     """``Variable._get_array`` or ``_get_grad`` handing user code the array
     traced (``h.array``, ``W.grad``: analysis.classify_unknown tells a
-    gradient from a constant)."""
+    gradient from a constant). A read of an argument's gradient
+    (``x.grad`` of a Variable argument, None or not) by the method is a
+    reason: replay would neither see the caller's gradient then nor key
+    on it."""
     def getter(self):
         a = orig(self)
         rec = getattr(_local, 'recording', None)
-        if rec is None or rec.depth or type(a) is not numpy.ndarray:
+        if rec is None or rec.depth:
+            return a
+        argument = gradient and id(self) in rec.argument_paths
+        if type(a) is not numpy.ndarray and not argument:
             return a
         f = sys._getframe(1)
         while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
             f = f.f_back
         if f is None or traced.internal_file(f.f_code.co_filename):
+            return a
+        if argument and rec.phase == 'forward':
+            rec.add_reason(
+                'it reads the gradient of argument %s (.grad) at %s:%d; '
+                'replay would not see the caller\'s gradient' % (
+                    signature.path_text(rec.argument_paths[id(self)]),
+                    f.f_code.co_filename, f.f_lineno))
+        if type(a) is not numpy.ndarray:
             return a
         return rec.trace(a)
 
@@ -149,7 +164,7 @@ def _traced_getter(orig):
 
 
 _patched_get_array = _traced_getter(_orig_get_array)
-_patched_get_grad = _traced_getter(_orig_get_grad)
+_patched_get_grad = _traced_getter(_orig_get_grad, gradient=True)
 
 
 def _keeps_traced(name):

@@ -159,8 +159,10 @@ def _walk(obj, path, found):
                                   path_text(path), type(array).__name__))
         leaves.append(obj)
         paths.append(path)
+        # (The name too: the recording's copy has it, and a method may
+        # read it.)
         return ('V', array.shape, array.dtype.str, device_tag(array),
-                obj.requires_grad, layout(array))
+                obj.requires_grad, obj.name, layout(array))
     if isinstance(obj, numpy.ndarray) or (cupy_nd and
                                           isinstance(obj, cupy_nd)):
         leaves.append(obj)
@@ -263,7 +265,11 @@ def _hashable(v, depth=2):
         return ('unhashable', type(v).__name__, id(v))
 
 
-_config_keys = {}   # (global items, local items) as set -> config_key()
+# (flag names, the values' ids) -> (the values, config_key()): by identity,
+# not equality (1, 1.0 and True are equal, hash alike, and are other keys;
+# so are 0.0 and -0.0); the values are kept with their key, so that no other
+# object takes one of those ids while it is remembered.
+_config_keys = {}
 
 
 def outline(args, kwargs):
@@ -287,23 +293,23 @@ def config_key():
     glob = getattr(config, '_global', None)
     if local is None or glob is None:    # not Chainer's LocalConfig
         return tuple((n, getattr(config, n, None)) for n in CONFIG_FLAGS)
-    raw = (tuple(glob.__dict__.items()), tuple(local.__dict__.items()))
-    try:
-        return _config_keys[raw]
-    except KeyError:
-        pass
-    except TypeError:   # an unhashable value: not remembered
-        raw = None
-    merged = dict(glob.__dict__)
-    merged.update(local.__dict__)
+    g, l_ = glob.__dict__, local.__dict__
+    raw = (tuple(g), tuple(map(id, g.values())),
+           tuple(l_), tuple(map(id, l_.values())))
+    hit = _config_keys.get(raw)
+    if hit is not None:
+        return hit[1]
+    merged = dict(g)
+    merged.update(l_)
     key = tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
-    if any(isinstance(v, (numpy.generic, complex)) or
-           type(v) is float and v == 0 for v in merged.values()):
-        # (-0.0 and 0.0, numpy.bool_(True) and True would find each
-        # other's remembered key: computed at every call instead)
-        raw = None
-    if raw is not None:
-        if len(_config_keys) >= 64:
-            _config_keys.clear()
-        _config_keys[raw] = key
+    values = tuple(g.values()) + tuple(l_.values())
+    try:
+        # Only values that cannot change in place are remembered (a list
+        # changed in place is another key: computed at every call).
+        hash(values)
+    except TypeError:
+        return key
+    if len(_config_keys) >= 64:
+        _config_keys.clear()
+    _config_keys[raw] = (values, key)
     return key

@@ -70,6 +70,57 @@ def step(m, *args, **kwargs):
 
 
 # -- cache guards -------------------------------------------------------------
+def test_a_read_of_an_argument_variables_gradient_falls_back():
+    """``x.grad`` of a Variable argument read by the method (an FGSM-style
+    step): the recording call sees the caller's gradient (None or not) as
+    define-by-run does, and the key falls back, naming the read; bit for
+    bit at every call, whether the first call's gradient was None."""
+    def body(self, x):
+        if x.grad is not None:
+            x = x + 0.1 * x.grad
+        return F.sum(self.l2(self.l1(x)) ** 2)
+
+    for first_has_grad in (True, False):
+        a, b = make_twins(body)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter('always')
+            for i in range(5):
+                x, g = data(4, 3), data(4, 3)
+                xa, xb = chainer.Variable(x), chainer.Variable(x.copy())
+                if first_has_grad or i % 2:
+                    xa.grad, xb.grad = g, g.copy()
+                la, lb = step(a, xa), step(b, xb)
+                assert la.array == lb.array
+                compare_chains(a, b, rtol=0, atol=0)
+        said = [str(m.message) for m in w
+                if issubclass(m.category, StaticGraphWarning)]
+        assert len(said) == 1 and \
+            'reads the gradient of argument x (.grad)' in said[0], said
+        assert cache(b).recordings == 1
+
+
+def test_a_variable_arguments_name_is_part_of_the_key():
+    """A method may branch on an argument Variable's name: calls with
+    another name are another key, bit for bit with define-by-run."""
+    def body(self, x):
+        h = self.l2(self.l1(x))
+        if x.name == 'double':
+            h = h * 2
+        return F.sum(h * h)
+
+    a, b = make_twins(body)
+    x = data(4, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', StaticGraphWarning)
+        for i in range(6):
+            name = 'double' if i % 2 else None
+            la = step(a, chainer.Variable(x, name=name))
+            lb = step(b, chainer.Variable(x, name=name))
+            assert la.array == lb.array
+            compare_chains(a, b, rtol=0, atol=0)
+    assert cache(b).recordings == 2
+
+
 def test_cache_size_keeps_the_most_recently_used_keys():
     a, b = make_twins(mlp, cache_size=2)
     with warnings.catch_warnings():
@@ -804,6 +855,18 @@ def test_config_key_follows_every_change():
             assert dict(key)['sg_test_flag'] == signature._hashable(value)
             seen.append(key)
     assert seen[0] == seen[2] and len(set(seen)) == 5
+    # Equal values of other types are other keys (the method may branch on
+    # the type: 1 columns kept, 1.0 a scale), remembered or not.
+    equal = (1, 1.0, True, 0, False, 0.0, -0.0, (1, 2), (1.0, 2.0),
+             (True, 2), (0.0, 1), (-0.0, 1))
+    keys = []
+    for _ in range(2):
+        for value in equal:
+            with chainer.using_config('sg_test_flag', value):
+                key = signature.config_key()
+                assert key == fresh(), value
+                keys.append(key)
+    assert len(set(keys)) == len(equal)
     other = []
     with chainer.using_config('sg_test_flag', 'main'):
         t = threading.Thread(target=lambda: other.append(

@@ -9,7 +9,10 @@ Variables or arrays in their attributes (a ``chainer.distributions.Normal``,
 a dataclass, a result object of the user's), objects up to three levels
 deep. A rebuilt object is a new instance of the same class, with the
 recording's other attributes and this call's Variables; its ``__init__`` is
-not run again. An object that holds Parameters of the chain is made afresh
+not run again. Sets, namespaces and an object's attributes that are lists,
+dicts, sets or namespaces are made afresh too, Variables or not, with the
+contents they had when the recording call returned (a counter or a log the
+caller fills is not carried from call to call). An object that holds Parameters of the chain is made afresh
 too, around the same Parameters (the prior of the VAE example returns
 ``D.Normal(self.loc, scale=self.scale)``, which caches ``log(scale)`` on
 itself). Anything else comes back as the recording returned it (a number,
@@ -89,6 +92,9 @@ class _Walk(object):
             children = tuple((k, self.spec(v, depth))
                              for k, v in obj.items())
             return ('D', _empty_like(obj, dict), children)
+        if isinstance(obj, set):
+            children = tuple(self.spec(o, depth) for o in obj)
+            return ('S', _empty_like(obj, set), children)
         if arrayutil.is_link(obj) or \
                 not hasattr(obj, '__dict__') or depth >= MAX_DEPTH:
             if not arrayutil.is_link(obj):
@@ -101,14 +107,14 @@ class _Walk(object):
             if self.attributes > MAX_ATTRIBUTES:
                 self._no_hidden_leaves(obj, depth)
                 return ('K', obj)
-            before = len(self.leaves)
             s = self.spec(value, depth + 1)
-            if len(self.leaves) > before:
-                children.append((name, s))
-            else:
+            if s[0] == 'K':
                 state[name] = value
+            else:       # made afresh (a list, a dict, what holds leaves)
+                children.append((name, s))
         self._no_slot_leaves(obj)
-        if len(self.leaves) == n and self.parameters == m:
+        if len(self.leaves) == n and self.parameters == m and \
+                type(obj) is not types.SimpleNamespace:
             return ('K', obj)
         return ('O', type(obj), state, tuple(children))
 
@@ -202,6 +208,10 @@ def _build(s, it):
         new = {} if s[1] is None else copy.copy(s[1])
         for k, c in s[2]:
             new[k] = _build(c, it)
+        return new
+    if tag == 'S':
+        new = set() if s[1] is None else copy.copy(s[1])
+        new.update([_build(c, it) for c in s[2]])
         return new
     cls, state, children = s[1], s[2], s[3]
     new = cls.__new__(cls)

@@ -5,6 +5,7 @@ rebuilt around every call's own Variables and trains bit for bit like
 define-by-run; one that cannot be rebuilt falls back from the first call."""
 import collections
 import dataclasses
+import types
 import warnings
 
 import numpy
@@ -159,6 +160,55 @@ def test_a_rebuilt_object_is_a_new_one():
         r1, r2 = b(x), b(x)
     assert r1 is not r2 and r1.extras is not r2.extras
     assert r1.y is not r2.y
+
+
+class Tally(object):
+    """A result object with a log the caller fills."""
+
+    def __init__(self, y):
+        self.y = y
+        self.log = []
+        self.seen = {'calls': 0}
+
+
+class Filled(chainer.Chain):
+    def __init__(self):
+        super(Filled, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 2)
+
+    def forward(self, x):
+        y = F.sum(self.l(x))
+        return (y, set(), types.SimpleNamespace(count=0), Tally(y),
+                {'tags': {'a'}})
+
+
+def test_containers_the_caller_fills_are_new_at_every_call():
+    """Sets, namespaces and a result object's list and dict attributes,
+    with or without Variables, are new at every call with the contents
+    they had when the method returned, as define-by-run's are (they were
+    the recording's own objects, carrying what the caller put in them
+    from call to call)."""
+    a, b = static_twins(Filled)
+    x = numpy.ones((2, 3), 'f')
+    got = {}
+    for m in (a, b):
+        out = []
+        for i in range(5):
+            m.cleargrads()
+            y, tags, ns, tally, d = m(x)
+            y.backward()
+            out.append((sorted(tags), ns.count, list(tally.log),
+                        dict(tally.seen), sorted(d['tags'])))
+            tags.add(i)
+            ns.count += 1
+            tally.log.append(i)
+            tally.seen['calls'] += 1
+            d['tags'].add(str(i))
+        got[m] = out
+    assert got[a] == got[b] == [([], 0, [], {'calls': 0}, ['a'])] * 5
+    (cache,) = caches_of(b).values()
+    assert cache.replays == 4
 
 
 def test_an_object_that_cannot_be_rebuilt_falls_back_from_the_first_call():

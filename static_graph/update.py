@@ -219,6 +219,7 @@ class _Capture(object):
         self.fallback_steps = 0
         self.reasons = collections.OrderedDict()
         self.last = None             # (structure, variant)
+        self.serial = None           # the last step's (name, name) sharing
         self._class_reasons = {}
         self.split = parallel.SplitChoice(threads)
 
@@ -281,6 +282,16 @@ class _Capture(object):
         """Read and check everything for one step; returns what ``_run``
         needs. Raises Unsupported (with every ``t`` it moved put back)
         where the step must run Chainer's update instead."""
+        err = numpy.geterr()
+        if 'raise' in err.values():
+            # Chainer's update stops at the parameter that errs, with the
+            # ones before it updated and their rules' t counted; the
+            # captured step's threads and counters would be ahead.
+            raise R.Unsupported(
+                'numpy.seterr(%s): an error stops Chainer\'s update at '
+                'the parameter that errs' % ', '.join(
+                    sorted('%s=%r' % kv for kv in err.items()
+                           if kv[1] == 'raise')))
         st = self.structure
         if st is None or not st.matches(opt, params):
             st = self.structure = update_plan.Structure(
@@ -323,11 +334,11 @@ class _Capture(object):
         ndarray = numpy.ndarray
         float16 = R.FLOAT16
         opt_pre, opt_post = st.opt_pre_items, st.opt_post_items
-        # Chainer runs each optimizer hook over every gradient before any
-        # rule, the captured step a parameter at a time: the same only
-        # where no two parameters share memory (W = base + delta: Add's
-        # backward gives both one gradient array).
-        roots = {} if opt_pre or opt_post else None
+        # Parameters that share memory (W = base + delta: Add's backward
+        # gives both one gradient array; two Parameters of one array):
+        # Chainer updates one after the other, each seeing what the one
+        # before wrote (the gradient divided by the loss scale twice).
+        roots, shared = {}, None
         for i in range(n):
             p = params[i]
             arr = p.array
@@ -366,8 +377,7 @@ class _Capture(object):
             elif type(g) is not ndarray or g.dtype != dtype or \
                     g.shape != arr.shape:
                 raise R.Unsupported(_array_reason('gradient', g))
-            if roots is not None:
-                _note_memory(roots, (arr, g), st.names[i])
+            shared = _note_memory(roots, (arr, g), st.names[i]) or shared
             loss_scale = p._loss_scale
             S = []
             promo = None        # item -> scalars NumPy promotes past dtype
@@ -409,6 +419,15 @@ class _Capture(object):
                         read[key] = got
                 kernel, vals, strong = got
                 if strong:
+                    if kernel.name == 'SMORMS3':
+                        # Chainer's binds new state arrays, of the wider
+                        # dtype; the captured one writes into the old.
+                        raise R.Unsupported(
+                            'SMORMS3 with %s: Chainer\'s update makes its '
+                            'state %s' % (', '.join(
+                                '%s of dtype %s' % (n, numpy.dtype(d).name)
+                                for n, d in strong),
+                                numpy.dtype(strong[0][1]).name))
                     promo = _promote(promo, ('rule',), strong)
                 state = rule._state
                 for key in kernel.arrays[2:]:
@@ -461,16 +480,31 @@ class _Capture(object):
             flat[i] = st.flatten(i, arrays, fp32)
             scalars[i] = S
         variant = st.variant(tuple(sigs))
-        return st, variant, whole, flat, scalars, news
+        if shared is not None:
+            # The captured step runs a parameter at a time only on one
+            # thread (here: the step is not split) and in one phase.
+            if opt_pre or opt_post or variant.nphases > 1:
+                raise R.Unsupported(
+                    'parameters %s and %s share the memory of their arrays '
+                    'or gradients (W = base + delta gives both one '
+                    'gradient), and %s' % (shared + (
+                        'an optimizer hook runs over every gradient before '
+                        'any update' if opt_pre or opt_post else
+                        'the step has a reduction between its element-wise '
+                        'parts',)))
+        return st, variant, whole, flat, scalars, news, shared
 
     def _run(self, opt, step):
-        st, variant, whole, flat, scalars, news = step
-        errstate = parallel.caller_errstate()
+        st, variant, whole, flat, scalars, news, serial = step
         opt.t += 1
-        self.split.run(
-            lambda runner: variant.run(whole, flat, scalars, runner,
-                                       errstate),
-            blas_idle.quiet if self.quiet_blas else None)
+        self.serial = serial
+        if serial:     # parameters sharing memory: in order, one thread
+            variant.run(whole, flat, scalars, None, None)
+        else:
+            self.split.run(
+                lambda runner: variant.run(whole, flat, scalars, runner,
+                                           parallel.caller_errstate()),
+                blas_idle.quiet if self.quiet_blas else None)
         for p, pnew in news:         # use_fp32_update: a new array
             p.array = pnew
         opt.update_loss_scale()
@@ -488,6 +522,10 @@ class _Capture(object):
             lines.append(self.gpu.describe())
         for reason, count in self.reasons.items():
             lines.append('  fallback (%d steps): %s' % (count, reason))
+        if self.serial is not None:
+            lines.append('  the last step ran on one thread, a parameter '
+                         'after the other: %s and %s share memory'
+                         % self.serial)
         if self.last is not None:
             lines.append(update_plan.describe(*self.last))
         return '\n'.join(lines)
@@ -509,17 +547,16 @@ def _fp32_param(rule, param):
 
 
 def _note_memory(roots, arrays, name):
+    """(other parameter's name, name) where one of ``arrays`` has the
+    memory of another parameter's array or gradient, else None."""
+    found = None
     for a in arrays:
         while isinstance(a.base, numpy.ndarray):   # (the memory's owner)
             a = a.base
-        r = id(a)
-        other = roots.setdefault(r, name)
+        other = roots.setdefault(id(a), name)
         if other is not name:
-            raise R.Unsupported(
-                'parameters %s and %s share the memory of their arrays or '
-                'gradients (W = base + delta gives both one gradient), and '
-                'an optimizer hook runs over every gradient before any '
-                'update' % (other, name))
+            found = (other, name)
+    return found
 
 
 def _array_reason(what, a):

@@ -106,8 +106,9 @@ def test_not_contiguous_gradient():
 
 
 def test_numpy_error_state_reaches_the_threads():
-    """numpy.seterr(all='raise'): an invalid operation in a worker's chunk
-    raises FloatingPointError, as Chainer's update does."""
+    """numpy.seterr(all='raise'): an invalid operation in what would be a
+    worker's chunk raises FloatingPointError, as Chainer's update does (the
+    step is Chainer's: test_captured_update_fallback)."""
     t = Twins(RULES['Adam'][0])
     t.step(1)
     t.backward()

@@ -184,6 +184,103 @@ def test_parameters_sharing_a_gradient_without_hooks_stay_captured():
     assert captured(t.ob).fallback_steps == 0
 
 
+class WideBasePlusDelta(Net):
+    """base + delta of 3500 elements each, unsplit at min_split=8192, and
+    a 60000-element weight, split across the threads: the two run at once
+    on two threads."""
+
+    def __init__(self, dtype=None):
+        super(WideBasePlusDelta, self).__init__(dtype)
+        rs = numpy.random.RandomState(1)
+        with self.init_scope():
+            self.base = chainer.Parameter(
+                rs.standard_normal((500, 7)).astype('f') * 0.01)
+            self.delta = chainer.Parameter(numpy.zeros((500, 7), 'f'))
+            self.big = chainer.links.Linear(500, 120, initialW=(
+                rs.standard_normal((120, 500)).astype('f') * 0.01))
+
+    def forward(self, x):
+        return self.big(chainer.functions.linear(x, self.base + self.delta))
+
+
+def _decay_both(m, o):
+    for p in (m.base, m.delta):
+        p.update_rule.add_hook(H.WeightDecay(0.1))
+
+
+@pytest.mark.parametrize('case', ['loss scale', 'rule hook', 'one array'])
+def test_parameters_sharing_memory_update_one_after_the_other(
+        case, monkeypatch):
+    """Chainer updates two parameters of one gradient (or one array) one
+    after the other, the second seeing what the first wrote: the gradient
+    divided by the loss scale twice, a rule's WeightDecay added twice, two
+    updates of one array. A split step ran them at once on two threads
+    (0.0148 off after two SGD steps with loss scaling); a step with
+    parameters sharing memory now runs on one thread, in order, and says
+    so."""
+    from schedules import parallel
+
+    def last_thread_first(self, parts, errstate=None):
+        # The threads' parts one after the other, the last thread's first:
+        # an order a busy machine gives (on an idle one the worker often
+        # starts after the caller's part is done); the step's result must
+        # not depend on it.
+        for part in reversed(parts):
+            parallel._run_tasks(part)
+
+    monkeypatch.setattr(parallel.WorkerPool, 'run', last_thread_first)
+    # Every step split (not only those the measurement picks).
+    monkeypatch.setattr(parallel.SplitChoice, 'use_pool',
+                        lambda self: (True, False))
+    t = Twins(RULES['SGD'][0], net=WideBasePlusDelta, capture=dict(
+        threads=2, min_split=8192))
+    kw = {}
+    if case == 'loss scale':
+        kw['loss_scale'] = 16.0
+    elif case == 'rule hook':
+        t.for_both(_decay_both)
+    else:
+        t.for_both(lambda m, o: setattr(m.delta, 'array', m.base.array))
+    t.step(8, **kw)
+    assert captured(t.ob).fallback_steps == 0
+    assert 'share memory' in static_graph.explain_update(t.ob)
+
+
+def test_smorms3_with_a_wider_hyperparameter_falls_back():
+    """eps as a one-element float64 array: Chainer's SMORMS3 binds new
+    state arrays, which NumPy makes float64; the captured step wrote into
+    the float32 ones (7.5e-9 off at the second step)."""
+    t = Twins(RULES['SMORMS3'][0])
+    t.for_both(lambda m, o: setattr(o, 'eps', numpy.array([1e-16])))
+    with pytest.warns(StaticGraphWarning, match='SMORMS3 with eps of dtype '
+                                                'float64'):
+        t.step(3)
+    assert t.b.l1.W.update_rule.state['g'].dtype == numpy.float64
+    assert captured(t.ob).fallback_steps == 3
+
+
+def test_an_error_raised_by_numpy_stops_the_step_where_chainers_stops():
+    """Under numpy.seterr(all='raise') an overflow in the first
+    parameter's update raises; Chainer has counted that rule's step and
+    not the others'. The captured step had counted every rule's (Adam's
+    bias correction then differed: 1.4e-4 two steps later): such steps
+    run Chainer's update."""
+    t = Twins(RULES['Adam'][0])
+    t.step(1)
+    t.backward()
+    for m in (t.a, t.b):
+        m.l1.W.grad[0, 0] = numpy.float32(3e38)
+    with numpy.errstate(all='raise'):
+        for o in (t.oa, t.ob):
+            with pytest.raises(FloatingPointError):
+                with warnings.catch_warnings():
+                    warnings.simplefilter('ignore', StaticGraphWarning)
+                    o.update()
+    t.check()
+    t.step(2)
+    assert captured(t.ob).fallback_steps == 1
+
+
 def test_a_hyperparameter_array_falls_back():
     """A learning rate per row (Chainer broadcasts it) crashed the step."""
     t = Twins(RULES['MomentumSGD'][0])

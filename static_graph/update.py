@@ -338,7 +338,7 @@ class _Capture(object):
         # gives both one gradient array; two Parameters of one array):
         # Chainer updates one after the other, each seeing what the one
         # before wrote (the gradient divided by the loss scale twice).
-        roots, shared = {}, None
+        roots, shared = {}, None   # memory's owner id -> parameter index
         for i in range(n):
             p = params[i]
             arr = p.array
@@ -377,7 +377,13 @@ class _Capture(object):
             elif type(g) is not ndarray or g.dtype != dtype or \
                     g.shape != arr.shape:
                 raise R.Unsupported(_array_reason('gradient', g))
-            shared = _note_memory(roots, (arr, g), st.names[i]) or shared
+            # (Most arrays own their memory: their own id.)
+            r = id(arr) if arr.base is None else _root_id(arr)
+            if roots.setdefault(r, i) != i:
+                shared = (st.names[roots[r]], st.names[i])
+            r = id(g) if g.base is None else _root_id(g)
+            if roots.setdefault(r, i) != i:
+                shared = (st.names[roots[r]], st.names[i])
             loss_scale = p._loss_scale
             S = []
             promo = None        # item -> scalars NumPy promotes past dtype
@@ -546,17 +552,11 @@ def _fp32_param(rule, param):
     return rule._fp32_param
 
 
-def _note_memory(roots, arrays, name):
-    """(other parameter's name, name) where one of ``arrays`` has the
-    memory of another parameter's array or gradient, else None."""
-    found = None
-    for a in arrays:
-        while isinstance(a.base, numpy.ndarray):   # (the memory's owner)
-            a = a.base
-        other = roots.setdefault(id(a), name)
-        if other is not name:
-            found = (other, name)
-    return found
+def _root_id(a):
+    """id of the array that owns ``a``'s memory."""
+    while isinstance(a.base, numpy.ndarray):
+        a = a.base
+    return id(a)
 
 
 def _array_reason(what, a):

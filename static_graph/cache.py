@@ -71,6 +71,12 @@ REPLACED_MIDWAY = (
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
 
+# A key whose recording no longer matches the chain at its next call
+# (parameter arrays replaced where a node holds the old one, a link
+# attribute changed), this many times in a row without a replay in between,
+# runs define-by-run (decorator.py): each recording cost about two
+# define-by-run iterations and saved nothing.
+STALE_AFTER = 3
 # A key whose recordings are let go without a backward this many times in a
 # row runs define-by-run (Cache.recording_died).
 FORWARD_ONLY_AFTER = 2

@@ -141,6 +141,7 @@ def static_graph(method=None, **options):
         key = (spec, config)
         e = cache.get(key)
         why = None
+        stale = 0
         if e is None:
             # (Not define-by-run next to calls that wait for their backward
             # as one node each: cache.calls_waiting. This call records.)
@@ -169,6 +170,7 @@ def static_graph(method=None, **options):
             if e.state == entry_module.COMPLETE:
                 if e.recheck is None and e.matches(self):
                     cache.replays += 1
+                    e.replays += 1
                     if e.recurrent:
                         leaves = leaves + [d[k] for d, k in e.recurrent]
                     return replay.replay(e, leaves)
@@ -181,6 +183,11 @@ def static_graph(method=None, **options):
                     why = ('%s changed' % changed if changed else
                            'parameters or persistent arrays were replaced, '
                            'or the links changed')
+                    stale = 1 if e.replays else e.stale + 1
+                    if stale >= cache_module.STALE_AFTER and \
+                            not cache.calls_waiting():
+                        return _stale(method, self, name, cache, key, e,
+                                      why, args, kwargs)
             else:
                 if cache.forward_only and key in cache.forward_only:
                     # (Evaluation that keeps the last call's output while
@@ -194,11 +201,29 @@ def static_graph(method=None, **options):
                 # in another order than define-by-run alone.
                 why = ('the earlier recording of this key has not had its '
                        'backward yet')
-        return capture.Capture(self, method, name, cache, key, why,
-                               e).forward(args, kwargs, leaves, paths)
+        cap = capture.Capture(self, method, name, cache, key, why, e)
+        cap.entry.stale = stale
+        return cap.forward(args, kwargs, leaves, paths)
 
     wrapper.__static_graph__ = True
     return wrapper
+
+
+def _stale(method, self, name, cache, key, e, why, args, kwargs):
+    """A key whose recordings keep going stale before they replay: it
+    runs define-by-run from now on, and says why once."""
+    reason = ('it records again at every call: its last %d recordings no '
+              'longer matched the chain at the next call, none replayed '
+              '(the last time: %s), and a recording costs about two '
+              'define-by-run iterations' % (e.stale + 1, why))
+    e.move(entry_module.FALLBACK, reason)
+    cache.fell_back(key, reason)
+    diagnostics.warn_once(
+        (type(self), name, 'stale'),
+        '%s.%s runs define-by-run for this call signature: %s'
+        % (type(self).__name__, name, reason))
+    cache.fallback_calls += 1
+    return _define_by_run(method, self, args, kwargs)
 
 
 def _forward_only(method, self, name, cache, key, args, kwargs, leaves,

@@ -94,7 +94,11 @@ class Entry(object):
         self.lock = threading.RLock()
         self._reused_roots = None
         self.owner = None            # weakref to the ReplayNode whose values
-        self.replays = 0             # are in the static buffers
+        #                              are in the static buffers
+        self.replays = 0
+        # Recordings of the key before this one, in a row, that no longer
+        # matched the chain at their next call and never replayed.
+        self.stale = 0
         self.cuda_graph = True
         self.quiet = True            # no earlier call waits for its backward
         self.pending = weakref.WeakSet()   # calls that wait for it

@@ -33,9 +33,9 @@ def inner_arguments(rec, leaves, paths):
                                  name=leaf.name)
             if leaf.grad_var is not None:
                 # The caller's gradient, as define-by-run's method sees it
-                # (a read of it makes the call fall back: patches).
+                # (a use of it makes the call fall back: patches).
                 v.grad_var = leaf.grad_var
-            rec.argument_paths[id(v)] = path
+            rec.argument_paths[id(v)] = (path, leaf)
             inner.append(v)
         else:
             inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)

@@ -129,7 +129,12 @@ class Capture(object):
                         "helper object's attribute set); replay would not "
                         'repeat that' % what)
             link_state.write_back_inputs(rec, leaves, inner, leaf_bids)
-            out_spec, inner_outs, out_bids, out_kinds = self._outputs(out)
+            out_spec, inner_outs, out_bids, out_kinds = self._outputs(
+                out, outputs.live_ids(
+                    [v for _, before, _ in snapshot
+                     for v in before.values()] +
+                    [g.get(k) for g, k in watch.named_globals] +
+                    list(args) + list(kwargs.values())))
             attr_writes = link_state.attr_changes(
                 rec, snapshot, set(id(d[3]) for d in detached))
             copies = set(id(v) for v, a in zip(inner, leaves)
@@ -251,12 +256,12 @@ class Capture(object):
             rec.buffers)
         return outputs.rebuild(out_spec, vals[:n_outs])
 
-    def _outputs(self, out):
+    def _outputs(self, out, live):
         """What the method returned: its spec, the inner output Variables,
         their buffers and kinds ('V' a Variable, 'A' an array)."""
         rec = self.rec
         try:
-            out_spec, out_leaves = outputs.flatten(out)
+            out_spec, out_leaves = outputs.flatten(out, live)
         except outputs.Unrebuildable as err:
             rec.add_reason('it returns a %s that replay cannot rebuild: %s'
                            % (type(out).__name__, err))

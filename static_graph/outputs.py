@@ -9,10 +9,12 @@ Variables or arrays in their attributes (a ``chainer.distributions.Normal``,
 a dataclass, a result object of the user's), objects up to three levels
 deep. A rebuilt object is a new instance of the same class, with the
 recording's other attributes and this call's Variables; its ``__init__`` is
-not run again. Sets, namespaces and an object's attributes that are lists,
-dicts, sets or namespaces are made afresh too, Variables or not, with the
+not run again. Lists, dicts, sets, namespaces and objects of one's own
+classes that the call made are made afresh too, Variables or not, with the
 contents they had when the recording call returned (a counter or a log the
-caller fills is not carried from call to call). An object that holds Parameters of the chain is made afresh
+caller fills is not carried from call to call); those it did not make (the
+chain's attributes, the globals its method names, its arguments, and their
+elements) without Variables in them come back as themselves. An object that holds Parameters of the chain is made afresh
 too, around the same Parameters (the prior of the VAE example returns
 ``D.Normal(self.loc, scale=self.scale)``, which caches ``log(scale)`` on
 itself). Anything else comes back as the recording returned it (a number,
@@ -51,7 +53,8 @@ def _is_leaf(obj):
 
 
 class _Walk(object):
-    def __init__(self):
+    def __init__(self, live=()):
+        self.live = live    # ids of objects the call did not make
         self.leaves = []
         self.parameters = 0
         self.attributes = 0
@@ -85,16 +88,19 @@ class _Walk(object):
         if isinstance(obj, tuple):
             children = tuple(self.spec(o, depth) for o in obj)
             return ('T', type(obj), children)
-        if isinstance(obj, list):
-            children = tuple(self.spec(o, depth) for o in obj)
-            return ('L', _empty_like(obj, list), children)
-        if isinstance(obj, dict):
-            children = tuple((k, self.spec(v, depth))
-                             for k, v in obj.items())
-            return ('D', _empty_like(obj, dict), children)
-        if isinstance(obj, set):
-            children = tuple(self.spec(o, depth) for o in obj)
-            return ('S', _empty_like(obj, set), children)
+        if isinstance(obj, (list, dict, set)):
+            if isinstance(obj, dict):
+                children = tuple((k, self.spec(v, depth))
+                                 for k, v in obj.items())
+            else:
+                children = tuple(self.spec(o, depth) for o in obj)
+            if id(obj) in self.live and len(self.leaves) == n and \
+                    self.parameters == m:
+                return ('K', obj)     # the chain's, a global's: itself
+            tag, base = (('L', list) if isinstance(obj, list) else
+                         ('D', dict) if isinstance(obj, dict) else
+                         ('S', set))
+            return (tag, _empty_like(obj, base), children)
         if arrayutil.is_link(obj) or \
                 not hasattr(obj, '__dict__') or depth >= MAX_DEPTH:
             if not arrayutil.is_link(obj):
@@ -113,8 +119,8 @@ class _Walk(object):
             else:       # made afresh (a list, a dict, what holds leaves)
                 children.append((name, s))
         self._no_slot_leaves(obj)
-        if len(self.leaves) == n and self.parameters == m and \
-                type(obj) is not types.SimpleNamespace:
+        if len(self.leaves) == n and self.parameters == m and (
+                id(obj) in self.live or not _renewable(obj)):
             return ('K', obj)
         return ('O', type(obj), state, tuple(children))
 
@@ -157,6 +163,33 @@ class _Walk(object):
                    for o in items[:MAX_ATTRIBUTES])
 
 
+def _renewable(obj):
+    """Can a new one be made without its ``__init__`` (a namespace, an
+    object of a class of one's own without a ``__new__``)?"""
+    cls = type(obj)
+    return cls is types.SimpleNamespace or (
+        cls.__new__ is object.__new__ and not _has_slots(cls))
+
+
+def _has_slots(cls):
+    return any(getattr(c, '__slots__', ()) for c in cls.__mro__)
+
+
+def live_ids(values):
+    """ids of ``values`` and of the elements of those that are lists,
+    tuples, dicts or sets: objects that existed before a call (the
+    chain's attributes, the globals its method names, its arguments),
+    which a result hands out as themselves."""
+    out = set()
+    for v in values:
+        out.add(id(v))
+        if isinstance(v, dict):
+            out.update(map(id, v.values()))
+        elif isinstance(v, (list, tuple, set)):
+            out.update(map(id, v))
+    return out
+
+
 def _slots(obj):
     """(name, value) of the ``__slots__`` attributes of obj's classes."""
     for cls in type(obj).__mro__:
@@ -175,9 +208,10 @@ def _empty_like(obj, base):
     return empty
 
 
-def flatten(out):
-    """(spec, leaves) of a method's result."""
-    w = _Walk()
+def flatten(out, live=()):
+    """(spec, leaves) of a method's result; ``live``: ids of objects the
+    call did not make (``live_ids``)."""
+    w = _Walk(live)
     return w.spec(out), w.leaves
 
 

@@ -223,7 +223,8 @@ class Recording(object):
         self.reasons = []
         self.unknown = []         # (buffer id, phase, kind, source)
         self.traced_views = {}    # id(view) -> plain array
-        self.argument_paths = {}  # id(argument Variable's copy) -> its path
+        # id(an argument Variable's copy) -> (its path, the caller's)
+        self.argument_paths = {}
         self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.chain_held = set()   # ids of the links' array attributes
         self.reports = []         # (observer, [(key, buffer id | const)])

@@ -6,6 +6,7 @@ order; ``rebuild`` puts other arrays back in their places.
 """
 import copy
 import math
+import operator
 import types
 
 import numpy
@@ -265,11 +266,14 @@ def _hashable(v, depth=2):
         return ('unhashable', type(v).__name__, id(v))
 
 
-# (flag names, the values' ids) -> (the values, config_key()): by identity,
-# not equality (1, 1.0 and True are equal, hash alike, and are other keys;
-# so are 0.0 and -0.0); the values are kept with their key, so that no other
-# object takes one of those ids while it is remembered.
+# (global items, local items) -> (the values' types, config_key()). A hit
+# counts only where the values (and a tuple's elements) have the same types
+# (1, 1.0 and True are equal and hash alike, and are other keys);
+# configurations with values equal in another way (0.0 and -0.0, NumPy
+# scalars, complex numbers, frozensets) are not remembered.
 _config_keys = {}
+_second = operator.itemgetter(1)
+_UNREMEMBERED = (frozenset, complex, numpy.generic)
 
 
 def outline(args, kwargs):
@@ -293,23 +297,37 @@ def config_key():
     glob = getattr(config, '_global', None)
     if local is None or glob is None:    # not Chainer's LocalConfig
         return tuple((n, getattr(config, n, None)) for n in CONFIG_FLAGS)
-    g, l_ = glob.__dict__, local.__dict__
-    raw = (tuple(g), tuple(map(id, g.values())),
-           tuple(l_), tuple(map(id, l_.values())))
-    hit = _config_keys.get(raw)
-    if hit is not None:
-        return hit[1]
-    merged = dict(g)
-    merged.update(l_)
-    key = tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
-    values = tuple(g.values()) + tuple(l_.values())
+    gi, li = tuple(glob.__dict__.items()), tuple(local.__dict__.items())
+    raw = (gi, li)
     try:
-        # Only values that cannot change in place are remembered (a list
-        # changed in place is another key: computed at every call).
-        hash(values)
-    except TypeError:
-        return key
-    if len(_config_keys) >= 64:
-        _config_keys.clear()
-    _config_keys[raw] = (values, key)
+        hit = _config_keys.get(raw)
+    except TypeError:   # an unhashable value: not remembered
+        hit = raw = None
+    if hit is not None:
+        if hit[0] == _types(gi + li):
+            return hit[1]
+        raw = None     # equal values of other types
+    merged = dict(gi)
+    merged.update(li)
+    key = tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
+    if raw is not None and not any(map(_unremembered, merged.values())):
+        if len(_config_keys) >= 64:
+            _config_keys.clear()
+        _config_keys[raw] = (_types(gi + li), key)
     return key
+
+
+def _types(items):
+    """The types of the items' values, and of a tuple's elements."""
+    types_ = tuple(map(type, map(_second, items)))
+    if tuple in types_:
+        types_ += tuple(tuple(map(type, v)) for _, v in items
+                        if type(v) is tuple)
+    return types_
+
+
+def _unremembered(v):
+    """Equal to a value of the same type(s) that is another key."""
+    if type(v) is tuple:
+        return any(map(_unremembered, v))
+    return isinstance(v, _UNREMEMBERED) or type(v) is float and v == 0

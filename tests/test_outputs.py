@@ -171,42 +171,60 @@ class Tally(object):
         self.seen = {'calls': 0}
 
 
+class Stats(object):
+    """A result object without Variables."""
+
+    def __init__(self):
+        self.log = []
+
+
+REGISTRY = []
+
+
 class Filled(chainer.Chain):
     def __init__(self):
         super(Filled, self).__init__()
         with self.init_scope():
             self.l = L.Linear(3, 2)
+        self.labels = ['cat']
 
     def forward(self, x):
         y = F.sum(self.l(x))
         return (y, set(), types.SimpleNamespace(count=0), Tally(y),
-                {'tags': {'a'}})
+                {'tags': {'a'}}, Stats(),
+                types.SimpleNamespace(labels=self.labels, known=REGISTRY))
 
 
 def test_containers_the_caller_fills_are_new_at_every_call():
-    """Sets, namespaces and a result object's list and dict attributes,
-    with or without Variables, are new at every call with the contents
-    they had when the method returned, as define-by-run's are (they were
-    the recording's own objects, carrying what the caller put in them
-    from call to call)."""
+    """Sets, namespaces, result objects and their list and dict
+    attributes that the call makes, with or without Variables, are new at
+    every call with the contents they had when the method returned, as
+    define-by-run's are (they were the recording's own objects, carrying
+    what the caller put in them from call to call); a list of the chain's
+    or a global's comes back as itself."""
     a, b = static_twins(Filled)
     x = numpy.ones((2, 3), 'f')
     got = {}
     for m in (a, b):
         out = []
+        del REGISTRY[:]
         for i in range(5):
             m.cleargrads()
-            y, tags, ns, tally, d = m(x)
+            y, tags, ns, tally, d, stats, held = m(x)
             y.backward()
             out.append((sorted(tags), ns.count, list(tally.log),
-                        dict(tally.seen), sorted(d['tags'])))
+                        dict(tally.seen), sorted(d['tags']),
+                        list(stats.log)))
+            # What the chain and a global hold come back as themselves.
+            assert held.labels is m.labels and held.known is REGISTRY
             tags.add(i)
             ns.count += 1
             tally.log.append(i)
             tally.seen['calls'] += 1
             d['tags'].add(str(i))
+            stats.log.append(i)
         got[m] = out
-    assert got[a] == got[b] == [([], 0, [], {'calls': 0}, ['a'])] * 5
+    assert got[a] == got[b] == [([], 0, [], {'calls': 0}, ['a'], [])] * 5
     (cache,) = caches_of(b).values()
     assert cache.replays == 4
 

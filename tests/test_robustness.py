@@ -70,16 +70,71 @@ def step(m, *args, **kwargs):
 
 
 # -- cache guards -------------------------------------------------------------
-def test_a_read_of_an_argument_variables_gradient_falls_back():
-    """``x.grad`` of a Variable argument read by the method (an FGSM-style
-    step): the recording call sees the caller's gradient (None or not) as
-    define-by-run does, and the key falls back, naming the read; bit for
-    bit at every call, whether the first call's gradient was None."""
+@pytest.mark.parametrize('every', [1, 3])
+def test_a_key_that_records_again_at_every_call_runs_define_by_run(every):
+    """A link attribute the method reads, set anew by the caller before
+    every call: each recording is stale at the next call. After 3 such
+    recordings in a row that never replayed, the key runs define-by-run,
+    warned once (each recording cost about two iterations). Changed every
+    third call (replays in between) it keeps recording and replaying. Bit
+    for bit either way."""
     def body(self, x):
-        if x.grad is not None:
-            x = x + 0.1 * x.grad
-        return F.sum(self.l2(self.l1(x)) ** 2)
+        return F.sum(self.l2(self.l1(x)) * self.scale)
 
+    a, b = make_twins(body)
+    x = data(4, 3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(9):
+            for m in (a, b):
+                m.scale = 1.0 + i // every
+            la, lb = step(a, x), step(b, x)
+            assert la.array == lb.array
+            compare_chains(a, b, rtol=0, atol=0)
+    said = [str(m.message) for m in w
+            if issubclass(m.category, StaticGraphWarning) and
+            'records again at every call' in str(m.message)]
+    c = cache(b)
+    if every == 1:
+        assert len(said) == 1 and 'scale' in said[0], said
+        assert (c.recordings, c.replays, c.fallback_calls) == (3, 0, 6)
+    else:
+        assert not said
+        assert (c.recordings, c.replays) == (3, 6)
+
+
+def _fgsm(self, x):
+    if x.grad is not None:
+        x = x + 0.1 * x.grad
+    return F.sum(self.l2(self.l1(x)) ** 2)
+
+
+def _fgsm_var(self, x):
+    if x.grad_var is not None:
+        x = x + 0.1 * x.grad_var
+    return F.sum(self.l2(self.l1(x)) ** 2)
+
+
+def _clears(self, x):
+    x.cleargrad()
+    return F.sum(self.l2(self.l1(x)) ** 2)
+
+
+def _sets(self, x):
+    x.grad = numpy.ones_like(x.array)
+    return F.sum(self.l2(self.l1(x)) ** 2)
+
+
+@pytest.mark.parametrize('body,what', [
+    (_fgsm, '.grad'), (_fgsm_var, '.grad_var'), (_clears, '.cleargrad()'),
+    (_sets, '.grad =')], ids=['grad', 'grad_var', 'cleargrad', 'set'])
+def test_the_method_using_an_argument_variables_gradient_falls_back(
+        body, what):
+    """A Variable argument's gradient used by the method (an FGSM step
+    reads ``x.grad``, or clears or sets it): the recording call sees and
+    sets the caller's gradient, as define-by-run does, and the key falls
+    back, naming the use; bit for bit at every call (the caller's x.grad
+    too), whether the first call's x had a gradient."""
     for first_has_grad in (True, False):
         a, b = make_twins(body)
         with warnings.catch_warnings(record=True) as w:
@@ -91,11 +146,12 @@ def test_a_read_of_an_argument_variables_gradient_falls_back():
                     xa.grad, xb.grad = g, g.copy()
                 la, lb = step(a, xa), step(b, xb)
                 assert la.array == lb.array
+                assert numpy.array_equal(xa.grad, xb.grad)
                 compare_chains(a, b, rtol=0, atol=0)
         said = [str(m.message) for m in w
                 if issubclass(m.category, StaticGraphWarning)]
         assert len(said) == 1 and \
-            'reads the gradient of argument x (.grad)' in said[0], said
+            'gradient of argument x (%s)' % what in said[0], said
         assert cache(b).recordings == 1
 
 
@@ -1367,3 +1423,11 @@ def test_apply_wrapper_passes_calls_through_without_a_recording():
     t.start()
     t.join()
     assert numpy.array_equal(out[0][1], want[1])
+    # Code that puts Chainer's own back (a mock.patch's exit): the next
+    # recording installs the wrapper again, and its key replays.
+    function_node.FunctionNode.apply = patches.orig_apply
+    net = Net()
+    for _ in range(3):
+        net(x).backward()
+    assert function_node.FunctionNode.apply is patches._patched_apply
+    assert (cache(net).recordings, cache(net).replays) == (1, 2)

@@ -138,6 +138,11 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
             _trace(e, 'rematerialize', bufs, fops, bops, f_inputs, out_bids,
                    saved)
     e.saved = tuple(saved)
+    # Outputs the backward reads as saved (position in e.saved): where the
+    # caller gives one's Variable another array, replay's backward reads
+    # that (nodes.replaced_outputs).
+    e.saved_outputs = dict((i, e.saved.index(b)) for i, b in
+                           enumerate(out_bids) if b in e.saved)
 
     # Stage 3: the schedules, lowered to cheaper kernels, in their tiers.
     e.forward = ir.Schedule('forward', bufs, fops, f_inputs, out_bids,

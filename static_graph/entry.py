@@ -90,6 +90,7 @@ class Entry(object):
         self.reason = None
         self.forward = None
         self.backward = None
+        self.saved_outputs = {}      # build.py
         self.passes = None           # build.TRACE: [(stage, schedules)]
         self.lock = threading.RLock()
         self._reused_roots = None

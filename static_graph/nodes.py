@@ -49,6 +49,30 @@ def deepen(node, outs, depth):
     return outs
 
 
+def replaced_outputs(node, handed):
+    """{output index: its Variable's array now} for the outputs of
+    ``node`` whose Variable the caller gave another array after the call
+    (``y.array = y.array * 0.5``): define-by-run's backward reads the new
+    one wherever a node kept the output (tanh's, sigmoid's, softmax's own
+    backward reads it)."""
+    out = {}
+    for i, ref in enumerate(node.outputs or ()):
+        vn = ref()
+        v = vn.get_variable_or_none() if vn is not None else None
+        a = v.raw_array if v is not None else None
+        h = handed[i]
+        if a is None or a is h:
+            continue
+        if a.shape != h.shape or a.dtype != h.dtype:
+            raise RuntimeError(
+                'output %d of a static call was given an array of another '
+                'shape or dtype (%s %s, was %s %s) before its backward; run '
+                'this pattern with chainer.config.use_static_graph = False'
+                % (i, a.shape, a.dtype, h.shape, h.dtype))
+        out[i] = a
+    return out
+
+
 def detach_outputs(outs, which):
     """Outputs that needed no gradient at recording (computed from arrays
     alone: ``F.identity(x)``) as Variables that do not require one, as
@@ -230,6 +254,12 @@ class _Replayed(object):
                     entry.method_name)
             args = list(gys)
             args.extend(self.saved)
+            if self.handed is not None:
+                for i, a in replaced_outputs(self, self.handed).items():
+                    j = entry.saved_outputs.get(i)
+                    if j is not None:     # (a copy: kernels may write in)
+                        args[len(gys) + j] = arrayutil.copy_exact(a)
+                self.handed = None
             if not repeat:
                 self.saved = None   # the schedule frees each at last use
             args.extend(p.array for p in entry.params)
@@ -255,6 +285,7 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
     def __init__(self, entry):
         self.entry = entry
         self.saved = None
+        self.handed = None    # the outputs' arrays, until the backward
         self.exposed = None
         self.snapshot = None
         self.done = False
@@ -328,6 +359,8 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
                 # one waiting, before it captures a graph.)
                 entry.pending.add(self)
                 self.saved = result[n:n + len(entry.saved)]
+                if entry.saved_outputs:
+                    self.handed = outs
             else:
                 self.done = True
         self.exposed = result[n + len(entry.saved):]
@@ -408,11 +441,15 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         capture, self.capture = self.capture, None
         if capture is None:
             return self.backward_from(indexes, grad_outputs)[0]
-        for mine, out in zip(self.handed, self.out_arrays):
-            # The caller wrote into an output (``y.array *= 3``): nodes that
+        new = replaced_outputs(self, self.handed)
+        for i, (mine, out) in enumerate(zip(self.handed, self.out_arrays)):
+            # The caller wrote into an output (``y.array *= 3``) or gave
+            # it another array (``y.array = y.array * 3``): nodes that
             # retained it (sigmoid, tanh, relu) see the change under
-            # define-by-run and in replay, where it is the same array.
-            if arrayutil.changed(out, mine):
+            # define-by-run, and in replay (the same array, or the new
+            # one put in the saved one's place).
+            mine = new.get(i, mine)
+            if i in new or arrayutil.changed(out, mine):
                 arrayutil.copyto_for((out,))(out, mine)
         self.handed = None
         grads = capture.backward(grad_outputs)

@@ -42,6 +42,18 @@ def inner_arguments(rec, leaves, paths):
     return inner, leaf_bids
 
 
+def sync_gradients(inner, leaves):
+    """A gradient the method set on an argument's copy (``x.cleargrad()``,
+    ``x.grad = g``, ``chainer.grad(..., set_grad=True)``, a backward
+    inside the method): the caller's Variable gets it, where define-by-run
+    sets it (such a call falls back: patches, which name the use)."""
+    for v, a in zip(inner, leaves):
+        if v is not a and isinstance(a, chainer.Variable) and \
+                isinstance(v, chainer.Variable) and (
+                    v._grad_var is not a._grad_var or v._grad is not a._grad):
+            a._set_grad_var_without_check(v.grad_var)
+
+
 def _copies_sharing(leaves):
     """{position: copy} for NumPy array arguments (or Variables' arrays)
     that start at one address (``model(x, x.T)``, two Variables of one

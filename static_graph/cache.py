@@ -75,8 +75,12 @@ SIGHTINGS = 3
 # (parameter arrays replaced where a node holds the old one, a link
 # attribute changed), this many times in a row without a replay in between,
 # runs define-by-run (decorator.py): each recording cost about two
-# define-by-run iterations and saved nothing.
+# define-by-run iterations and saved nothing. For STALE_WAIT calls, then
+# it records once more; gone stale again, it waits twice as long (up to
+# STALE_WAIT_MAX calls).
 STALE_AFTER = 3
+STALE_WAIT = 8
+STALE_WAIT_MAX = 1024
 # A key whose recordings are let go without a backward this many times in a
 # row runs define-by-run (Cache.recording_died).
 FORWARD_ONLY_AFTER = 2
@@ -137,6 +141,9 @@ class Cache(object):
         # be done: their calls run define-by-run.
         self._no_backward = {}
         self.forward_only = {}
+        # Keys whose recordings went stale STALE_AFTER times in a row:
+        # {key: [define-by-run calls left, the wait]} (decorator._stale).
+        self.backoff = {}
         self.stand_ins = []     # captures let go, for take_stand_ins
         # Recurrent state: [(link __dict__, name)] where a call read a
         # Variable an earlier call left on the links; their values are part

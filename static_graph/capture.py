@@ -111,6 +111,7 @@ class Capture(object):
             generators.put_back(stand_ins)
             link_state.untrace_held(chain, held)
             watch.put_back_arrays(shown)
+            arguments.sync_gradients(inner, leaves)
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()

@@ -142,6 +142,11 @@ def static_graph(method=None, **options):
         e = cache.get(key)
         why = None
         stale = 0
+        wait = cache.backoff.get(key) if cache.backoff else None
+        if wait is not None and wait[0] > 0 and not cache.calls_waiting():
+            wait[0] -= 1      # (a key whose recordings went stale)
+            cache.fallback_calls += 1
+            return _define_by_run(method, self, args, kwargs)
         if e is None:
             # (Not define-by-run next to calls that wait for their backward
             # as one node each: cache.calls_waiting. This call records.)
@@ -183,11 +188,11 @@ def static_graph(method=None, **options):
                     why = ('%s changed' % changed if changed else
                            'parameters or persistent arrays were replaced, '
                            'or the links changed')
-                    stale = 1 if e.replays else e.stale + 1
+                    stale = 0 if e.replays else e.stale + 1
                     if stale >= cache_module.STALE_AFTER and \
                             not cache.calls_waiting():
                         return _stale(method, self, name, cache, key, e,
-                                      why, args, kwargs)
+                                      why, wait, args, kwargs)
             else:
                 if cache.forward_only and key in cache.forward_only:
                     # (Evaluation that keeps the last call's output while
@@ -201,6 +206,7 @@ def static_graph(method=None, **options):
                 # in another order than define-by-run alone.
                 why = ('the earlier recording of this key has not had its '
                        'backward yet')
+                stale = e.stale
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
         return cap.forward(args, kwargs, leaves, paths)
@@ -209,19 +215,25 @@ def static_graph(method=None, **options):
     return wrapper
 
 
-def _stale(method, self, name, cache, key, e, why, args, kwargs):
-    """A key whose recordings keep going stale before they replay: it
-    runs define-by-run from now on, and says why once."""
-    reason = ('it records again at every call: its last %d recordings no '
-              'longer matched the chain at the next call, none replayed '
-              '(the last time: %s), and a recording costs about two '
-              'define-by-run iterations' % (e.stale + 1, why))
-    e.move(entry_module.FALLBACK, reason)
-    cache.fell_back(key, reason)
+def _stale(method, self, name, cache, key, e, why, wait, args, kwargs):
+    """A key whose recordings keep going stale before they replay: it runs
+    define-by-run for the next STALE_WAIT calls (twice as many each time
+    it goes stale again, up to STALE_WAIT_MAX), then records once more
+    (what changed may have settled: a warm-up schedule)."""
+    n = cache_module.STALE_WAIT if wait is None else \
+        min(2 * wait[1], cache_module.STALE_WAIT_MAX)
+    cache.backoff[key] = [n, n]
+    # After the wait, one recording; gone stale again, the next wait.
+    e.stale = cache_module.STALE_AFTER - 2
     diagnostics.warn_once(
         (type(self), name, 'stale'),
-        '%s.%s runs define-by-run for this call signature: %s'
-        % (type(self).__name__, name, reason))
+        '%s.%s runs define-by-run for this call signature: it records '
+        'again at every call (its last %d recordings no longer matched the '
+        'chain at the next call and never replayed; the last time: %s), '
+        'and a recording costs about two define-by-run iterations. It '
+        'records again after %d calls, and after twice as many each time '
+        'this repeats' % (type(self).__name__, name,
+                          cache_module.STALE_AFTER, why, n))
     cache.fallback_calls += 1
     return _define_by_run(method, self, args, kwargs)
 

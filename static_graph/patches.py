@@ -172,14 +172,12 @@ _patched_get_array = _traced_getter(_orig_get_array)
 _patched_get_grad = _traced_getter(_orig_get_grad, gradient=True)
 
 
-def _argument_gradient(orig, what, write=False):
+def _argument_gradient(orig, what):
     """A Variable method or accessor of the gradient, wrapped: used by
     the method on an argument's copy (``x.grad_var``, ``x.cleargrad()``,
     ``x.grad = g``), a reason (replay would neither see the caller's
-    gradient nor set it); a write is made on the caller's Variable too,
-    as define-by-run's method makes it, so the recording call (which then
-    falls back to define-by-run) leaves the caller's gradient as it
-    would."""
+    gradient nor set it). What the method set there goes to the caller's
+    Variable after the call (``arguments.sync_gradients``)."""
     def wrapper(self, *args, **kwargs):
         rec = getattr(_local, 'recording', None)
         if rec is not None and not rec.depth and rec.phase == 'forward':
@@ -196,8 +194,6 @@ def _argument_gradient(orig, what, write=False):
                         '%s:%d; replay would not repeat that' % (
                             signature.path_text(got[0]), what,
                             f.f_code.co_filename, f.f_lineno))
-                    if write:
-                        orig(got[1], *args, **kwargs)
         return orig(self, *args, **kwargs)
 
     wrapper.__name__ = getattr(orig, '__name__', what)
@@ -212,11 +208,11 @@ _patched_variable = {
     '_get_array': _patched_get_array, '_get_grad': _patched_get_grad,
     'grad_var': property(
         _argument_gradient(_orig_grad_var.fget, '.grad_var'),
-        _argument_gradient(_orig_grad_var.fset, '.grad_var =', True),
+        _argument_gradient(_orig_grad_var.fset, '.grad_var ='),
         doc=_orig_grad_var.__doc__),
-    'cleargrad': _argument_gradient(_orig_cleargrad, '.cleargrad()', True),
-    'zerograd': _argument_gradient(_orig_zerograd, '.zerograd()', True),
-    '_set_grad': _argument_gradient(_orig_set_grad, '.grad =', True)}
+    'cleargrad': _argument_gradient(_orig_cleargrad, '.cleargrad()'),
+    'zerograd': _argument_gradient(_orig_zerograd, '.zerograd()'),
+    '_set_grad': _argument_gradient(_orig_set_grad, '.grad =')}
 _orig_variable = {
     '_get_array': _orig_get_array, '_get_grad': _orig_get_grad,
     'grad_var': _orig_grad_var, 'cleargrad': _orig_cleargrad,
@@ -341,6 +337,13 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
                            grad_inputs, is_debug):
     rec = getattr(_local, 'recording', None)
     if rec is None or rec.depth or rec.phase != 'backward':
+        if rec is not None and not rec.depth and rec.phase == 'forward':
+            # A backward inside the method (y.backward(), chainer.grad):
+            # it sets gradients (the parameters', an argument's) that
+            # replay would neither compute nor set.
+            rec.add_reason('it runs a backward inside the method (of %s) '
+                           'at %s; replay would not repeat it'
+                           % (op_kind(func), traced.user_location(2)))
         return _orig_backprop_step(func, target_input_indexes, grad_outputs,
                                    grad_inputs, is_debug)
     # Ops this step applies are labelled with the forward op's source.

@@ -267,10 +267,11 @@ def _hashable(v, depth=2):
 
 
 # (global items, local items) -> (the values' types, config_key()). A hit
-# counts only where the values (and a tuple's elements) have the same types
-# (1, 1.0 and True are equal and hash alike, and are other keys);
-# configurations with values equal in another way (0.0 and -0.0, NumPy
-# scalars, complex numbers, frozensets) are not remembered.
+# counts only where the values (and tuples' elements, at every depth) have
+# the same types (1, 1.0 and True are equal and hash alike, and are other
+# keys); configurations with values equal in another way (0.0 and -0.0,
+# NumPy scalars, complex numbers, frozensets) are remembered by the
+# values' identity instead.
 _config_keys = {}
 _second = operator.itemgetter(1)
 _UNREMEMBERED = (frozenset, complex, numpy.generic)
@@ -309,21 +310,35 @@ def config_key():
         raw = None     # equal values of other types
     merged = dict(gi)
     merged.update(li)
+    values = tuple(merged.values())
+    if raw is not None and any(map(_unremembered, values)):
+        # By the values' identity instead (kept with the key, so that no
+        # other object takes one of those ids meanwhile).
+        raw = (tuple(merged), tuple(map(id, values)))
+        hit = _config_keys.get(raw)
+        if hit is not None:
+            return hit[1]
     key = tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
-    if raw is not None and not any(map(_unremembered, merged.values())):
+    if raw is not None:
         if len(_config_keys) >= 64:
             _config_keys.clear()
-        _config_keys[raw] = (_types(gi + li), key)
+        _config_keys[raw] = (_types(gi + li), key, values)
     return key
 
 
 def _types(items):
-    """The types of the items' values, and of a tuple's elements."""
+    """The types of the items' values, and of tuples' elements, at every
+    depth."""
     types_ = tuple(map(type, map(_second, items)))
     if tuple in types_:
-        types_ += tuple(tuple(map(type, v)) for _, v in items
+        types_ += tuple(_tuple_types(v) for _, v in items
                         if type(v) is tuple)
     return types_
+
+
+def _tuple_types(t):
+    return tuple(_tuple_types(x) if type(x) is tuple else type(x)
+                 for x in t)
 
 
 def _unremembered(v):

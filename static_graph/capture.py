@@ -92,9 +92,8 @@ class Capture(object):
             chain, rec, self.cache.written + self.cache.state_slots)
         snapshot = link_state.snapshot_links(chain)
         classes = set(type(link) for link in chain.links())
-        watch = link_values.Watch(
-            snapshot, link_values.reachable_functions(self.method, classes),
-            classes)
+        functions = link_values.reachable_functions(self.method, classes)
+        watch = link_values.Watch(snapshot, functions, classes)
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)
@@ -131,11 +130,9 @@ class Capture(object):
                         'repeat that' % what)
             link_state.write_back_inputs(rec, leaves, inner, leaf_bids)
             out_spec, inner_outs, out_bids, out_kinds = self._outputs(
-                out, outputs.live_ids(
-                    [v for _, before, _ in snapshot
-                     for v in before.values()] +
-                    [g.get(k) for g, k in watch.named_globals] +
-                    list(args) + list(kwargs.values())))
+                out, lambda: outputs.live_ids(outputs.roots(
+                    snapshot, functions, classes) + list(args) +
+                    list(kwargs.values())))
             attr_writes = link_state.attr_changes(
                 rec, snapshot, set(id(d[3]) for d in detached))
             copies = set(id(v) for v, a in zip(inner, leaves)

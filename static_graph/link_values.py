@@ -236,7 +236,7 @@ def structural(v):
         arrayutil.is_array(v)
 
 
-def _user_classes(classes):
+def user_classes(classes):
     """The classes in the MROs of ``classes`` defined outside Chainer,
     once each."""
     seen, out = set(), []
@@ -321,7 +321,7 @@ def reachable_functions(method, classes=()):
     ``forward`` and ``__call__`` (a child link's), and so on from each.
     Found by the names the code mentions, not by running it: a function
     named on a branch not taken counts too."""
-    user = _user_classes(classes)
+    user = user_classes(classes)
     todo = [method]
     for cls in user:
         for k in ('forward', '__call__'):
@@ -486,7 +486,7 @@ class Watch(object):
     def _add_class_attributes(self, classes):
         """The scalar and container class attributes of the user classes
         in the MROs of ``classes``, once per class."""
-        for cls in _user_classes(classes):
+        for cls in user_classes(classes):
             if cls in self._classes_seen:
                 continue
             self._classes_seen.add(cls)

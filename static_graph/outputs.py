@@ -12,9 +12,9 @@ recording's other attributes and this call's Variables; its ``__init__`` is
 not run again. Lists, dicts, sets, namespaces and objects of one's own
 classes that the call made are made afresh too, Variables or not, with the
 contents they had when the recording call returned (a counter or a log the
-caller fills is not carried from call to call); those it did not make (the
-chain's attributes, the globals its method names, its arguments, and their
-elements) without Variables in them come back as themselves. An object that holds Parameters of the chain is made afresh
+caller fills is not carried from call to call); those it did not make
+(``roots``, ``live_ids``) without Variables in them come back as
+themselves. An object that holds Parameters of the chain is made afresh
 too, around the same Parameters (the prior of the VAE example returns
 ``D.Normal(self.loc, scale=self.scale)``, which caches ``log(scale)`` on
 itself). Anything else comes back as the recording returned it (a number,
@@ -26,6 +26,7 @@ reference cycle) cannot be rebuilt: ``flatten`` raises ``Unrebuildable``
 and the call falls back to define-by-run. Never is an object of the
 recording handed out again with the recording's Variables in it.
 """
+import collections
 import copy
 import types
 
@@ -34,10 +35,12 @@ import numpy
 import chainer
 
 from static_graph import arrayutil
+from static_graph import link_values
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes,
             numpy.generic, type, types.ModuleType, types.FunctionType,
             types.BuiltinFunctionType, types.MethodType)
+_COPIED = (collections.deque, bytearray)   # holding no Variables
 MAX_DEPTH = 3       # objects inside objects
 MAX_ATTRIBUTES = 256
 
@@ -54,7 +57,9 @@ def _is_leaf(obj):
 
 class _Walk(object):
     def __init__(self, live=()):
-        self.live = live    # ids of objects the call did not make
+        # ids of objects the call did not make, or a function giving them
+        # (called once, at the first leafless container or object met).
+        self._live = live
         self.leaves = []
         self.parameters = 0
         self.attributes = 0
@@ -94,13 +99,17 @@ class _Walk(object):
                                  for k, v in obj.items())
             else:
                 children = tuple(self.spec(o, depth) for o in obj)
-            if id(obj) in self.live and len(self.leaves) == n and \
-                    self.parameters == m:
+            if len(self.leaves) == n and self.parameters == m and \
+                    self.is_live(obj):
                 return ('K', obj)     # the chain's, a global's: itself
             tag, base = (('L', list) if isinstance(obj, list) else
                          ('D', dict) if isinstance(obj, dict) else
                          ('S', set))
             return (tag, _empty_like(obj, base), children)
+        if isinstance(obj, _COPIED) and not self._holds_leaves(obj) and \
+                not self.is_live(obj):
+            # (made by the call, no attributes to walk: a copy per call)
+            return ('C', copy.copy(obj))
         if arrayutil.is_link(obj) or \
                 not hasattr(obj, '__dict__') or depth >= MAX_DEPTH:
             if not arrayutil.is_link(obj):
@@ -120,9 +129,14 @@ class _Walk(object):
                 children.append((name, s))
         self._no_slot_leaves(obj)
         if len(self.leaves) == n and self.parameters == m and (
-                id(obj) in self.live or not _renewable(obj)):
+                not _renewable(obj) or self.is_live(obj)):
             return ('K', obj)
         return ('O', type(obj), state, tuple(children))
+
+    def is_live(self, obj):
+        if callable(self._live):
+            self._live = self._live()
+        return id(obj) in self._live
 
     def _no_hidden_leaves(self, obj, depth):
         if not arrayutil.is_link(obj) and self._holds_leaves(obj):
@@ -175,18 +189,61 @@ def _has_slots(cls):
     return any(getattr(c, '__slots__', ()) for c in cls.__mro__)
 
 
-def live_ids(values):
-    """ids of ``values`` and of the elements of those that are lists,
-    tuples, dicts or sets: objects that existed before a call (the
-    chain's attributes, the globals its method names, its arguments),
-    which a result hands out as themselves."""
+def roots(snapshot, functions, classes):
+    """What a call reaches that it did not make: its links' attributes
+    before the call (``snapshot``), the globals ``functions`` name and the
+    attributes of those that are modules their code names (``mod.X``),
+    their defaults and closure variables, the classes' attributes."""
+    out = [v for _, before, _ in snapshot for v in before.values()]
+    for fn in functions:
+        glob = fn.__globals__
+        for k in link_values.global_names(fn, only_globals=True):
+            v = glob.get(k)
+            if type(v) is types.ModuleType:
+                out.extend(getattr(v, n) for n in link_values.global_names(fn)
+                           if n in v.__dict__)
+            elif v is not None:
+                out.append(v)
+        out.extend(fn.__defaults__ or ())
+        out.extend((fn.__kwdefaults__ or {}).values())
+        for c in fn.__closure__ or ():
+            try:
+                out.append(c.cell_contents)
+            except ValueError:     # an empty cell
+                pass
+    for cls in link_values.user_classes(classes):
+        out.extend(vars(cls).values())
+    return out
+
+
+LIVE_DEPTH = 3       # objects inside objects, from a root
+LIVE_BUDGET = 4096   # objects walked at most
+
+
+def live_ids(roots):
+    """ids of the objects reachable from ``roots`` (the chain's link
+    attributes before a call, the globals, module attributes, defaults and
+    closure variables its code names, its classes' attributes, its
+    arguments) through containers and object attributes, LIVE_DEPTH deep:
+    objects the call did not make, which a result hands out as
+    themselves."""
     out = set()
-    for v in values:
-        out.add(id(v))
-        if isinstance(v, dict):
-            out.update(map(id, v.values()))
-        elif isinstance(v, (list, tuple, set)):
-            out.update(map(id, v))
+    level = list(roots)
+    for _ in range(LIVE_DEPTH + 1):
+        nxt = []
+        for v in level:
+            if isinstance(v, _SCALARS) or id(v) in out or _is_leaf(v):
+                continue
+            out.add(id(v))
+            if len(out) > LIVE_BUDGET:
+                return out
+            if isinstance(v, dict):
+                nxt.extend(v.values())
+            elif isinstance(v, (list, tuple, set, frozenset)):
+                nxt.extend(v)
+            elif not arrayutil.is_link(v):
+                nxt.extend(getattr(v, '__dict__', {}).values())
+        level = nxt
     return out
 
 
@@ -210,7 +267,7 @@ def _empty_like(obj, base):
 
 def flatten(out, live=()):
     """(spec, leaves) of a method's result; ``live``: ids of objects the
-    call did not make (``live_ids``)."""
+    call did not make (``live_ids``), or a function that gives them."""
     w = _Walk(live)
     return w.spec(out), w.leaves
 
@@ -243,6 +300,8 @@ def _build(s, it):
         for k, c in s[2]:
             new[k] = _build(c, it)
         return new
+    if tag == 'C':
+        return copy.copy(s[1])
     if tag == 'S':
         new = set() if s[1] is None else copy.copy(s[1])
         new.update([_build(c, it) for c in s[2]])

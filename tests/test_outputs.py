@@ -293,3 +293,77 @@ def test_an_output_given_another_array_before_its_backward(op):
             numpy.testing.assert_array_equal(p.grad, q.grad, err_msg=n)
     (cache,) = caches_of(b).values()
     assert cache.replays == 4
+
+
+SEEN = []
+_CELL = []
+
+
+class Reached(chainer.Chain):
+    """Results without Variables the call did not make: a helper's list
+    two objects deep, a global, a module's attribute, a default argument,
+    a closure variable, a class attribute. Define-by-run hands out these
+    very objects; a deque the call makes is new at every call."""
+
+    TABLE = []
+
+    def __init__(self, which):
+        super(Reached, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 2)
+        self.helper = types.SimpleNamespace(sub=types.SimpleNamespace(
+            items=[]))
+        self.which = which
+
+    def forward(self, x, into=SEEN):
+        y = F.sum(self.l(x))
+        if self.which == 'default':
+            return y, into
+        if self.which == 'helper':
+            return y, self.helper.sub.items
+        if self.which == 'global':
+            return y, SEEN
+        if self.which == 'module':
+            return y, chainer.functions.__name__, chainer.config._global
+        if self.which == 'closure':
+            return y, _CELL_FN()
+        if self.which == 'class':
+            return y, self.TABLE
+        return y, collections.deque([1])
+
+
+def _cell():
+    cell = _CELL
+
+    def get():
+        return cell
+    return get
+
+
+_CELL_FN = _cell()
+
+
+@pytest.mark.parametrize('which', ['helper', 'global', 'module',
+                                   'default', 'closure', 'class', 'deque'])
+def test_results_the_call_did_not_make_are_themselves(which):
+    a, b = static_twins(Reached, which)
+    x = numpy.ones((2, 3), 'f')
+    for m in (a, b):
+        outs = []
+        for i in range(5):
+            m.cleargrads()
+            y, *rest = m(x)
+            y.backward()
+            outs.append(rest)
+        if which == 'deque':
+            assert all(list(o[0]) == [1] for o in outs)
+            assert len(set(id(o[0]) for o in outs)) == 5
+            outs[0][0].append(2)
+        else:
+            want = {'helper': m.helper.sub.items, 'global': SEEN,
+                    'default': SEEN,
+                    'module': chainer.config._global, 'closure': _CELL,
+                    'class': Reached.TABLE}[which]
+            assert all(o[-1] is want for o in outs), which
+    (cache,) = caches_of(b).values()
+    assert cache.replays == 4

@@ -244,9 +244,9 @@ class Capture(object):
                          self.seen, self if self.stand_in else None)
         weakref.finalize(node, self.patched.release)
         e.rank_depth = nodes.output_depth(inner_outs)
-        outs = nodes.detach_outputs(nodes.deepen(
-            node, node.apply(list(leaves) + self.param_objs), e.rank_depth),
-            e.no_grad_outs)
+        outs = nodes.retain_outputs(nodes.deepen(
+            node, node.apply(list(leaves) + self.param_objs), e.rank_depth))
+        outs = nodes.detach_outputs(outs, e.no_grad_outs)
         vals = [v if k == 'V' else v.raw_array
                 for v, k in zip(outs, out_kinds)]
         link_state.keep_attrs(

@@ -161,6 +161,13 @@ def explain(chain):
                 if reason is not None else
                 '  %s: its calls get no backward; its backward was recorded '
                 'from a stand-in gradient' % key_text(key))
+        for key, (left, wait) in cache.backoff.items():
+            if left > 0:
+                lines.append(
+                    '  %s runs define-by-run for %d more calls (of %d), then '
+                    'records again: its recordings went stale before they '
+                    'replayed (the value they read changes at every call)'
+                    % (key_text(key), left, wait))
         for key, e in cache.entries.items():
             line = '  %s: %s' % (key_text(key), e.state)
             if e.state == 'complete':

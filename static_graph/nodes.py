@@ -50,27 +50,36 @@ def deepen(node, outs, depth):
 
 
 def replaced_outputs(node, handed):
-    """{output index: its Variable's array now} for the outputs of
-    ``node`` whose Variable the caller gave another array after the call
-    (``y.array = y.array * 0.5``): define-by-run's backward reads the new
-    one wherever a node kept the output (tanh's, sigmoid's, softmax's own
-    backward reads it)."""
+    """{output index: its array now} for the outputs ``handed`` names
+    ({index: the array the call handed out}) that the caller gave another
+    array after the call (``y.array = y.array * 0.5``): define-by-run's
+    backward reads the new one wherever a node kept the output (tanh's,
+    sigmoid's, softmax's own backward reads it), from the output's node
+    (``retain_outputs``), also where the Variable itself is gone."""
     out = {}
-    for i, ref in enumerate(node.outputs or ()):
-        vn = ref()
-        v = vn.get_variable_or_none() if vn is not None else None
-        a = v.raw_array if v is not None else None
-        h = handed[i]
-        if a is None or a is h:
+    outputs = node.outputs or ()
+    for i, h in handed.items():
+        vn = outputs[i]() if i < len(outputs) else None
+        if vn is None:
             continue
-        if a.shape != h.shape or a.dtype != h.dtype:
-            raise RuntimeError(
-                'output %d of a static call was given an array of another '
-                'shape or dtype (%s %s, was %s %s) before its backward; run '
-                'this pattern with chainer.config.use_static_graph = False'
-                % (i, a.shape, a.dtype, h.shape, h.dtype))
-        out[i] = a
+        a = vn.data
+        if a is None:
+            v = vn.get_variable_or_none()
+            a = v.raw_array if v is not None else None
+        if a is not None and a is not h:
+            out[i] = a
     return out
+
+
+def retain_outputs(outs, which=None):
+    """The nodes of outputs ``which`` (all by default) keep their arrays,
+    as a node that retains its outputs makes them keep them: a caller's
+    ``y.array = new`` updates it there (replaced_outputs). Returns outs."""
+    for i in range(len(outs)) if which is None else which:
+        y = outs[i]
+        if isinstance(y, chainer.Variable) and y.raw_array is not None:
+            y.node.data = y.raw_array
+    return outs
 
 
 def detach_outputs(outs, which):
@@ -252,14 +261,10 @@ class _Replayed(object):
                     '%s: a gradient came in another memory layout than at '
                     'recording; this backward runs the ops\' own kernels',
                     entry.method_name)
+            if self.handed:
+                self._replaced(grad_outputs)
             args = list(gys)
             args.extend(self.saved)
-            if self.handed is not None:
-                for i, a in replaced_outputs(self, self.handed).items():
-                    j = entry.saved_outputs.get(i)
-                    if j is not None:     # (a copy: kernels may write in)
-                        args[len(gys) + j] = arrayutil.copy_exact(a)
-                self.handed = None
             if not repeat:
                 self.saved = None   # the schedule frees each at last use
             args.extend(p.array for p in entry.params)
@@ -277,6 +282,32 @@ class _Replayed(object):
         return tuple(
             _variable(by_input[i]) if by_input.get(i) is not None
             else None for i in indexes), included
+
+
+    def _replaced(self, grad_outputs):
+        """Saved outputs the caller gave another array: a copy of it in
+        the saved one's place (kernels may write into what they read), for
+        this backward and any after it."""
+        entry = self.entry
+        new = replaced_outputs(self, self.handed)
+        if not new:
+            return
+        saved = list(self.saved)
+        for i, a in new.items():
+            j = entry.saved_outputs[i]
+            old = self.handed[i]
+            if a.shape != old.shape or a.dtype != old.dtype:
+                if grad_outputs[i] is None:
+                    continue    # (the backward does not go through it)
+                raise RuntimeError(
+                    'output %d of %s was given an array of another shape '
+                    'or dtype (%s %s, was %s %s) before its backward; run '
+                    'this pattern with chainer.config.use_static_graph = '
+                    'False' % (i, entry.method_name, a.shape, a.dtype,
+                               old.shape, old.dtype))
+            saved[j] = arrayutil.copy_exact(a)
+            self.handed[i] = a
+        self.saved = tuple(saved)
 
 
 class ReplayNode(_Replayed, function_node.FunctionNode):
@@ -360,7 +391,8 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
                 entry.pending.add(self)
                 self.saved = result[n:n + len(entry.saved)]
                 if entry.saved_outputs:
-                    self.handed = outs
+                    self.handed = dict((i, outs[i])
+                                       for i in entry.saved_outputs)
             else:
                 self.done = True
         self.exposed = result[n + len(entry.saved):]
@@ -441,15 +473,21 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         capture, self.capture = self.capture, None
         if capture is None:
             return self.backward_from(indexes, grad_outputs)[0]
-        new = replaced_outputs(self, self.handed)
+        new = replaced_outputs(self, dict(enumerate(self.handed)))
         for i, (mine, out) in enumerate(zip(self.handed, self.out_arrays)):
-            # The caller wrote into an output (``y.array *= 3``) or gave
-            # it another array (``y.array = y.array * 3``): nodes that
-            # retained it (sigmoid, tanh, relu) see the change under
-            # define-by-run, and in replay (the same array, or the new
-            # one put in the saved one's place).
-            mine = new.get(i, mine)
-            if i in new or arrayutil.changed(out, mine):
+            if i in new:
+                # Given another array (``y.array = y.array * 3``): the
+                # recorded nodes that kept it read a copy of that, as
+                # define-by-run's read the new one; a recording that saw
+                # this does not replay.
+                capture.inner_outs[i].array = arrayutil.copy_exact(new[i])
+                capture.rec.add_reason(
+                    'output %d was given another array (y.array = ...) '
+                    'before the backward of the recording call' % i)
+            elif arrayutil.changed(out, mine):
+                # The caller wrote into it (``y.array *= 3``): nodes that
+                # retained it (sigmoid, tanh, relu) see the change under
+                # define-by-run, and in replay (the same array).
                 arrayutil.copyto_for((out,))(out, mine)
         self.handed = None
         grads = capture.backward(grad_outputs)

@@ -226,23 +226,31 @@ def live_ids(roots):
     closure variables its code names, its classes' attributes, its
     arguments) through containers and object attributes, LIVE_DEPTH deep:
     objects the call did not make, which a result hands out as
-    themselves."""
+    themselves. At most LIVE_BUDGET objects are looked at; a container
+    larger than what is left is taken as live without its elements (a
+    vocabulary of a million words)."""
     out = set()
+    left = LIVE_BUDGET
     level = list(roots)
     for _ in range(LIVE_DEPTH + 1):
         nxt = []
         for v in level:
+            left -= 1
+            if left < 0:
+                return out
             if isinstance(v, _SCALARS) or id(v) in out or _is_leaf(v):
                 continue
             out.add(id(v))
-            if len(out) > LIVE_BUDGET:
-                return out
             if isinstance(v, dict):
-                nxt.extend(v.values())
+                items = v.values()
             elif isinstance(v, (list, tuple, set, frozenset)):
-                nxt.extend(v)
+                items = v
             elif not arrayutil.is_link(v):
-                nxt.extend(getattr(v, '__dict__', {}).values())
+                items = getattr(v, '__dict__', {}).values()
+            else:
+                continue
+            if len(items) + len(nxt) <= left:
+                nxt.extend(items)
         level = nxt
     return out
 

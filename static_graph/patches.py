@@ -200,6 +200,29 @@ def _argument_gradient(orig, what):
     return wrapper
 
 
+def _sets_gradients(orig, what, only_with=None):
+    """``Variable.backward``, ``chainer.backward`` or ``chainer.grad``
+    (``only_with='set_grad'``: where that is true), wrapped: called by the
+    method, it sets gradients (the parameters', an argument's) that replay
+    would neither compute nor set: a reason. (``chainer.grad`` without
+    ``set_grad``, a gradient penalty's, only computes: replayed.)"""
+    def wrapper(*args, **kwargs):
+        rec = getattr(_local, 'recording', None)
+        if rec is not None and not rec.depth and rec.phase == 'forward' and \
+                (only_with is None or kwargs.get(only_with)):
+            rec.add_reason('it runs a backward inside the method (%s) at '
+                           '%s; replay would not set the gradients it sets'
+                           % (what, traced.user_location(2)))
+        return orig(*args, **kwargs)
+
+    wrapper.__name__ = orig.__name__
+    wrapper.__doc__ = orig.__doc__
+    return wrapper
+
+
+_orig_backward = variable_module.Variable.backward
+_orig_chainer_backward = chainer.backward
+_orig_chainer_grad = function_node.grad
 _orig_grad_var = variable_module.Variable.__dict__['grad_var']
 _orig_cleargrad = variable_module.Variable.cleargrad
 _orig_zerograd = variable_module.Variable.zerograd
@@ -212,11 +235,15 @@ _patched_variable = {
         doc=_orig_grad_var.__doc__),
     'cleargrad': _argument_gradient(_orig_cleargrad, '.cleargrad()'),
     'zerograd': _argument_gradient(_orig_zerograd, '.zerograd()'),
-    '_set_grad': _argument_gradient(_orig_set_grad, '.grad =')}
+    '_set_grad': _argument_gradient(_orig_set_grad, '.grad ='),
+    'backward': _sets_gradients(_orig_backward, 'y.backward()')}
 _orig_variable = {
     '_get_array': _orig_get_array, '_get_grad': _orig_get_grad,
     'grad_var': _orig_grad_var, 'cleargrad': _orig_cleargrad,
-    'zerograd': _orig_zerograd, '_set_grad': _orig_set_grad}
+    'zerograd': _orig_zerograd, '_set_grad': _orig_set_grad,
+    'backward': _orig_backward}
+_patched_chainer_grad = _sets_gradients(
+    _orig_chainer_grad, 'chainer.grad(..., set_grad=True)', 'set_grad')
 
 
 def _keeps_traced(name):
@@ -337,13 +364,6 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
                            grad_inputs, is_debug):
     rec = getattr(_local, 'recording', None)
     if rec is None or rec.depth or rec.phase != 'backward':
-        if rec is not None and not rec.depth and rec.phase == 'forward':
-            # A backward inside the method (y.backward(), chainer.grad):
-            # it sets gradients (the parameters', an argument's) that
-            # replay would neither compute nor set.
-            rec.add_reason('it runs a backward inside the method (of %s) '
-                           'at %s; replay would not repeat it'
-                           % (op_kind(func), traced.user_location(2)))
         return _orig_backprop_step(func, target_input_indexes, grad_outputs,
                                    grad_inputs, is_debug)
     # Ops this step applies are labelled with the forward op's source.
@@ -387,8 +407,14 @@ _PATCHES = (
      {'report': _orig_report}),
     (reporter_module.__dict__, {'report': _patched_module_report},
      {'report': _orig_module_report}),
-    (chainer.__dict__, {'report': _patched_module_report},
-     {'report': _orig_module_report}),
+    (chainer.__dict__, {
+        'report': _patched_module_report, 'grad': _patched_chainer_grad,
+        'backward': _sets_gradients(_orig_chainer_backward,
+                                    'chainer.backward()')},
+     {'report': _orig_module_report, 'grad': _orig_chainer_grad,
+      'backward': _orig_chainer_backward}),
+    (function_node.__dict__, {'grad': _patched_chainer_grad},
+     {'grad': _orig_chainer_grad}),
     (_backprop_utils.__dict__, {'backprop_step': _patched_backprop_step},
      {'backprop_step': _orig_backprop_step}),
     (numpy.__dict__, _patched_numpy, _orig_numpy),

@@ -10,8 +10,10 @@ from static_graph import reports
 
 def replay(e, leaves):
     node = nodes.ReplayNode(e)
-    outs = nodes.detach_outputs(node.apply(list(leaves) + e.params),
-                                       e.no_grad_outs)
+    outs = node.apply(list(leaves) + e.params)
+    if node.handed:
+        nodes.retain_outputs(outs, e.saved_outputs)
+    outs = nodes.detach_outputs(outs, e.no_grad_outs)
     exposed = node.exposed
     node.exposed = None
     vals = []

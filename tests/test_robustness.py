@@ -98,6 +98,8 @@ def test_a_key_that_records_again_at_every_call_runs_define_by_run(every):
     if every == 1:
         assert len(said) == 1 and 'scale' in said[0], said
         assert (c.recordings, c.replays, c.fallback_calls) == (3, 0, 6)
+        assert 'runs define-by-run for 3 more calls (of 8)' in \
+            static_graph.explain(b)
     else:
         assert not said
         assert (c.recordings, c.replays) == (3, 6)
@@ -165,14 +167,41 @@ def _inner_backward(self, x):
     return F.sum(self.l2(self.l1(x)) ** 2)
 
 
+def _inner_grad(self, x):
+    chainer.grad([F.sum(x * x)], [x], set_grad=True)
+    return F.sum(self.l2(self.l1(x)) ** 2)
+
+
+def test_a_penalty_computed_inside_the_method_replays():
+    """chainer.grad inside the method without set_grad (a gradient
+    penalty's) only computes: it replays, bit for bit."""
+    def body(self, x):
+        h = self.l1(x)
+        g, = chainer.grad([F.sum(h * h)], [h], enable_double_backprop=True)
+        return F.sum(self.l2(h) ** 2) + F.sum(g * g)
+
+    a, b = make_twins(body)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', StaticGraphWarning)
+        for i in range(5):
+            x = data(4, 3)
+            la, lb = step(a, x), step(b, x)
+            assert la.array == lb.array
+            compare_chains(a, b, rtol=0, atol=0)
+    assert (cache(b).recordings, cache(b).replays) == (1, 4)
+
+
 @pytest.mark.parametrize('body,what', [
     (_fgsm, 'gradient of argument x (.grad)'),
     (_fgsm_var, 'gradient of argument x (.grad_var)'),
     (_clears, 'gradient of argument x (.cleargrad()'),
     (_sets, 'gradient of argument x (.grad ='),
     (_zeroes_then_writes, 'gradient of argument x (.zerograd()'),
-    (_inner_backward, 'runs a backward inside the method (of Sum)')],
-    ids=['grad', 'grad_var', 'cleargrad', 'set', 'zerograd', 'backward'])
+    (_inner_backward, 'runs a backward inside the method (y.backward())'),
+    (_inner_grad, 'runs a backward inside the method (chainer.grad(..., '
+     'set_grad=True))')],
+    ids=['grad', 'grad_var', 'cleargrad', 'set', 'zerograd', 'backward',
+         'chainer.grad'])
 def test_the_method_using_an_argument_variables_gradient_falls_back(
         body, what):
     """A Variable argument's gradient used by the method (an FGSM step

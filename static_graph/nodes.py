@@ -262,7 +262,7 @@ class _Replayed(object):
                     'recording; this backward runs the ops\' own kernels',
                     entry.method_name)
             if self.handed:
-                self._replaced(grad_outputs)
+                self._replaced()
             args = list(gys)
             args.extend(self.saved)
             if not repeat:
@@ -284,7 +284,7 @@ class _Replayed(object):
             else None for i in indexes), included
 
 
-    def _replaced(self, grad_outputs):
+    def _replaced(self):
         """Saved outputs the caller gave another array: a copy of it in
         the saved one's place (kernels may write into what they read), for
         this backward and any after it."""
@@ -296,15 +296,14 @@ class _Replayed(object):
         for i, a in new.items():
             j = entry.saved_outputs[i]
             old = self.handed[i]
-            if a.shape != old.shape or a.dtype != old.dtype:
-                if grad_outputs[i] is None:
-                    continue    # (the backward does not go through it)
+            if a.dtype != old.dtype:
                 raise RuntimeError(
-                    'output %d of %s was given an array of another shape '
-                    'or dtype (%s %s, was %s %s) before its backward; run '
-                    'this pattern with chainer.config.use_static_graph = '
-                    'False' % (i, entry.method_name, a.shape, a.dtype,
-                               old.shape, old.dtype))
+                    'output %d of %s was given an array of another dtype '
+                    '(%s, was %s) before its backward; run this pattern '
+                    'with chainer.config.use_static_graph = False'
+                    % (i, entry.method_name, a.dtype, old.dtype))
+            # (Of another shape too: what reads it fails as define-by-run's
+            # nodes would, and what does not, as there, does not.)
             saved[j] = arrayutil.copy_exact(a)
             self.handed[i] = a
         self.saved = tuple(saved)

@@ -19,6 +19,7 @@ import threading
 import numpy
 
 import chainer
+from chainer import _backprop as _backprop_module
 from chainer import _backprop_utils
 from chainer import function_node
 from chainer import reporter as reporter_module
@@ -200,29 +201,32 @@ def _argument_gradient(orig, what):
     return wrapper
 
 
-def _sets_gradients(orig, what, only_with=None):
-    """``Variable.backward``, ``chainer.backward`` or ``chainer.grad``
-    (``only_with='set_grad'``: where that is true), wrapped: called by the
-    method, it sets gradients (the parameters', an argument's) that replay
-    would neither compute nor set: a reason. (``chainer.grad`` without
-    ``set_grad``, a gradient penalty's, only computes: replayed.)"""
-    def wrapper(*args, **kwargs):
-        rec = getattr(_local, 'recording', None)
-        if rec is not None and not rec.depth and rec.phase == 'forward' and \
-                (only_with is None or kwargs.get(only_with)):
-            rec.add_reason('it runs a backward inside the method (%s) at '
-                           '%s; replay would not set the gradients it sets'
-                           % (what, traced.user_location(2)))
-        return orig(*args, **kwargs)
-
-    wrapper.__name__ = orig.__name__
-    wrapper.__doc__ = orig.__doc__
-    return wrapper
+# The Chainer functions a backward that sets gradients runs in (their
+# code, and what the reason calls them): a backward inside the method.
+_SETTERS = {variable_module.Variable.backward.__code__: 'y.backward()',
+            _backprop_module.backward.__code__: 'chainer.backward()'}
+_GRAD_CODE = function_node.grad.__code__
 
 
-_orig_backward = variable_module.Variable.backward
-_orig_chainer_backward = chainer.backward
-_orig_chainer_grad = function_node.grad
+def _setting_backward(frame):
+    """What runs this backward step, where it sets gradients: a
+    ``Variable.backward``, ``chainer.backward`` or ``chainer.grad`` with
+    ``set_grad`` true, however it was called (by position, imported
+    before the library, from Chainer's own code); else None
+    (``chainer.grad`` without ``set_grad``, a gradient penalty's, only
+    computes)."""
+    while frame is not None:
+        code = frame.f_code
+        what = _SETTERS.get(code)
+        if what is not None:
+            return what
+        if code is _GRAD_CODE:
+            return ('chainer.grad(..., set_grad=True)'
+                    if frame.f_locals.get('set_grad') else None)
+        frame = frame.f_back
+    return None
+
+
 _orig_grad_var = variable_module.Variable.__dict__['grad_var']
 _orig_cleargrad = variable_module.Variable.cleargrad
 _orig_zerograd = variable_module.Variable.zerograd
@@ -235,15 +239,11 @@ _patched_variable = {
         doc=_orig_grad_var.__doc__),
     'cleargrad': _argument_gradient(_orig_cleargrad, '.cleargrad()'),
     'zerograd': _argument_gradient(_orig_zerograd, '.zerograd()'),
-    '_set_grad': _argument_gradient(_orig_set_grad, '.grad ='),
-    'backward': _sets_gradients(_orig_backward, 'y.backward()')}
+    '_set_grad': _argument_gradient(_orig_set_grad, '.grad =')}
 _orig_variable = {
     '_get_array': _orig_get_array, '_get_grad': _orig_get_grad,
     'grad_var': _orig_grad_var, 'cleargrad': _orig_cleargrad,
-    'zerograd': _orig_zerograd, '_set_grad': _orig_set_grad,
-    'backward': _orig_backward}
-_patched_chainer_grad = _sets_gradients(
-    _orig_chainer_grad, 'chainer.grad(..., set_grad=True)', 'set_grad')
+    'zerograd': _orig_zerograd, '_set_grad': _orig_set_grad}
 
 
 def _keeps_traced(name):
@@ -364,6 +364,14 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
                            grad_inputs, is_debug):
     rec = getattr(_local, 'recording', None)
     if rec is None or rec.depth or rec.phase != 'backward':
+        if rec is not None and not rec.depth and rec.phase == 'forward':
+            what = _setting_backward(sys._getframe(1))
+            if what is not None:
+                # It sets gradients (the parameters', an argument's) that
+                # replay would neither compute nor set.
+                rec.add_reason('it runs a backward inside the method (%s) '
+                               'at %s; replay would not set the gradients '
+                               'it sets' % (what, traced.user_location(2)))
         return _orig_backprop_step(func, target_input_indexes, grad_outputs,
                                    grad_inputs, is_debug)
     # Ops this step applies are labelled with the forward op's source.
@@ -407,14 +415,8 @@ _PATCHES = (
      {'report': _orig_report}),
     (reporter_module.__dict__, {'report': _patched_module_report},
      {'report': _orig_module_report}),
-    (chainer.__dict__, {
-        'report': _patched_module_report, 'grad': _patched_chainer_grad,
-        'backward': _sets_gradients(_orig_chainer_backward,
-                                    'chainer.backward()')},
-     {'report': _orig_module_report, 'grad': _orig_chainer_grad,
-      'backward': _orig_chainer_backward}),
-    (function_node.__dict__, {'grad': _patched_chainer_grad},
-     {'grad': _orig_chainer_grad}),
+    (chainer.__dict__, {'report': _patched_module_report},
+     {'report': _orig_module_report}),
     (_backprop_utils.__dict__, {'backprop_step': _patched_backprop_step},
      {'backprop_step': _orig_backprop_step}),
     (numpy.__dict__, _patched_numpy, _orig_numpy),

@@ -168,7 +168,7 @@ def _inner_backward(self, x):
 
 
 def _inner_grad(self, x):
-    chainer.grad([F.sum(x * x)], [x], set_grad=True)
+    chainer.grad([F.sum(x * x)], [x], None, None, True)   # set_grad
     return F.sum(self.l2(self.l1(x)) ** 2)
 
 

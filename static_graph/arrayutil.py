@@ -2,6 +2,8 @@
 (``root_of``), exact copies that keep a view's strides (``copy_exact``,
 ``copies_sharing``),
 value comparison, and detached copies of what a call hands out."""
+import weakref
+
 import numpy
 
 import chainer
@@ -12,6 +14,20 @@ from static_graph import numpy_rules
 from static_graph import traced
 
 MISSING = object()
+
+
+PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+
+
+def dead_proxy(v):
+    """A ``weakref.proxy`` whose object is gone: any use of it raises."""
+    if type(v) not in PROXIES:
+        return False
+    try:
+        v.__class__
+    except ReferenceError:
+        return True
+    return False
 
 
 def is_array(v):

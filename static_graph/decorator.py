@@ -12,6 +12,7 @@ if compat.UNSUPPORTED is None:
     # the pass-through decorator below and never import it.
     from static_graph import capture
     from static_graph import entry as entry_module
+    from static_graph import link_state
     from static_graph import nstep_loop
     from static_graph import recorder
     from static_graph import replay
@@ -207,6 +208,15 @@ def static_graph(method=None, **options):
                 why = ('the earlier recording of this key has not had its '
                        'backward yet')
                 stale = e.stale
+        dead = link_state.dead_proxy_attribute(self)
+        if dead is not None:
+            diagnostics.warn_once(
+                (type(self), name, 'dead proxy', dead),
+                '%s.%s runs define-by-run while its link attribute %s is a '
+                'weakref.proxy whose object is gone: the recording cannot '
+                'look at it' % (type(self).__name__, name, dead))
+            cache.fallback_calls += 1
+            return _define_by_run(method, self, args, kwargs)
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
         return cap.forward(args, kwargs, leaves, paths)

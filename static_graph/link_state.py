@@ -25,6 +25,17 @@ def snapshot_links(chain):
             for path, link in chain.namedlinks()]
 
 
+def dead_proxy_attribute(chain):
+    """The path of a link attribute that is a ``weakref.proxy`` whose
+    object is gone (a back-reference to an owner), which the recording's
+    looks at the links would raise on; else None."""
+    for path, link in chain.namedlinks():
+        for k, v in link.__dict__.items():
+            if type(v) in arrayutil.PROXIES and arrayutil.dead_proxy(v):
+                return '%s/%s' % (path.rstrip('/'), k)
+    return None
+
+
 def added_or_deleted(snapshot):
     """The link attributes the call added or deleted (``self.carry =
     ...`` where there was none, ``del self.tmp``): what the method did

@@ -1506,3 +1506,39 @@ def test_apply_wrapper_passes_calls_through_without_a_recording():
         net(x).backward()
     assert function_node.FunctionNode.apply is patches._patched_apply
     assert (cache(net).recordings, cache(net).replays) == (1, 2)
+
+
+def test_a_dead_proxy_on_a_link_runs_define_by_run():
+    """A link attribute that is a weakref.proxy whose object is gone (a
+    back-reference to an owner): every recording raised ReferenceError
+    where define-by-run runs. Such calls run define-by-run, warned once;
+    with a live object behind it the key records and replays."""
+    import weakref
+
+    class Owner(object):
+        pass
+
+    def body(self, x):
+        return F.sum(self.l2(self.l1(x)))
+
+    a, b = make_twins(body)
+    owner = Owner()
+    b.owner = weakref.proxy(owner)
+    del owner
+    x = data(4, 3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(3):
+            la, lb = step(a, x), step(b, x)
+            assert la.array == lb.array
+            compare_chains(a, b, rtol=0, atol=0)
+    said = [str(m.message) for m in w
+            if issubclass(m.category, StaticGraphWarning)]
+    assert len(said) == 1 and '/owner is a weakref.proxy' in said[0], said
+    assert cache(b).recordings == 0
+    owner = Owner()
+    b.owner = weakref.proxy(owner)
+    for i in range(3):
+        la, lb = step(a, x), step(b, x)
+        assert la.array == lb.array
+    assert (cache(b).recordings, cache(b).replays) == (1, 2)

@@ -16,12 +16,12 @@ from static_graph import traced
 MISSING = object()
 
 
-PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
 
 def dead_proxy(v):
     """A ``weakref.proxy`` whose object is gone: any use of it raises."""
-    if type(v) not in PROXIES:
+    if type(v) not in _PROXIES:
         return False
     try:
         v.__class__

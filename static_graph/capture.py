@@ -131,8 +131,7 @@ class Capture(object):
             link_state.write_back_inputs(rec, leaves, inner, leaf_bids)
             out_spec, inner_outs, out_bids, out_kinds = self._outputs(
                 out, lambda: outputs.live_ids(outputs.roots(
-                    snapshot, functions, classes) + list(args) +
-                    list(kwargs.values())))
+                    snapshot, functions, classes, args, kwargs)))
             attr_writes = link_state.attr_changes(
                 rec, snapshot, set(id(d[3]) for d in detached))
             copies = set(id(v) for v, a in zip(inner, leaves)

@@ -31,7 +31,7 @@ def dead_proxy_attribute(chain):
     looks at the links would raise on; else None."""
     for path, link in chain.namedlinks():
         for k, v in link.__dict__.items():
-            if type(v) in arrayutil.PROXIES and arrayutil.dead_proxy(v):
+            if arrayutil.dead_proxy(v):
                 return '%s/%s' % (path.rstrip('/'), k)
     return None
 

@@ -189,12 +189,15 @@ def _has_slots(cls):
     return any(getattr(c, '__slots__', ()) for c in cls.__mro__)
 
 
-def roots(snapshot, functions, classes):
+def roots(snapshot, functions, classes, args, kwargs):
     """What a call reaches that it did not make: its links' attributes
     before the call (``snapshot``), the globals ``functions`` name and the
     attributes of those that are modules their code names (``mod.X``),
-    their defaults and closure variables, the classes' attributes."""
+    their defaults and closure variables, the classes' attributes, the
+    call's arguments."""
     out = [v for _, before, _ in snapshot for v in before.values()]
+    out.extend(args)
+    out.extend(kwargs.values())
     for fn in functions:
         glob = fn.__globals__
         for k in link_values.global_names(fn, only_globals=True):

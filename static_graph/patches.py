@@ -8,9 +8,9 @@ Chainer's ``backprop_step``, NumPy's array constructors and shape makers,
 the global random generators' functions and Chainer's pure array
 functions (``numpy_calls.PURE``) with wrappers that hand each
 event to the thread's recording (``current()``); ``uninstall()`` (when the
-last one ends) restores all but the first. A recording holds them from its forward to
-the end of its recorded backward (``Hold``). Calls while no recording is
-current in their thread pass straight through.
+last one ends) restores all but the first. A recording holds them from its
+forward to the end of its recorded backward (``Hold``). Calls while no
+recording is current in their thread pass straight through.
 """
 import random
 import sys
@@ -135,6 +135,30 @@ def _patched_apply(self, inputs):
     return rec.on_apply(self, inputs)
 
 
+def _user_caller():
+    """The frame that called the Variable accessor calling this (past
+    variable.py's own frames), or None where that is Chainer's, NumPy's
+    or this package's code."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
+        f = f.f_back
+    if f is None or traced.internal_file(f.f_code.co_filename):
+        return None
+    return f
+
+
+def _argument_gradient_used(rec, variable, what, frame):
+    """The method used the gradient of an argument's copy (``what``:
+    ``.grad``, ``.cleargrad()``...) at ``frame``: a reason, as replay
+    would neither see the caller's gradient nor set it."""
+    if rec.phase == 'forward':
+        rec.add_reason(
+            'it uses the gradient of argument %s (%s) at %s:%d; replay '
+            'would not repeat that' % (
+                signature.path_text(rec.argument_paths[id(variable)][0]),
+                what, frame.f_code.co_filename, frame.f_lineno))
+
+
 def _traced_getter(orig, gradient=False):
     """``Variable._get_array`` or ``_get_grad`` handing user code the array
     traced (``h.array``, ``W.grad``: analysis.classify_unknown tells a
@@ -150,17 +174,11 @@ def _traced_getter(orig, gradient=False):
         argument = gradient and id(self) in rec.argument_paths
         if type(a) is not numpy.ndarray and not argument:
             return a
-        f = sys._getframe(1)
-        while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
-            f = f.f_back
-        if f is None or traced.internal_file(f.f_code.co_filename):
+        f = _user_caller()
+        if f is None:
             return a
-        if argument and rec.phase == 'forward':
-            rec.add_reason(
-                'it reads the gradient of argument %s (.grad) at %s:%d; '
-                'replay would not see the caller\'s gradient' % (
-                    signature.path_text(rec.argument_paths[id(self)][0]),
-                    f.f_code.co_filename, f.f_lineno))
+        if argument:
+            _argument_gradient_used(rec, self, '.grad', f)
         if type(a) is not numpy.ndarray:
             return a
         return rec.trace(a)
@@ -176,25 +194,16 @@ _patched_get_grad = _traced_getter(_orig_get_grad, gradient=True)
 def _argument_gradient(orig, what):
     """A Variable method or accessor of the gradient, wrapped: used by
     the method on an argument's copy (``x.grad_var``, ``x.cleargrad()``,
-    ``x.grad = g``), a reason (replay would neither see the caller's
-    gradient nor set it). What the method set there goes to the caller's
-    Variable after the call (``arguments.sync_gradients``)."""
+    ``x.grad = g``), a reason (``_argument_gradient_used``). What the
+    method set there goes to the caller's Variable after the call
+    (``arguments.sync_gradients``)."""
     def wrapper(self, *args, **kwargs):
         rec = getattr(_local, 'recording', None)
-        if rec is not None and not rec.depth and rec.phase == 'forward':
-            got = rec.argument_paths.get(id(self))
-            if got is not None:
-                f = sys._getframe(1)
-                while f is not None and \
-                        f.f_code.co_filename == _VARIABLE_FILE:
-                    f = f.f_back
-                if f is not None and \
-                        not traced.internal_file(f.f_code.co_filename):
-                    rec.add_reason(
-                        'it uses the gradient of argument %s (%s) at '
-                        '%s:%d; replay would not repeat that' % (
-                            signature.path_text(got[0]), what,
-                            f.f_code.co_filename, f.f_lineno))
+        if rec is not None and not rec.depth and \
+                id(self) in rec.argument_paths:
+            f = _user_caller()
+            if f is not None:
+                _argument_gradient_used(rec, self, what, f)
         return orig(self, *args, **kwargs)
 
     wrapper.__name__ = getattr(orig, '__name__', what)
@@ -484,8 +493,8 @@ def uninstall():
 class Hold(object):
     """The wrappers held installed from a recording's forward to the end
     of its recorded backward (``release``, once; again does nothing):
-    one install for both passes instead of one each. Calls in between go through
-    the wrappers, which record only while a recording is current. One
+    one install for both passes instead of one each. Calls in between go
+    through the wrappers, which record only while a recording is current. One
     hold at most: a new one lets the last go (a recording's passes each
     install the wrappers anyway; the hold only spares the writes), so
     outputs kept without a backward keep none for long."""

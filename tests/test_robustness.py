@@ -1458,18 +1458,11 @@ def test_apply_wrapper_passes_calls_through_without_a_recording():
     from chainer import function_node
     from static_graph import patches
 
-    class Net(chainer.Chain):
-        def __init__(self):
-            super(Net, self).__init__()
-            with self.init_scope():
-                self.l = L.Linear(3, 2)
-
-        @static_graph.static_graph
-        def forward(self, x):
-            return F.sum(F.relu(self.l(x)))
+    def net():
+        return make_twins(lambda self, x: F.sum(F.relu(self.l1(x))))[1]
 
     x = numpy.arange(6, dtype='f').reshape(2, 3)
-    Net()(x).backward()      # a recording: the wrapper is in place
+    step(net(), x)           # a recording: the wrapper is in place
     assert function_node.FunctionNode.apply is patches._patched_apply
     assert patches._install_count == 0
 
@@ -1501,11 +1494,11 @@ def test_apply_wrapper_passes_calls_through_without_a_recording():
     # Code that puts Chainer's own back (a mock.patch's exit): the next
     # recording installs the wrapper again, and its key replays.
     function_node.FunctionNode.apply = patches.orig_apply
-    net = Net()
+    b = net()
     for _ in range(3):
-        net(x).backward()
+        step(b, x)
     assert function_node.FunctionNode.apply is patches._patched_apply
-    assert (cache(net).recordings, cache(net).replays) == (1, 2)
+    assert (cache(b).recordings, cache(b).replays) == (1, 2)
 
 
 def test_a_dead_proxy_on_a_link_runs_define_by_run():

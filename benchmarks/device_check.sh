@@ -91,11 +91,11 @@ EOF
     timeout 90 $PY -m pytest -q -p no:cacheprovider \
         tests/test_captured_update_gpu.py tests/test_captured_update_cuda.py \
         tests/test_captured_update_fake_gpu.py 2>&1 \
-        | tee "$OUT/tests_update.txt" | tail -25
+        | tee "$OUT/tests.txt" | tail -25
     timeout 80 $PY -m pytest -q -p no:cacheprovider \
         tests/test_cuda_graph.py tests/test_cupy.py tests/test_outputs.py \
         tests/test_real_code.py tests/test_chainer_examples.py 2>&1 \
-        | tee "$OUT/tests.txt" | tail -25
+        | tee -a "$OUT/tests.txt" | tail -25
     ;;
   fuzz_update)
     log fuzz_update

@@ -105,8 +105,10 @@ def _shape_derived(a):
 def _uniform(a):
     if a.size <= 1:
         return True
-    # (numpy.asarray: a numpy.matrix stays 2-D through reshape(-1))
-    flat = numpy.asarray(a).reshape(-1)
+    if isinstance(a, numpy.ndarray):
+        # (numpy.asarray: a numpy.matrix stays 2-D through reshape(-1))
+        a = numpy.asarray(a)
+    flat = a.reshape(-1)    # (CuPy: compared on the device)
     return bool((flat == flat[0]).all())
 
 

@@ -55,28 +55,26 @@ def sync_gradients(inner, leaves):
 
 
 def _copies_sharing(leaves):
-    """{position: copy} for NumPy array arguments (or Variables' arrays)
-    that start at one address (``model(x, x.T)``, two Variables of one
-    array): copies that do too (arrayutil.copies_sharing). Replays run on
-    the caller's arrays."""
+    """{position: copy} for array arguments (or Variables' arrays) of one
+    memory (``model(x, x.T)``, ``model(x, x[1:])``, two Variables of one
+    array): copies that share one memory as they do
+    (arrayutil.copies_sharing). Replays run on the caller's arrays."""
     by_root, seen = {}, set()
     for i, leaf in enumerate(leaves):
         if id(leaf) in seen:
             continue      # the same object again: one copy (first)
         seen.add(id(leaf))
         a = leaf.raw_array if isinstance(leaf, chainer.Variable) else leaf
-        if type(a) is numpy.ndarray and a.size:
+        if (type(a) is numpy.ndarray or arrayutil.is_array(a) and
+                not isinstance(a, numpy.ndarray)) and a.size:
             by_root.setdefault(id(arrayutil.root_of(a)), []).append((i, a))
     out = {}
     for group in by_root.values():
         if len(group) < 2:
             continue      # (most: each argument its own memory)
-        at = {}
-        for i, a in group:
-            at.setdefault(a.__array_interface__['data'][0], []).append(
-                (i, a))
-        for same in at.values():
-            if len(same) > 1:
-                pos, arrays = zip(*same)
-                out.update(zip(pos, arrayutil.copies_sharing(arrays)))
+        for ks in arrayutil.overlapping([a for _, a in group]):
+            if len(ks) > 1:   # (rows far apart in a dataset: apart)
+                out.update(zip([group[k][0] for k in ks],
+                               arrayutil.copies_sharing(
+                                   [group[k][1] for k in ks])))
     return out

@@ -102,23 +102,59 @@ def copy_exact(a):
     return out
 
 
+def start_of(a):
+    """The address of ``a``'s first element (NumPy or CuPy)."""
+    if isinstance(a, numpy.ndarray):
+        return a.__array_interface__['data'][0]
+    return a.data.ptr
+
+
+def extent(a):
+    """[first, past the last) byte address that ``a`` (NumPy or CuPy)
+    shows."""
+    s = start_of(a)
+    return (s + sum(st * (n - 1) for st, n in zip(a.strides, a.shape)
+                    if st < 0),
+            s + sum(st * (n - 1) for st, n in zip(a.strides, a.shape)
+                    if st > 0) + a.itemsize)
+
+
+def overlapping(arrays):
+    """The positions of ``arrays`` (non-empty, of one memory) in groups
+    whose extents overlap, each group in the given order."""
+    spans = sorted((extent(a), k) for k, a in enumerate(arrays))
+    groups, end = [], None
+    for (lo, hi), k in spans:
+        if end is None or lo >= end:
+            groups.append([])
+            end = hi
+        groups[-1].append(k)
+        end = max(end, hi)
+    return [sorted(g) for g in groups]
+
+
 def copies_sharing(arrays):
-    """Copies of NumPy arrays, each as ``copy_exact`` makes it, in one
-    fresh block of memory where they lie as the arrays lie in theirs:
-    arrays that start at one address (``x`` and ``x.T``) still do, so
-    that NumPy chooses the same routine for them (``x @ x.T`` of one
-    memory is a symmetric product, syrk, not gemm: other last bits)."""
-    starts = [a.__array_interface__['data'][0] for a in arrays]
-    lo = min(s + sum(st * (n - 1) for st, n in zip(a.strides, a.shape)
-                     if st < 0) for s, a in zip(starts, arrays))
-    hi = max(s + sum(st * (n - 1) for st, n in zip(a.strides, a.shape)
-                     if st > 0) + a.itemsize for s, a in zip(starts, arrays))
-    block = numpy.empty(hi - lo, numpy.uint8)
+    """Copies of arrays of one memory (NumPy's or CuPy's), each with its
+    array's strides, in one fresh block where they lie as the arrays lie
+    in theirs: what one writes, another that overlaps it shows (a method
+    writing into ``x`` that reads ``x[1:]``), and arrays that start at one
+    address (``x`` and ``x.T``) still do, so that NumPy chooses the same
+    routine for them (``x @ x.T`` of one memory is a symmetric product,
+    syrk, not gemm: other last bits)."""
+    starts = [start_of(a) for a in arrays]
+    lo = min(extent(a)[0] for a in arrays)
+    hi = max(extent(a)[1] for a in arrays)
+    xp = backend.get_array_module(arrays[0])
+    block = xp.empty(hi - lo, numpy.uint8)
     out = []
     for a, start in zip(arrays, starts):
-        c = numpy.ndarray(a.shape, a.dtype, buffer=block, offset=start - lo,
-                          strides=a.strides)
-        numpy.copyto(c, a)
+        if xp is numpy:
+            c = numpy.ndarray(a.shape, a.dtype, buffer=block,
+                              offset=start - lo, strides=a.strides)
+        else:
+            c = xp.ndarray(a.shape, a.dtype, memptr=block.data + (start - lo),
+                           strides=a.strides)
+        xp.copyto(c, a)
         out.append(c)
     return out
 

@@ -42,7 +42,7 @@ _WRITES = (('__setitem__', '[...] ='), ('__iadd__', '+='),
            ('__ifloordiv__', '//='), ('__imod__', '%='), ('__ipow__', '**='),
            ('__imatmul__', '@='), ('__iand__', '&='), ('__ior__', '|='),
            ('__ixor__', '^='), ('__ilshift__', '<<='),
-           ('__irshift__', '>>='))
+           ('__irshift__', '>>='), ('fill', '.fill()'), ('put', '.put()'))
 
 
 def _user_call(rec):

@@ -11,6 +11,7 @@ import numpy
 
 import chainer
 
+from schedules import bits
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import analysis
@@ -153,7 +154,11 @@ def write_back_inputs(rec, leaves, inner, leaf_bids):
     """The recording ran on copies of the array arguments: a method that
     wrote into one (its fallback reason is recorded) leaves the caller's
     array changed, and one that gave an argument Variable another array
-    (``x.array = ...``) does so to the caller's, as define-by-run would."""
+    (``x.array = ...``) does so to the caller's, as define-by-run would.
+    Which copies differ is settled before any is written back (a caller's
+    array written back must not be compared again as another argument's
+    memory: ``model(x, x[1:])``)."""
+    back = []
     for leaf, mine, bid in zip(leaves, inner, leaf_bids):
         if isinstance(leaf, chainer.Variable):
             if mine.raw_array is not rec.buffers[bid].storage:
@@ -163,12 +168,28 @@ def write_back_inputs(rec, leaves, inner, leaf_bids):
                 leaf.array = traced.untraced(mine.raw_array)
                 continue
             leaf, mine = leaf.raw_array, mine.raw_array
-        if type(leaf) is not numpy.ndarray or mine is None:
-            continue
+        if mine is None or not arrayutil.is_array(leaf) or \
+                isinstance(leaf, numpy.ndarray) and \
+                type(leaf) is not numpy.ndarray:
+            continue    # (not an array; a NumPy subclass, left as it is)
         mine = traced.untraced(mine)
-        if leaf.shape == mine.shape and leaf.dtype == mine.dtype and \
-                leaf.flags.writeable and arrayutil.changed(leaf, mine):
-            numpy.copyto(leaf, mine)
+        if leaf.shape != mine.shape or leaf.dtype != mine.dtype:
+            continue
+        if isinstance(leaf, numpy.ndarray):
+            if leaf.flags.writeable and arrayutil.changed(leaf, mine):
+                back.append((leaf, mine))
+        elif not bits.same_bits(leaf, mine, chainer.backend.get_array_module(
+                leaf).array_equal):
+            # CuPy: only its operators and item assignment are seen as
+            # they write (device_reads); a CuPy function's ``out=``,
+            # ``copyto`` or ``fill`` into the copy shows here.
+            rec.add_reason(
+                'user code changed the values of the CuPy argument %s in '
+                'place; replay would not repeat the write'
+                % rec.buffers[bid].name)
+            back.append((leaf, mine))
+    for leaf, mine in back:
+        chainer.backend.get_array_module(leaf).copyto(leaf, mine)
 
 
 def trace_held_arrays(chain, rec):

@@ -557,28 +557,35 @@ def _op_numpy_noise(b):
     NumPy arithmetic on the activation's values."""
     sigma = b.draw(st.sampled_from([0.1, 0.5]))
     kind = b.draw(st.integers(0, 6))
+    # On a device the host's arrays go there as user code sends them
+    # (Chainer's DCGAN: xp.asarray of a draw), where the NumPy program
+    # would mix host and device arrays.
+    dev = '%s' if _device() is None else 'self.xp.asarray(%s)'
     b.body.append('h = chainer.as_variable(h)')
     if kind == 0:
-        b.body.append('h = h + %r * numpy.random.randn(*h.shape)' % sigma)
+        b.body.append('h = h + %r * %s' % (
+            sigma, dev % 'numpy.random.randn(*h.shape)'))
     elif kind == 1:
         b.body.append('h = h * numpy.tanh(h.array * %r)' % sigma)
     elif kind == 2:
         b.body.append(
-            'h = h + (numpy.random.uniform(-1, 1, size=h.shape) > 0)'
-            '.astype(h.dtype) * %r' % sigma)
+            'h = h + %s.astype(h.dtype) * %r' % (
+                dev % '(numpy.random.uniform(-1, 1, size=h.shape) > 0)',
+                sigma))
     elif kind == 3:
         n = b.name('rng')
         b.init.append('self.%s = numpy.random.RandomState(%d)'
                       % (n, b.draw(st.integers(0, 9))))
-        b.body.append('h = h + self.%s.standard_normal(h.shape).astype('
-                      'h.dtype) * %r' % (n, sigma))
+        b.body.append('h = h + %s.astype(h.dtype) * %r' % (
+            dev % ('self.%s.standard_normal(h.shape)' % n), sigma))
     elif kind == 4:     # NumPy functions that work in place inside
         b.body.append('h = h * ((numpy.sort(h.array, axis=-1) - h.array.mean('
                       'axis=-1, keepdims=True)) * %r).astype(h.dtype)'
                       % sigma)
     elif kind == 5:     # an argmax per row (an array), one-hot
         b.body.append('h = h * (h.array.argmax(axis=-1)[..., None] == '
-                      'numpy.arange(h.shape[-1])).astype(h.dtype)')
+                      '%s.arange(h.shape[-1])).astype(h.dtype)'
+                      % ('numpy' if _device() is None else 'self.xp'))
     else:               # ufuncs of a 0-d array (the loss's perplexity)
         b.body.append('h = h * (1 + numpy.tanh(F.mean(h).array) * %r)'
                       % sigma)

@@ -309,8 +309,8 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
         call = '%s(%s)' % (fn_name, fn_args)
         if i in streamed:
             # Its results: not to be read before R.end() (select).
-            lines.append('    %s, *_ = R.put(%s, (%s))' % (
-                ', '.join(ref(b) for b in op.outputs), fname, args))
+            lines.extend(_unpack([ref(b) for b in op.outputs],
+                                 'R.put(%s, (%s))' % (fname, args)))
             lines.extend(_after(i, hold_at, release_at, frees, ref))
             continue
         if i in pairs:
@@ -325,19 +325,15 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
             lines.append('    _ra, _rb = %s(%s, (%s,), %s, (%s,))' % (
                 pname, a_name, a_args, fn_name, fn_args))
             a_op = schedule.ops[j]
-            lines.append('    %s, *_ = _ra' % ', '.join(
-                ref(b) for b in a_op.outputs))
+            lines.extend(_unpack([ref(b) for b in a_op.outputs], '_ra'))
             lines.extend(_after(j, hold_at, release_at, frees, ref))
-            lines.append('    %s, *_ = _rb' % ', '.join(
-                ref(b) for b in op.outputs))
+            lines.extend(_unpack([ref(b) for b in op.outputs], '_rb'))
             lines.extend(_after(i, hold_at, release_at, frees, ref))
             continue
         static = [bufs[b].static for b in op.outputs]
         if not any(static) and op.select == tuple(range(len(op.outputs))):
             # One line: unpack the result tuple (padding unused tails).
-            targets = [ref(b) for b in op.outputs]
-            lines.append('    %s, *_ = %s' % (', '.join(targets), call)
-                         if targets else '    %s' % call)
+            lines.extend(_unpack([ref(b) for b in op.outputs], call))
         else:
             lines.append('    _r = ' + call)
             for b, pos in zip(op.outputs, op.select):
@@ -360,6 +356,23 @@ def compile_schedule(schedule, copyto, extra_outputs=(), copy_outputs=(),
     # Out of its own globals: ``run`` -> globals -> ``run`` would be a
     # reference cycle holding every kernel until the garbage collector runs.
     return CompiledSchedule(schedule, env.pop('run'), source)
+
+
+# Python compiles ``a, b, *_ = r`` for at most 255 names before the star.
+_MAX_STARRED = 255
+
+
+def _unpack(targets, expr):
+    """The lines that set ``targets`` to the first results of ``expr``
+    (a result tuple may be longer: padding unused tails)."""
+    if not targets:
+        return ['    %s' % expr]
+    if len(targets) <= _MAX_STARRED:
+        return ['    %s, *_ = %s' % (', '.join(targets), expr)]
+    # (F.stack of 300 pieces: its backward's 300 gradients)
+    return ['    _r = %s' % expr] + [
+        '    %s = _r[%d]' % (t, k) for k, t in enumerate(targets)] + \
+        ['    del _r']
 
 
 def _after(i, hold_at, release_at, frees, ref):

@@ -90,3 +90,32 @@ def test_traced_build_replays_the_same_numbers(monkeypatch):
             F.sum(m(x) ** 2).backward()
         compare_chains(*models, rtol=0, atol=0)
     assert caches_of(models[1])['forward'].replays == 2
+
+
+class _ManyPieces(chainer.Chain):
+    def __init__(self):
+        super(_ManyPieces, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(4, 4)
+
+    def forward(self, x):
+        # 300 pieces (an RNN's states over 300 steps): the backward of the
+        # stack has 300 results, the separate 300 outputs.
+        return F.sum(F.stack(F.separate(self.l(x), axis=0)) ** 2)
+
+
+def test_an_op_of_300_results_compiles():
+    """Python compiles ``a, b, *_ = r`` for at most 255 names: a compiled
+    schedule of such an op raised SyntaxError at every call from the
+    third on."""
+    a = _ManyPieces()
+    b = type('S', (_ManyPieces,),
+             {'forward': static_graph.static_graph(_ManyPieces.forward)})()
+    b.copyparams(a)
+    x = rs.randn(300, 4).astype('f')
+    for _ in range(5):
+        for m in (a, b):
+            m.cleargrads()
+            m(x).backward()
+        compare_chains(a, b, rtol=0, atol=0)
+    assert caches_of(b)['forward'].replays == 4

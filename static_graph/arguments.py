@@ -7,6 +7,8 @@ import chainer
 
 from schedules import ir
 from static_graph import arrayutil
+from static_graph import link_values
+from static_graph import signature
 
 
 def inner_arguments(rec, leaves, paths):
@@ -78,3 +80,47 @@ def _copies_sharing(leaves):
                                arrayutil.copies_sharing(
                                    [group[k][1] for k in ks])))
     return out
+
+
+# Elements in all of a container argument that the check below compares
+# (a larger one is not checked).
+ARGUMENT_ITEMS = 4096
+_CONTAINERS = (list, dict, tuple, set)
+
+
+def containers(args, kwargs):
+    """[(position or keyword, container, its values frozen)] for the
+    method's container arguments (lists, dicts, sets, tuples holding
+    them), as the method gets them: what it changes in them
+    (``stats['n'] += 1``, ``hidden.append(h)``) replay would not change."""
+    return [(at, v, link_values.freeze(v, ARGUMENT_ITEMS))
+            for at, v in list(enumerate(args)) + list(kwargs.items())
+            if isinstance(v, _CONTAINERS)]
+
+
+def check_containers(rec, before, made, inner, leaves, method):
+    """A container argument the method changed: a reason, and the
+    caller's containers that the recording replaced by new ones (those
+    holding arrays or Variables, ``made``: (new, caller's) pairs) get what
+    the method left in them, with the caller's own arrays and Variables
+    for the copies, as under define-by-run."""
+    changed = [at for at, v, frozen in before if frozen is not None and
+               not link_values.holds(v, frozen, ARGUMENT_ITEMS)]
+    if not changed:
+        return
+    at = changed[0]
+    if not isinstance(at, str):
+        names = signature.arg_names_of(method)
+        at = names[at] if at < len(names) else 'args[%d]' % at
+    rec.add_reason('the method changes its argument %s in place (an item '
+                   'set, added or removed); replay would not repeat that'
+                   % at)
+    back = dict((id(v), a) for v, a in zip(inner, leaves))
+    back.update((id(new), old) for new, old in made)
+    for new, old in made:
+        if isinstance(new, list):
+            old[:] = [back.get(id(x), x) for x in new]
+        else:
+            items = [(k, back.get(id(x), x)) for k, x in new.items()]
+            old.clear()
+            old.update(items)

@@ -87,7 +87,9 @@ class Capture(object):
     def _forward(self, args, kwargs, leaves, paths):
         rec, chain, e = self.rec, self.chain, self.entry
         inner, leaf_bids = arguments.inner_arguments(rec, leaves, paths)
-        new_args, new_kwargs = signature.rebuild(args, kwargs, inner)
+        made = []
+        new_args, new_kwargs = signature.rebuild(args, kwargs, inner, made)
+        held_args = arguments.containers(new_args, new_kwargs)
         detached = link_state.detach_link_variables(
             chain, rec, self.cache.written + self.cache.state_slots)
         snapshot = link_state.snapshot_links(chain)
@@ -111,6 +113,8 @@ class Capture(object):
             link_state.untrace_held(chain, held)
             watch.put_back_arrays(shown)
             arguments.sync_gradients(inner, leaves)
+            arguments.check_containers(rec, held_args, made, inner, leaves,
+                                       self.method)
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()

@@ -1,6 +1,5 @@
 """``@static_graph``: record a Chain method once per key, replay afterwards."""
 import functools
-import inspect
 
 import chainer
 
@@ -22,15 +21,6 @@ if compat.UNSUPPORTED is None:
 from static_graph.cache import caches_of  # NOQA  (public: tests, explain)
 from static_graph.cache import DEFAULT_CACHE_SIZE, DEFAULT_WARN_RETRACE
 from static_graph import cache as cache_module
-
-
-def arg_names_of(method):
-    """The names of a method's positional parameters after ``self``."""
-    names = []
-    for p in list(inspect.signature(method).parameters.values())[1:]:
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            names.append(p.name)
-    return names
 
 
 def static_graph(method=None, **options):
@@ -93,7 +83,7 @@ def static_graph(method=None, **options):
         return method
 
     name = method.__name__
-    arg_names = arg_names_of(method)
+    arg_names = signature.arg_names_of(method)
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):

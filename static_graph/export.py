@@ -26,7 +26,7 @@ def inference_schedule(chain, args, method='forward', kwargs=None):
     with chainer.using_config('train', False), chainer.no_backprop_mode(), \
             chainer.using_config('use_static_graph', True):
         getattr(chain, method)(*args, **kwargs)
-        arg_names = decorator.arg_names_of(getattr(type(chain),
+        arg_names = signature.arg_names_of(getattr(type(chain),
                                                  method).__wrapped__)
         spec, _, _ = signature.flatten(arg_names, tuple(args), kwargs)
         key = (spec, signature.config_key())

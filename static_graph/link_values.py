@@ -137,10 +137,10 @@ def _freeze(v, budget):
     return _TOO_BIG if budget[0] < 0 else (t, items)
 
 
-def freeze(v):
+def freeze(v, items=MAX_ITEMS):
     """``v`` frozen for comparison (see _freeze), or None for a container
-    too big to compare by value."""
-    frozen = _freeze(v, [MAX_ITEMS])
+    of more than ``items`` elements in all."""
+    frozen = _freeze(v, [items])
     return None if frozen is _TOO_BIG else frozen
 
 
@@ -155,10 +155,13 @@ def same_value(a, b):
         return False
 
 
-def _holds(v, frozen):
+def _holds(v, frozen, items=MAX_ITEMS):
     """Does container ``v`` still hold ``frozen`` (freeze's value of it
-    then; an immutable tuple is its own)?"""
-    return v is frozen or _equal(freeze(v), frozen)
+    then, of at most ``items`` elements; an immutable tuple is its own)?"""
+    return v is frozen or _equal(freeze(v, items), frozen)
+
+
+holds = _holds
 
 
 def _equal(now, then):

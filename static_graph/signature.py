@@ -5,6 +5,7 @@ tuples, lists and dicts) and returns a hashable spec plus the array leaves in
 order; ``rebuild`` puts other arrays back in their places.
 """
 import copy
+import inspect
 import math
 import operator
 import types
@@ -68,6 +69,15 @@ def layout(array):
         return 'F'
     return tuple(s if n > 1 else 0
                  for s, n in zip(array.strides, array.shape))
+
+
+def arg_names_of(method):
+    """The names of a method's positional parameters after ``self``."""
+    names = []
+    for p in list(inspect.signature(method).parameters.values())[1:]:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    return names
 
 
 def flatten(arg_names, args, kwargs):
@@ -205,31 +215,42 @@ def _walk(obj, path, found):
                       % (path_text(path), type(obj).__name__))
 
 
-def rebuild(args, kwargs, replacements):
-    """Return (args, kwargs) with the array leaves replaced, in order."""
+def rebuild(args, kwargs, replacements, made=None):
+    """Return (args, kwargs) with the array leaves replaced, in order.
+    Containers holding none are the caller's own (the method may change
+    them, as under define-by-run); ``made``, where given, gets a (new,
+    caller's) pair for each list or dict made new."""
     it = iter(replacements)
-    new_args = tuple(_put(a, it) for a in args)
-    new_kwargs = {k: _put(kwargs[k], it) for k in kwargs}
+    new_args = tuple(_put(a, it, made) for a in args)
+    new_kwargs = {k: _put(kwargs[k], it, made) for k in kwargs}
     return new_args, new_kwargs
 
 
-def _put(obj, it):
+def _put(obj, it, made):
     if isinstance(obj, chainer.Variable):
         return next(it)
     if isinstance(obj, _SCALARS):
         return obj
     if isinstance(obj, (tuple, list)):
-        items = [_put(o, it) for o in obj]
+        items = [_put(o, it, made) for o in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
         if hasattr(obj, '_fields'):      # a namedtuple
             return type(obj)(*items)
-        return type(obj)(items)
-    if isinstance(obj, dict):
+        new = type(obj)(items)
+    elif isinstance(obj, dict):
+        items = [(k, _put(v, it, made)) for k, v in obj.items()]
+        if all(a is b for (_, a), b in zip(items, obj.values())):
+            return obj
         # (a copy of the same type: an OrderedDict, a defaultdict's factory)
         new = copy.copy(obj)
-        for k, v in obj.items():
-            new[k] = _put(v, it)
-        return new
-    return next(it)   # an array
+        for k, v in items:
+            new[k] = v
+    else:
+        return next(it)   # an array
+    if made is not None and isinstance(new, (list, dict)):
+        made.append((new, obj))
+    return new
 
 
 def scalar_key(v):

@@ -1,0 +1,123 @@
+"""Containers the caller passes in (a dict of counters, a list to collect
+results in, a cache dict): the method gets the caller's own where they hold
+no array, and what it changes in any of them reaches the caller, as under
+define-by-run; such a call falls back, since replay would not change them."""
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from static_graph import StaticGraphWarning
+from static_graph import static_graph
+from static_graph.decorator import caches_of
+
+
+class Net(chainer.Chain):
+    def __init__(self, body):
+        super(Net, self).__init__()
+        self.body = body
+        with self.init_scope():
+            self.l = L.Linear(3, 3)
+
+    def forward(self, x, box):
+        return self.body(self, x, box)
+
+
+def _twins(body):
+    a = Net(body)
+    b = type('S', (Net,), {'forward': static_graph(Net.forward)})(body)
+    b.copyparams(a)
+    return a, b
+
+
+def _counts(m, x, box):
+    h = F.tanh(m.l(x))
+    box['total'] += x.shape[0]           # the sentiment example's counters
+    return F.sum(h)
+
+
+def _collects(m, x, box):
+    h = F.tanh(m.l(x))
+    box.append(h)                        # intermediate Variables handed back
+    return F.sum(h * h)
+
+
+def _cache(m, x, box):
+    h = F.tanh(m.l(box.pop('prev')) + m.l(x))
+    box['prev'] = h                      # a cache dict holding a Variable
+    return F.sum(h)
+
+
+@pytest.mark.parametrize('body, box', [
+    (_counts, lambda rs: {'total': 0}),
+    (_collects, lambda rs: []),
+    (_cache, lambda rs: {'prev': chainer.Variable(
+        rs.randn(2, 3).astype('f'))}),
+])
+def test_what_the_method_changes_in_an_argument_reaches_the_caller(
+        body, box):
+    a, b = _twins(body)
+    got = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for m in (a, b):
+            rs = numpy.random.RandomState(0)
+            got[m] = []
+            for _ in range(3):
+                x = rs.randn(2, 3).astype('f')
+                bx = box(rs)
+                given = dict(bx) if isinstance(bx, dict) else list(bx)
+                m.cleargrads()
+                loss = m(x, bx)
+                extra = 0
+                if body is _collects:
+                    extra = F.sum(bx[0] * 3)
+                elif body is _cache:
+                    extra = F.sum(bx['prev'] * 3)
+                    assert 'prev' in bx and bx['prev'] is not given['prev']
+                (loss + extra).backward()
+                got[m].append((loss.array, m.l.W.grad.copy(),
+                               bx['total'] if body is _counts else len(bx)))
+    for (la, ga, na), (lb, gb, nb) in zip(got[a], got[b]):
+        assert la == lb and numpy.array_equal(ga, gb) and na == nb
+    assert caches_of(b)['forward'].replays == 0
+    assert any(issubclass(w.category, StaticGraphWarning) and
+               'changes its argument box' in str(w.message) for w in caught)
+
+
+def test_a_cache_argument_gets_the_callers_variable_back():
+    """The caller's Variables, not the recording's copies of them, are what
+    the method leaves in a dict it rebuilt."""
+    m = type('S', (Net,), {'forward': static_graph(Net.forward)})(
+        lambda m, x, box: F.sum(m.l(box['keep']) + m.l(x)))
+    v = chainer.Variable(numpy.ones((2, 3), 'f'))
+
+    def body(m, x, box):
+        box['again'] = box['keep']
+        return F.sum(m.l(box['keep']) + m.l(x))
+
+    m.body = body
+    box = {'keep': v}
+    with pytest.warns(StaticGraphWarning, match='changes its argument'):
+        m(numpy.ones((2, 3), 'f'), box)
+    assert box['keep'] is v and box['again'] is v
+
+
+def test_containers_read_only_still_replay():
+    a, b = _twins(lambda m, x, box: F.sum(m.l(x) * box['scale'])
+                  + F.sum(m.l(box['xs'][0])))
+    rs = numpy.random.RandomState(1)
+    for _ in range(4):
+        x = rs.randn(2, 3).astype('f')
+        xs = [rs.randn(2, 3).astype('f')]
+        for m in (a, b):
+            box = {'scale': 0.5, 'xs': list(xs)}
+            m.cleargrads()
+            m(x, box).backward()
+            assert box['xs'][0] is xs[0] and box['scale'] == 0.5
+        assert numpy.array_equal(a.l.W.grad, b.l.W.grad)
+    assert caches_of(b)['forward'].replays == 3

@@ -18,7 +18,9 @@ keeps them, and ``Watch.holds`` compares before every replay:
   and Python's own library, a ``SimpleNamespace``, an ``argparse``
   ``Namespace``: ``self.sched.t``, ``CFG.scale``) by identity and its
   attributes like the others, to ``HELPER_DEPTH`` levels and
-  ``MAX_FIELDS`` attributes in all; one past those by identity only.
+  ``MAX_FIELDS`` attributes in all; one past those by identity only;
+* the link hooks of the chain's child links (they run inside the call,
+  ``link.add_hook``), Chainer's own too, as helper objects.
 
 The links' arrays, Variables and child links are ``entry.link_structure``'s;
 so are the names Chainer manages on every link (``_params``, ``_children``,
@@ -307,7 +309,8 @@ def helper_fields(v):
         return v.__dict__
     cls = type(v)
     if isinstance(v, (type, _ModuleType, chainer.Variable)) or \
-            arrayutil.is_link(v) or not _user_class(cls):
+            arrayutil.is_link(v) or not (
+                _user_class(cls) or isinstance(v, chainer.LinkHook)):
         return None
     try:
         d = object.__getattribute__(v, '__dict__')
@@ -439,6 +442,19 @@ class Watch(object):
         self.n_link_pairs = len(self.pairs)
         self.n_link_frozen = len(self.frozen)
         self.n_link_objects = len(self.objects)
+        for d, _, path in snapshot:
+            hooks = d.get('_local_link_hooks')
+            if hooks and path != '/':
+                # A child link's hooks run inside the call (the decorated
+                # chain's own run around it): watched as helper objects,
+                # so their state set between calls (a scale) records
+                # again, and one the call changes (a counter, a timer's
+                # history, an activation kept) is a change replay would
+                # not repeat.
+                self.prefix[id(hooks)] = 'self%s link hook ' % (
+                    path.rstrip('/').replace('/', '.'))
+                for name, hook in hooks.items():
+                    self._add(hooks, name, hook)
         self._classes_seen = set()
         self._add_class_attributes(classes)
         self.named_globals = named_globals(functions)

@@ -93,6 +93,7 @@ class Cache(object):
     def __init__(self, owner_name, size, warn_retrace, recompute=True,
                  plan_memory=True, cuda_graph=True, threads=None):
         self.owner_name = owner_name
+        self.method = None      # the decorated function it serves
         self.threads = threads
         self.size = size
         self.warn_retrace = warn_retrace
@@ -380,16 +381,36 @@ def _erase(spec):
 _erased_leaves = {}   # leaf spec -> its family's (the same few recur)
 
 
-def cache_for(chain, name, options):
+def cache_for(chain, name, options, method, wrapper):
+    """The Cache of the decorated function ``method`` (``wrapper``, the
+    decorator's) on ``chain``: under ``name`` for the one the chain's class
+    holds there; another of that name (``Base.forward`` called from a
+    subclass that decorates its own, two methods made by one decorator of
+    the user's, both ``wrapper``) under its qualified name."""
     with _caches_lock:
         per_chain = _holder(chain, True)
         cache = per_chain.get(name)
-        if cache is None:
-            cache = Cache('%s.%s' % (type(chain).__name__, name),
-                          options['cache_size'], options['warn_retrace'],
-                          options['recompute'], options['plan_memory'],
-                          options['cuda_graph'], options.get('threads'))
-            per_chain[name] = cache
+        if cache is not None and cache.method is method:
+            return cache
+        for cache in per_chain.values():
+            if cache.method is method:
+                return cache
+        key = name
+        if name in per_chain and \
+                getattr(type(chain), name, None) is not wrapper:
+            key = base = method.__qualname__
+            n = 2
+            while key in per_chain:
+                key = '%s#%d' % (base, n)
+                n += 1
+        # (Else a method of that name defined again on the class, in a
+        # notebook: the old one's cache goes.)
+        cache = Cache('%s.%s' % (type(chain).__name__, key),
+                      options['cache_size'], options['warn_retrace'],
+                      options['recompute'], options['plan_memory'],
+                      options['cuda_graph'], options.get('threads'))
+        cache.method = method
+        per_chain[key] = cache
         return cache
 
 

@@ -67,13 +67,17 @@ def static_graph(method=None, **options):
                           t < 1):
         raise ValueError('threads must be None or a positive int, got %r'
                          % (t,))
-    if not isinstance(opts['cache_size'], int) or opts['cache_size'] < 1:
-        raise ValueError('cache_size must be a positive int, got %r'
-                         % (opts['cache_size'],))
+    for count in ('cache_size', 'warn_retrace'):
+        v = opts[count]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError('%s must be a positive int, got %r'
+                             % (count, v))
     if method is None:
         return lambda m: static_graph(m, **options)
-    if not callable(method):
-        raise TypeError('static_graph decorates a method, got %r' % (method,))
+    if isinstance(method, (staticmethod, classmethod)) or \
+            not callable(method):
+        raise TypeError('static_graph decorates a method of a Chain, got %r'
+                        % (method,))
 
     if compat.UNSUPPORTED is not None:
         diagnostics.warn_once(
@@ -87,6 +91,12 @@ def static_graph(method=None, **options):
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
+        if not isinstance(self, chainer.Link):
+            raise TypeError(
+                'static_graph decorates a method of a Chain: %s was called '
+                'on %s, not a chainer.Link (a plain function, a static or '
+                'class method, a method of another class)'
+                % (method.__qualname__, type(self).__name__))
         if not getattr(chainer.config, 'use_static_graph', True):
             return method(self, *args, **kwargs)
         if recorder.current() is not None:
@@ -103,7 +113,7 @@ def static_graph(method=None, **options):
                 'replay would make once per call' % (type(self).__name__,
                                                      name))
             return method(self, *args, **kwargs)
-        cache = cache_module.cache_for(self, name, opts)
+        cache = cache_module.cache_for(self, name, opts, method, wrapper)
         if cache.stand_ins:
             for c in cache.take_stand_ins():
                 stand_in.record(c)

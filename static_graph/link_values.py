@@ -401,6 +401,32 @@ class _Closure(object):
             return default
 
 
+class _Defaults(object):
+    """A function's default argument values as a mapping (name -> value),
+    read from the function at each look (``f.__defaults__`` replaced
+    too)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        code = fn.__code__
+        names = code.co_varnames[:code.co_argcount]
+        self.at = dict((k, i - len(names)) for i, k in enumerate(names))
+        self.keyword = code.co_varnames[
+            code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+
+    def get(self, k, default=None):
+        if k in self.at:
+            d = self.fn.__defaults__ or ()
+            i = self.at[k]
+            return d[i] if -i <= len(d) else default
+        return (self.fn.__kwdefaults__ or {}).get(k, default)
+
+    def names(self):
+        d = self.fn.__defaults__ or ()
+        return [k for k, i in self.at.items() if -i <= len(d)] + \
+            sorted(self.fn.__kwdefaults__ or ())
+
+
 class _Names(object):
     """The attribute names a helper object has now, as a mapping's only
     value (whatever the key)."""
@@ -469,6 +495,13 @@ class Watch(object):
                     v = env.get(k, _TOO_BIG)
                     if v is not _TOO_BIG and type(v) is not _ModuleType:
                         self._add(env, k, v)
+            if getattr(fn, '__defaults__', None) or \
+                    getattr(fn, '__kwdefaults__', None):
+                # (A mutable default the caller or the method changes.)
+                env = _Defaults(fn)
+                self.prefix[id(env)] = 'default argument '
+                for k in env.names():
+                    self._add(env, k, env.get(k))
         self._add_helper_fields()
         self.values = tuple(self.values)
 

@@ -9,6 +9,7 @@ from schedules import ir
 from static_graph import arrayutil
 from static_graph import link_values
 from static_graph import signature
+from static_graph import traced
 
 
 def inner_arguments(rec, leaves, paths):
@@ -75,52 +76,74 @@ def _copies_sharing(leaves):
         if len(group) < 2:
             continue      # (most: each argument its own memory)
         for ks in arrayutil.overlapping([a for _, a in group]):
-            if len(ks) > 1:   # (rows far apart in a dataset: apart)
+            arrays = [group[k][1] for k in ks]
+            if len(ks) > 1 and not _sparse_on_device(arrays):
                 out.update(zip([group[k][0] for k in ks],
-                               arrayutil.copies_sharing(
-                                   [group[k][1] for k in ks])))
+                               arrayutil.copies_sharing(arrays)))
     return out
+
+
+def _sparse_on_device(arrays):
+    """CuPy arrays spread thinly over their memory (columns of a large
+    matrix): copies sharing one block would take all of it, where each
+    gets a dense copy of its own (NumPy's keep their strides, and so the
+    whole span, anyway). Such copies do not see each other's writes: a
+    method writing into one argument in place and reading another over
+    the same memory is unlike define-by-run in the recording call (it
+    falls back)."""
+    if isinstance(arrays[0], numpy.ndarray):
+        return False
+    lo = min(arrayutil.extent(a)[0] for a in arrays)
+    hi = max(arrayutil.extent(a)[1] for a in arrays)
+    return hi - lo > 2 * sum(a.nbytes for a in arrays)
 
 
 # Elements in all of a container argument that the check below compares
 # (a larger one is not checked).
 ARGUMENT_ITEMS = 4096
-_CONTAINERS = (list, dict, tuple, set)
+_CONTAINERS = (list, dict, tuple)
 
 
 def containers(args, kwargs):
     """[(position or keyword, container, its values frozen)] for the
-    method's container arguments (lists, dicts, sets, tuples holding
-    them), as the method gets them: what it changes in them
-    (``stats['n'] += 1``, ``hidden.append(h)``) replay would not change."""
+    method's container arguments (lists, dicts, tuples holding them), as
+    the method gets them (new ones, signature.rebuild): what it changes in
+    them (``stats['n'] += 1``, ``hidden.append(h)``) replay would not
+    change."""
     return [(at, v, link_values.freeze(v, ARGUMENT_ITEMS))
             for at, v in list(enumerate(args)) + list(kwargs.items())
             if isinstance(v, _CONTAINERS)]
 
 
 def check_containers(rec, before, made, inner, leaves, method):
-    """A container argument the method changed: a reason, and the
-    caller's containers that the recording replaced by new ones (those
-    holding arrays or Variables, ``made``: (new, caller's) pairs) get what
-    the method left in them, with the caller's own arrays and Variables
-    for the copies, as under define-by-run."""
+    """A container argument the method changed: a reason (``rec`` None:
+    the method raised), and the caller's lists and dicts (``made``: (the
+    method's, the caller's) pairs) get what the method left in its own,
+    with the caller's arrays and Variables for the copies, as under
+    define-by-run."""
     changed = [at for at, v, frozen in before if frozen is not None and
                not link_values.holds(v, frozen, ARGUMENT_ITEMS)]
     if not changed:
         return
-    at = changed[0]
-    if not isinstance(at, str):
-        names = signature.arg_names_of(method)
-        at = names[at] if at < len(names) else 'args[%d]' % at
-    rec.add_reason('the method changes its argument %s in place (an item '
-                   'set, added or removed); replay would not repeat that'
-                   % at)
+    if rec is not None:
+        at = changed[0]
+        if not isinstance(at, str):
+            names = signature.arg_names_of(method)
+            at = names[at] if at < len(names) else 'args[%d]' % at
+        rec.add_reason('the method changes its argument %s in place (an '
+                       'item set, added or removed); replay would not '
+                       'repeat that' % at)
     back = dict((id(v), a) for v, a in zip(inner, leaves))
     back.update((id(new), old) for new, old in made)
+
+    def caller(x):
+        x = back.get(id(x), x)
+        return traced.untraced(x) if isinstance(x, numpy.ndarray) else x
+
     for new, old in made:
         if isinstance(new, list):
-            old[:] = [back.get(id(x), x) for x in new]
+            old[:] = [caller(x) for x in new]
         else:
-            items = [(k, back.get(id(x), x)) for k, x in new.items()]
+            items = [(k, caller(x)) for k, x in new.items()]
             old.clear()
             old.update(items)

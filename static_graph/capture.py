@@ -95,7 +95,8 @@ class Capture(object):
         snapshot = link_state.snapshot_links(chain)
         classes = set(type(link) for link in chain.links())
         functions = link_values.reachable_functions(self.method, classes)
-        watch = link_values.Watch(snapshot, functions, classes)
+        watch = link_values.Watch(snapshot, functions, classes,
+                                  root_hooks=self.name != 'forward')
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)
@@ -104,6 +105,8 @@ class Capture(object):
             try:
                 out = self.method(chain, *new_args, **new_kwargs)
             except BaseException:
+                arguments.check_containers(None, held_args, made, inner,
+                                           leaves, self.method)
                 generators.put_back(stand_ins)
                 link_state.put_back(detached)   # the caller's Variables
                 link_state.untrace_held(chain, held)

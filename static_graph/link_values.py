@@ -442,7 +442,7 @@ class Watch(object):
     """The values the recording saw on the links and in the globals the
     method names (see the module)."""
 
-    def __init__(self, snapshot, functions=(), classes=()):
+    def __init__(self, snapshot, functions=(), classes=(), root_hooks=False):
         """``snapshot``: [(link __dict__, copy of it, path)] before the
         call; ``functions``: the undecorated method and the functions it
         reaches (``reachable_functions``: a helper function or method, a
@@ -450,7 +450,9 @@ class Watch(object):
         named in their code are watched too (``named_globals``: those
         globals, kept for generators.snapshot); ``classes``: the links'
         classes, whose scalar and container class attributes are too
-        (those of Chainer's own classes excepted)."""
+        (those of Chainer's own classes excepted); ``root_hooks``: the
+        chain's own link hooks run inside the call too (a decorated
+        ``loss`` that calls ``self(x)``), not only its links'."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -470,13 +472,13 @@ class Watch(object):
         self.n_link_objects = len(self.objects)
         for d, _, path in snapshot:
             hooks = d.get('_local_link_hooks')
-            if hooks and path != '/':
+            if hooks and (path != '/' or root_hooks):
                 # A child link's hooks run inside the call (the decorated
-                # chain's own run around it): watched as helper objects,
-                # so their state set between calls (a scale) records
-                # again, and one the call changes (a counter, a timer's
-                # history, an activation kept) is a change replay would
-                # not repeat.
+                # chain's own run around its forward): watched as helper
+                # objects, so their state set between calls (a scale)
+                # records again, and one the call changes (a counter, a
+                # timer's history, an activation kept) is a change replay
+                # would not repeat.
                 self.prefix[id(hooks)] = 'self%s link hook ' % (
                     path.rstrip('/').replace('/', '.'))
                 for name, hook in hooks.items():

@@ -216,10 +216,10 @@ def _walk(obj, path, found):
 
 
 def rebuild(args, kwargs, replacements, made=None):
-    """Return (args, kwargs) with the array leaves replaced, in order.
-    Containers holding none are the caller's own (the method may change
-    them, as under define-by-run); ``made``, where given, gets a (new,
-    caller's) pair for each list or dict made new."""
+    """Return (args, kwargs) with the array leaves replaced, in order, in
+    new containers; ``made``, where given, gets a (new, caller's) pair for
+    each list and dict. (The caller's own would be handed back by a
+    replay that returns one: the recording call's, not this call's.)"""
     it = iter(replacements)
     new_args = tuple(_put(a, it, made) for a in args)
     new_kwargs = {k: _put(kwargs[k], it, made) for k in kwargs}
@@ -233,15 +233,11 @@ def _put(obj, it, made):
         return obj
     if isinstance(obj, (tuple, list)):
         items = [_put(o, it, made) for o in obj]
-        if all(a is b for a, b in zip(items, obj)):
-            return obj
         if hasattr(obj, '_fields'):      # a namedtuple
             return type(obj)(*items)
         new = type(obj)(items)
     elif isinstance(obj, dict):
         items = [(k, _put(v, it, made)) for k, v in obj.items()]
-        if all(a is b for (_, a), b in zip(items, obj.values())):
-            return obj
         # (a copy of the same type: an OrderedDict, a defaultdict's factory)
         new = copy.copy(obj)
         for k, v in items:

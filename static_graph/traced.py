@@ -21,6 +21,7 @@ import numpy
 
 import chainer
 
+import schedules
 from static_graph import numpy_rules
 
 
@@ -36,12 +37,15 @@ def _dir_of(module):
     return os.path.dirname(module.__file__) + os.sep
 
 
-OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# This package's code and its schedules' (schedules/bits.py compares
+# arrays while a call records: no user read).
+OWN_DIR = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+           _dir_of(schedules))
 # Library code user code calls (its frames are looked through to find the
 # user's line): Chainer, NumPy, and CuPy where it is there.
 LIBRARY_DIRS = tuple(_dir_of(m) for m in (chainer, numpy, cupy_module())
                      if m is not None)
-INTERNAL_DIRS = LIBRARY_DIRS + (OWN_DIR,)
+INTERNAL_DIRS = LIBRARY_DIRS + OWN_DIR
 
 # The active recording of this thread is published here by patches.begin.
 _active = None   # the threading.local of patches.py (set_active)

@@ -121,3 +121,55 @@ def test_containers_read_only_still_replay():
             assert box['xs'][0] is xs[0] and box['scale'] == 0.5
         assert numpy.array_equal(a.l.W.grad, b.l.W.grad)
     assert caches_of(b)['forward'].replays == 3
+
+
+def test_a_returned_container_argument_is_no_stale_object():
+    """A method returning its container argument: replays hand out a new
+    one with the recorded contents, never the recording call's own object
+    (which the caller may have changed since)."""
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+    m = S(lambda m, x, box: (F.sum(m.l(x) * box['scale']), box))
+    seen = []
+    for step in range(4):
+        loss, got = m(numpy.ones((2, 3), 'f'), {'scale': 2.0})
+        loss.backward()
+        assert got == {'scale': 2.0}, step
+        got['step'] = step
+        seen.append(got)
+    assert caches_of(m)['forward'].replays == 3
+
+
+def test_an_argument_appended_to_a_list_argument_is_the_callers():
+    """The caller's Variable, not the recording's copy of it, lands in the
+    caller's list (its gradient was 3.0 off at the recording call)."""
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+
+    def body(m, x, box):
+        box.append(x)
+        return F.sum(m.l(x))
+
+    m = S(body)
+    for _ in range(2):
+        x = chainer.Variable(numpy.ones((2, 3), 'f'))
+        box = []
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            loss = m(x, box)
+        assert box[0] is x
+        (loss + F.sum(box[0] * 3)).backward()
+        want = m.l.W.array.sum(axis=0) + 3
+        assert numpy.allclose(x.grad, numpy.broadcast_to(want, (2, 3)))
+
+
+def test_a_method_that_raises_leaves_the_callers_container_changed():
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+
+    def body(m, x, box):
+        box['n'] = 1
+        raise ValueError('stop')
+
+    m = S(body)
+    box = {'n': None, 'x': numpy.ones((2, 3), 'f')}
+    with pytest.raises(ValueError, match='stop'):
+        m(numpy.ones((2, 3), 'f'), box)
+    assert box['n'] == 1

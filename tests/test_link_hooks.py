@@ -118,3 +118,30 @@ def test_a_hook_of_the_decorated_chain_itself_keeps_the_replay():
     for _ in range(4):
         m(numpy.ones((2, 5), 'f')).backward()
     assert hook.n == 4 and caches_of(m)['forward'].replays == 3
+
+
+def test_the_chains_own_hooks_are_watched_when_the_method_calls_it():
+    """A decorated ``loss`` that calls ``self(x)`` runs the chain's own
+    hooks inside the call: a counting hook read 1 for 5."""
+    class Count(chainer.LinkHook):
+        name = 'Count'
+        n = 0
+
+        def forward_preprocess(self, args):
+            self.n += 1
+
+    class WithLoss(Net):
+        def forward(self, x):
+            return self.l2(F.tanh(self.l1(x)))
+
+        @static_graph
+        def loss(self, x):
+            return F.sum(self(x))
+
+    hook = Count()
+    m = WithLoss(on_root=hook)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for _ in range(5):
+            m.loss(numpy.ones((2, 5), 'f')).backward()
+    assert hook.n == 5

@@ -1689,3 +1689,16 @@ def test_default_arguments_changed_between_calls_record_again():
         fn.__kwdefaults__['mode'] = 'a'
     assert got[_Defaulted] == got[S]
     assert got[S][4] != got[S][3]
+
+
+def test_the_schedules_code_is_not_user_code():
+    """schedules/bits.py compares a recording call's CuPy argument copies
+    with the caller's (a bool() of a device array) while the call records:
+    counted as a user read, every CuPy recording with an array argument
+    fell back (seen on an H200)."""
+    from schedules import bits
+    from static_graph import device_reads, traced
+    assert traced.internal_file(bits.__file__)
+    assert bits.__file__.startswith(traced.OWN_DIR)
+    assert device_reads._user_call.__code__.co_filename.startswith(
+        traced.OWN_DIR)

@@ -70,6 +70,14 @@ REPLACED_MIDWAY = (
     'call')
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
+# Under probation, every RECORDING_WINDOW recordings of new keys followed
+# by too few replays double the sightings a new key needs (keys that come
+# back only after the cache let them go: more cycling shapes than
+# cache_size), up to SIGHTINGS_MAX; enough replays halve them again.
+SIGHTINGS_MAX = 1024
+# Per-key tables of a cache (keys without a backward, their decisions,
+# stale keys' waits) hold at most this many keys, the oldest let go.
+KEYS_REMEMBERED = 4096
 
 # A key whose recording no longer matches the chain at its next call
 # (parameter arrays replaced where a node holds the old one, a link
@@ -115,6 +123,7 @@ class Cache(object):
         # Set once new keys must repeat before they record (must_repeat),
         # with the reason; calls of each such key not recorded yet.
         self.probation = None
+        self.sightings = SIGHTINGS    # a new key's calls before it records
         self._sightings = collections.OrderedDict()
         # The window of recordings: replays when it began, and the count
         # of recordings that closes it.
@@ -205,15 +214,26 @@ class Cache(object):
                 'its keys do not repeat: the last %d new keys it recorded '
                 'were followed by %d replays (a recording costs about two '
                 'define-by-run iterations). From now on a new key runs '
-                'define-by-run until it has been called %d times, and then '
-                'records' % (RECORDING_WINDOW, replays, SIGHTINGS))
+                'define-by-run until it has been called %d times (more, '
+                'doubling, while the keys it records still do not '
+                'replay), and then records'
+                % (RECORDING_WINDOW, replays, SIGHTINGS))
         with self.lock:
             n = self._sightings.pop(key, 0) + 1
-            if n >= SIGHTINGS:
+            if n >= self.sightings:
                 self.new_keys += 1
+                if self.new_keys >= self._window_end:
+                    replays = self.replays - self._window_replays
+                    self._window_replays = self.replays
+                    self._window_end = self.new_keys + RECORDING_WINDOW
+                    if replays < REPLAYS_PER_RECORDING * RECORDING_WINDOW:
+                        self.sightings = min(2 * self.sightings,
+                                             SIGHTINGS_MAX)
+                    else:
+                        self.sightings = max(self.sightings // 2, SIGHTINGS)
                 return None
             self._sightings[key] = n
-            while len(self._sightings) > 4096:
+            while len(self._sightings) > KEYS_REMEMBERED:
                 self._sightings.popitem(last=False)
         return self.probation
 
@@ -273,13 +293,15 @@ class Cache(object):
                 return
             e.move('discarded')
             self.discard(key, e)
-            n = self._no_backward.get(key, 0) + 1
+            n = self._no_backward.pop(key, 0) + 1
             self._no_backward[key] = n
+            bound(self._no_backward)
             if n >= FORWARD_ONLY_AFTER and key not in self.forward_only:
                 # The next call records; let go, its backward is recorded
                 # from a stand-in gradient (stand_in.py), or, where that
                 # cannot be done, the key's calls run define-by-run.
                 self.forward_only[key] = None
+                bound(self.forward_only)
 
     def take_stand_ins(self):
         """The stand-in recordings let go since the last call, whose
@@ -379,6 +401,13 @@ def _erase(spec):
 
 
 _erased_leaves = {}   # leaf spec -> its family's (the same few recur)
+
+
+def bound(table):
+    """Let the oldest keys of a per-key ``table`` (a dict: insertion
+    order) go past KEYS_REMEMBERED."""
+    while len(table) > KEYS_REMEMBERED:
+        del table[next(iter(table))]
 
 
 def cache_for(chain, name, options, method, wrapper):

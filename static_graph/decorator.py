@@ -156,7 +156,13 @@ def static_graph(method=None, **options):
                 cache.fallback_calls += 1
                 cache.family_hit(key, reason, signature.outline(args, kwargs))
                 return _define_by_run(method, self, args, kwargs)
-            if cache.forward_only and key in cache.forward_only:
+            # A key whose calls get no backward: None, its next call
+            # records from a stand-in gradient (after must_repeat, as any
+            # new key's: more such keys than cache_size, cycling, were
+            # recorded at every call); a reason, define-by-run.
+            only = cache.forward_only.get(key, False) \
+                if cache.forward_only else False
+            if only:
                 return _forward_only(method, self, name, cache, key, args,
                                      kwargs, leaves, paths)
             if cache.must_repeat(key) is not None and \
@@ -167,6 +173,9 @@ def static_graph(method=None, **options):
                                    cache.probation))
                 cache.fallback_calls += 1
                 return _define_by_run(method, self, args, kwargs)
+            if only is None:
+                return _forward_only(method, self, name, cache, key, args,
+                                     kwargs, leaves, paths)
         else:
             if e.state == entry_module.FALLBACK:
                 cache.fallback_calls += 1
@@ -232,7 +241,9 @@ def _stale(method, self, name, cache, key, e, why, wait, args, kwargs):
     (what changed may have settled: a warm-up schedule)."""
     n = cache_module.STALE_WAIT if wait is None else \
         min(2 * wait[1], cache_module.STALE_WAIT_MAX)
+    cache.backoff.pop(key, None)
     cache.backoff[key] = [n, n]
+    cache_module.bound(cache.backoff)
     # After the wait, one recording; gone stale again, the next wait.
     e.stale = cache_module.STALE_AFTER - 2
     diagnostics.warn_once(

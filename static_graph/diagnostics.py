@@ -3,6 +3,7 @@ import logging
 import sys
 import threading
 import warnings
+import weakref
 
 from static_graph import traced
 
@@ -16,6 +17,8 @@ class StaticGraphWarning(UserWarning):
 
 _seen = set()
 _seen_lock = threading.Lock()
+# Distinct warnings remembered (past it, each may be given once more).
+SEEN_MAX = 8192
 
 
 def _user_stacklevel():
@@ -36,10 +39,16 @@ def _user_stacklevel():
 def warn_once(key, message):
     """Warn (StaticGraphWarning, at the user's line) and log once per
     ``key``."""
+    # A class in the key by a weak reference: the key outlives a class a
+    # notebook cell defines again (it kept each one alive, and what it
+    # holds); another class of the same name is warned about again.
+    key = tuple(weakref.ref(k) if isinstance(k, type) else k for k in key)
     with _seen_lock:
         if key in _seen:
             logger.debug('%s', message)
             return False
+        if len(_seen) >= SEEN_MAX:
+            _seen.clear()
         _seen.add(key)
     logger.warning('%s', message)
     warnings.warn(message, StaticGraphWarning, stacklevel=_user_stacklevel())

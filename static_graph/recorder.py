@@ -104,8 +104,11 @@ def attrs(node):
 
 
 _Variable = chainer.Variable
-_type_info = {}   # FunctionNode class -> (kind, user defined, side effects,
-#                   declared pure); kind None for old-style Function adapters
+# What a FunctionNode class is, on the class itself (a table keyed by the
+# class kept every class a notebook cell defines again alive): (kind, user
+# defined, side effects, declared pure); kind None for old-style Function
+# adapters.
+_TYPE_INFO = '_static_graph_type_info'
 
 
 def _describe_type(impl):
@@ -376,9 +379,10 @@ class Recording(object):
         # The hot path of recording (every op, forward and backward): kept
         # to plain loops and dict lookups.
         cls = type(node)
-        info = _type_info.get(cls)
+        info = cls.__dict__.get(_TYPE_INFO)
         if info is None:
-            info = _type_info[cls] = _describe_type(node)
+            info = _describe_type(node)
+            setattr(cls, _TYPE_INFO, info)
         kind, user_defined, side_effects, pure = info
         if kind is None:      # old-style Function: per wrapped class
             kind, user_defined, side_effects, pure = _describe_type(

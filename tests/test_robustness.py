@@ -4,6 +4,7 @@ The promise is the same numbers as define-by-run, or an honest fallback /
 a clear error; every test here checks the static chain against its
 define-by-run twin.
 """
+import gc
 import sys
 import threading
 from unittest import mock
@@ -414,6 +415,73 @@ def test_keys_that_do_not_repeat_stop_recording():
     c = cache(b)
     assert c.probation is None and (c.recordings, c.replays) == (
         2 * window, 3 * window)
+
+
+def test_more_cycling_keys_than_the_cache_holds_stop_recording():
+    """32 batch sizes in turn, the cache holding 16: each key's entry is let
+    go before it comes back. Training recorded a key at every third
+    sighting for ever, and evaluation with backprop enabled (no backward)
+    recorded at every call (about 9x define-by-run's time): the sightings
+    a new key needs now double while recordings are not followed by
+    replays, and keys without a backward wait for them too."""
+    for train in (True, False):
+        a, b = make_twins(mlp)
+        for i in range(32 * 12):
+            x = data(2 + i % 32, 3)
+            if train:
+                step(b, x)
+            else:
+                b(x)
+        c = cache(b)
+        assert c.sightings >= 3 * 8, (train, c.sightings)
+        assert c.recordings < 32 * 12 / 8, (train, c.recordings)
+
+
+def test_per_key_tables_are_bounded():
+    from static_graph import cache as cache_module
+    t = dict((k, k) for k in range(cache_module.KEYS_REMEMBERED + 5))
+    cache_module.bound(t)
+    assert len(t) == cache_module.KEYS_REMEMBERED and 0 not in t and \
+        cache_module.KEYS_REMEMBERED + 4 in t
+
+
+def test_warnings_and_recordings_keep_no_class_alive():
+    """A notebook cell run again defines its Chain and FunctionNode classes
+    again: the warning-once table and the recorder's per-class facts kept
+    every old class alive (and all its methods hold)."""
+    import weakref
+
+    def cell():
+        class Twice(chainer.FunctionNode):
+            def forward(self, xs):
+                return xs[0] * 2,
+
+            def backward(self, indexes, gys):
+                return gys[0] * 2,
+
+        class Net(chainer.Chain):
+            def __init__(self):
+                super(Net, self).__init__()
+                with self.init_scope():
+                    self.l = L.Linear(3, 2)
+
+            @static_graph.static_graph
+            def forward(self, x):
+                h = Twice().apply((self.l(x),))[0]
+                if float(F.sum(h).array) > 1e9:     # a read: falls back
+                    h = h * 2
+                return F.sum(h)
+
+        m = Net()
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            for _ in range(2):
+                m(data(2, 3)).backward()
+        return weakref.ref(Net), weakref.ref(Twice)
+
+    refs = [cell() for _ in range(3)]
+    gc.collect()
+    assert all(r() is None for pair in refs for r in pair)
 
 
 def test_warn_retrace_names_a_changed_config_flag():

@@ -115,12 +115,20 @@ def containers(args, kwargs):
             if isinstance(v, _CONTAINERS)]
 
 
-def check_containers(rec, before, made, inner, leaves, method):
+def check_containers(rec, before, made, inner, leaves, method, chain):
     """A container argument the method changed: a reason (``rec`` None:
     the method raised), and the caller's lists and dicts (``made``: (the
     method's, the caller's) pairs) get what the method left in its own,
     with the caller's arrays and Variables for the copies, as under
-    define-by-run."""
+    define-by-run. One the method kept on a link (``self.cfg = cfg``) is
+    the caller's there too."""
+    if made:
+        mine = dict((id(new), old) for new, old in made)
+        for link in chain.links():
+            d = link.__dict__
+            for k, v in list(d.items()):
+                if id(v) in mine and v is not mine[id(v)]:
+                    d[k] = mine[id(v)]
     changed = [at for at, v, frozen in before if frozen is not None and
                not link_values.holds(v, frozen, ARGUMENT_ITEMS)]
     if not changed:

@@ -73,8 +73,11 @@ SIGHTINGS = 3
 # Under probation, every RECORDING_WINDOW recordings of new keys followed
 # by too few replays double the sightings a new key needs (keys that come
 # back only after the cache let them go: more cycling shapes than
-# cache_size), up to SIGHTINGS_MAX; enough replays halve them again.
-SIGHTINGS_MAX = 1024
+# cache_size), up to SIGHTINGS_MAX; enough replays halve them again. (A
+# low bound: a phase of repeating shapes after one of cycling shapes
+# waits SIGHTINGS_MAX calls of a key at most; with 1024 a review saw no
+# replay in 3,000 calls.)
+SIGHTINGS_MAX = 24
 # Per-key tables of a cache (keys without a backward, their decisions,
 # stale keys' waits) hold at most this many keys, the oldest let go.
 KEYS_REMEMBERED = 4096

@@ -106,7 +106,7 @@ class Capture(object):
                 out = self.method(chain, *new_args, **new_kwargs)
             except BaseException:
                 arguments.check_containers(None, held_args, made, inner,
-                                           leaves, self.method)
+                                           leaves, self.method, chain)
                 generators.put_back(stand_ins)
                 link_state.put_back(detached)   # the caller's Variables
                 link_state.untrace_held(chain, held)
@@ -117,7 +117,7 @@ class Capture(object):
             watch.put_back_arrays(shown)
             arguments.sync_gradients(inner, leaves)
             arguments.check_containers(rec, held_args, made, inner, leaves,
-                                       self.method)
+                                       self.method, chain)
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()

@@ -8,12 +8,22 @@ from static_graph import signature
 
 
 def _wrapped_name(chain, method):
+    """The undecorated function of ``chain``'s decorated ``method``."""
     attr = getattr(type(chain), method, None)
     if attr is None or not getattr(attr, '__static_graph__', False):
         raise TypeError(
             '%s.%s is not decorated with @static_graph; export_onnx reads '
             'the schedule it records' % (type(chain).__name__, method))
-    return attr.__wrapped__.__name__
+    return attr.__wrapped__
+
+
+def cache_of(chain, fn):
+    """The chain's Cache of the decorated function ``fn`` (two methods of
+    one name, ``wrapper`` from a user's decorator, have one each)."""
+    for cache in decorator.caches_of(chain).values():
+        if cache.method is fn:
+            return cache
+    return None
 
 
 def inference_schedule(chain, args, method='forward', kwargs=None):
@@ -22,7 +32,7 @@ def inference_schedule(chain, args, method='forward', kwargs=None):
     kwargs = dict(kwargs or {})
     if not isinstance(args, (tuple, list)):
         args = (args,)
-    name = _wrapped_name(chain, method)
+    fn = _wrapped_name(chain, method)
     with chainer.using_config('train', False), chainer.no_backprop_mode(), \
             chainer.using_config('use_static_graph', True):
         getattr(chain, method)(*args, **kwargs)
@@ -30,7 +40,7 @@ def inference_schedule(chain, args, method='forward', kwargs=None):
                                                  method).__wrapped__)
         spec, _, _ = signature.flatten(arg_names, tuple(args), kwargs)
         key = (spec, signature.config_key())
-    cache = decorator.caches_of(chain).get(name)
+    cache = cache_of(chain, fn)
     entry = cache.get(key) if cache is not None else None
     if entry is None or entry.state != 'complete':
         reason = entry.reason if entry is not None else \

@@ -111,8 +111,11 @@ def outline_text(outline):
 def cached(chain, method=None):
     """The chain's cache entries, least recently used first."""
     out = []
+    fn = getattr(getattr(type(chain), method, None), '__wrapped__', None) \
+        if method is not None else None
     for name, cache in sorted(decorator.caches_of(chain).items()):
-        if method is not None and name != method:
+        if method is not None and name != method and (
+                fn is None or cache.method is not fn):
             continue
         for key, e in list(cache.entries.items()):
             out.append(CachedSchedule(name, key_text(key), e.state, e.reason,

@@ -9,6 +9,8 @@ The wrappers are installed only while some recording is under way (from
 its forward to the end of its recorded backward); calls of other threads,
 and of this one between the two passes, pass straight through.
 """
+import weakref
+
 import numpy
 
 import chainer
@@ -109,6 +111,18 @@ _Variable = chainer.Variable
 # defined, side effects, declared pure); kind None for old-style Function
 # adapters.
 _TYPE_INFO = '_static_graph_type_info'
+_refused = weakref.WeakKeyDictionary()   # classes that refuse attributes
+
+
+def _type_info(cls, node):
+    info = _refused.get(cls)
+    if info is None:
+        info = _describe_type(node)
+        try:
+            setattr(cls, _TYPE_INFO, info)
+        except Exception:      # (a metaclass that refuses: kept aside)
+            _refused[cls] = info
+    return info
 
 
 def _describe_type(impl):
@@ -381,8 +395,7 @@ class Recording(object):
         cls = type(node)
         info = cls.__dict__.get(_TYPE_INFO)
         if info is None:
-            info = _describe_type(node)
-            setattr(cls, _TYPE_INFO, info)
+            info = _type_info(cls, node)
         kind, user_defined, side_effects, pure = info
         if kind is None:      # old-style Function: per wrapped class
             kind, user_defined, side_effects, pure = _describe_type(

@@ -217,33 +217,43 @@ def _walk(obj, path, found):
 
 def rebuild(args, kwargs, replacements, made=None):
     """Return (args, kwargs) with the array leaves replaced, in order, in
-    new containers; ``made``, where given, gets a (new, caller's) pair for
+    new containers (one container given twice: one new one, as the method
+    would get it); ``made``, where given, gets a (new, caller's) pair for
     each list and dict. (The caller's own would be handed back by a
     replay that returns one: the recording call's, not this call's.)"""
     it = iter(replacements)
-    new_args = tuple(_put(a, it, made) for a in args)
-    new_kwargs = {k: _put(kwargs[k], it, made) for k in kwargs}
+    seen = {}
+    new_args = tuple(_put(a, it, made, seen) for a in args)
+    new_kwargs = {k: _put(kwargs[k], it, made, seen) for k in kwargs}
     return new_args, new_kwargs
 
 
-def _put(obj, it, made):
+def _put(obj, it, made, seen):
     if isinstance(obj, chainer.Variable):
         return next(it)
     if isinstance(obj, _SCALARS):
         return obj
     if isinstance(obj, (tuple, list)):
-        items = [_put(o, it, made) for o in obj]
+        items = [_put(o, it, made, seen) for o in obj]
+        again = seen.get(id(obj))
+        if again is not None:
+            return again     # (its leaves consumed: flatten lists them twice)
         if hasattr(obj, '_fields'):      # a namedtuple
-            return type(obj)(*items)
-        new = type(obj)(items)
+            new = type(obj)(*items)
+        else:
+            new = type(obj)(items)
     elif isinstance(obj, dict):
-        items = [(k, _put(v, it, made)) for k, v in obj.items()]
+        items = [(k, _put(v, it, made, seen)) for k, v in obj.items()]
+        again = seen.get(id(obj))
+        if again is not None:
+            return again
         # (a copy of the same type: an OrderedDict, a defaultdict's factory)
         new = copy.copy(obj)
         for k, v in items:
             new[k] = v
     else:
         return next(it)   # an array
+    seen[id(obj)] = new
     if made is not None and isinstance(new, (list, dict)):
         made.append((new, obj))
     return new

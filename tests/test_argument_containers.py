@@ -173,3 +173,47 @@ def test_a_method_that_raises_leaves_the_callers_container_changed():
     with pytest.raises(ValueError, match='stop'):
         m(numpy.ones((2, 3), 'f'), box)
     assert box['n'] == 1
+
+
+def test_one_container_given_twice_is_one_container_to_the_method():
+    """``m(x, lst, lst)``: the method appends to one and reads the other,
+    as one list (two copies gave 0.0 for 2.2, and the caller's list was
+    left empty)."""
+    class Two(chainer.Chain):
+        def __init__(self):
+            super(Two, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        def forward(self, x, a, b):
+            a.append(1)
+            return F.sum(self.l(x)) * len(b)
+
+    S = type('S', (Two,), {'forward': static_graph(Two.forward)})
+    a, b = Two(), S()
+    b.copyparams(a)
+    x = numpy.ones((2, 3), 'f')
+    for _ in range(2):
+        got = []
+        for m in (a, b):
+            lst = []
+            with warnings.catch_warnings():
+                warnings.simplefilter('ignore')
+                got.append((float(m(x, lst, lst).array), lst))
+        assert got[0] == got[1] and got[0][1] == [1]
+
+
+def test_a_container_argument_kept_on_the_chain_is_the_callers():
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+
+    def body(m, x, box):
+        m.cfg = box
+        return F.sum(m.l(x)) * box['s']
+
+    m = S(body)
+    for _ in range(2):
+        box = {'s': 2.0}
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            m(numpy.ones((2, 3), 'f'), box).backward()
+        assert m.cfg is box

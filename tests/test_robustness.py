@@ -1770,3 +1770,40 @@ def test_the_schedules_code_is_not_user_code():
     assert bits.__file__.startswith(traced.OWN_DIR)
     assert device_reads._user_call.__code__.co_filename.startswith(
         traced.OWN_DIR)
+
+
+def test_export_and_cached_find_a_methods_own_cache():
+    """Two decorated methods both named ``wrapper`` (a user's decorator
+    without functools.wraps): the export of ``predict`` read
+    ``forward``'s schedule, and ``cached(m, 'predict')`` found nothing."""
+    from static_graph import export, inspect as sg_inspect
+    m = _Coder()
+    x = numpy.ones((2, 3), 'f')
+    e = export.inference_schedule(m, (F.tanh(m.enc(x)).array,),
+                                  method='decode')
+    ops = [op.kind for op in e.forward.ops]
+    assert 'Tanh' not in ops and any('Pow' in k for k in ops), ops
+    assert export.cache_of(m, _Coder.decode.__wrapped__).entries
+    assert sg_inspect.cached(m, 'decode')
+    assert all(c.entry is not None for c in sg_inspect.cached(m, 'decode'))
+
+
+def test_a_function_node_class_that_refuses_attributes_records():
+    class Frozen(type):
+        def __setattr__(cls, k, v):
+            raise AttributeError('frozen class')
+
+    class Twice(chainer.FunctionNode, metaclass=Frozen):
+        def forward(self, xs):
+            return xs[0] * 2,
+
+        def backward(self, indexes, gys):
+            return gys[0] * 2,
+
+    a, b = make_twins(lambda self, x: F.sum(
+        Twice().apply((self.l1(x),))[0]))
+    for _ in range(3):
+        x = data(2, 3)
+        la, lb = step(a, x), step(b, x)
+        assert la.array == lb.array
+    assert cache(b).replays == 2

@@ -262,7 +262,11 @@ def _put(obj, it, made, seen):
 def scalar_key(v):
     """A scalar as part of a key: its type and value, and the sign of a
     zero (-0.0 == 0.0 with one hash, but numpy.arctan2(0.0 * y, -1) is pi
-    and of -0.0 * y -pi; a complex number's parts too)."""
+    and of -0.0 * y -pi; a complex number's parts too). A NaN by its bits
+    (equal to nothing, itself included, and hashed by identity: a NaN
+    argument made anew at each call never met its key again)."""
+    if v != v:
+        return (type(v), 'nan', numpy.asarray(v).tobytes())
     if v == 0 or type(v) is complex:
         if isinstance(v, (float, numpy.floating)):
             if math.copysign(1.0, v) < 0:

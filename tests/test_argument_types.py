@@ -54,3 +54,30 @@ def test_a_subclass_after_plain_arrays_computes_as_define_by_run(make):
         assert numpy.array_equal(got[0][1], got[1][1]), step
     name = make(numpy.zeros((1, 1), 'f')).__class__.__name__
     assert '(%s f32[6,4])' % name in static_graph.explain(ours)
+
+
+def test_a_nan_argument_made_at_each_call_replays():
+    """A NaN compares equal to nothing and hashes by identity: a float NaN
+    argument made anew at each call gave a new key at every call, which
+    never replayed (the numbers were right, at define-by-run's speed)."""
+    from static_graph.decorator import caches_of
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        def forward(self, x, fill):
+            h = self.l(x)
+            return F.sum(F.where(h.array > 0, h, h * 0 + fill)
+                         if fill == fill else h)
+
+    S = type('S', (Net,), {'forward': static(Net.forward)})
+    m = S()
+    for _ in range(4):
+        m(numpy.ones((2, 3), 'f'), float('nan')).backward()
+    assert caches_of(m)['forward'].replays == 3
+    # Another NaN's bits (a negative one) is another key.
+    m(numpy.ones((2, 3), 'f'), -float('nan')).backward()
+    assert caches_of(m)['forward'].recordings == 2

@@ -23,7 +23,8 @@ _caches_lock = threading.Lock()
 
 
 class _Holder(dict):
-    """{method name: Cache} of the chain ``owner()``."""
+    """{name: Cache} of the chain ``owner()``: a decorated method's name, or
+    another decorated function's qualified name (cache_for)."""
 
     __slots__ = ('owner',)
 
@@ -447,7 +448,7 @@ def cache_for(chain, name, options, method, wrapper):
 
 
 def caches_of(chain):
-    """{method name: Cache} of a chain (empty if it never recorded)."""
+    """{name: Cache} of a chain (empty if it never recorded; see _Holder)."""
     with _caches_lock:
         return dict(_holder(chain, False) or {})
 

@@ -99,8 +99,8 @@ def _sparse_on_device(arrays):
 
 
 # Elements in all of a container argument that the check below compares
-# (a larger one is not checked).
-ARGUMENT_ITEMS = 4096
+# (no more than a key holds: a call with more runs define-by-run).
+ARGUMENT_ITEMS = signature.MAX_KEY_VALUES    # (a recorded call's fit)
 _CONTAINERS = (list, dict, tuple)
 
 

@@ -147,6 +147,10 @@ class Cache(object):
         # keys (the key of 64 arrays costs 1-2% of a text classifier's
         # step).
         self.shortcuts = {}
+        # (config, argument types) of calls whose containers held more
+        # values than a key holds (signature.TooManyValues): such calls run
+        # define-by-run without walking them again.
+        self.too_many = set()
         self._family_hits = None     # ((config, outline), reason, count)
         # Keys whose recordings got no backward ({key: how many in a row});
         # at FORWARD_ONLY_AFTER, {key: None}: the next call (evaluation

@@ -126,9 +126,24 @@ def static_graph(method=None, **options):
                 not cache.calls_waiting():
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
+        if cache.too_many and (config, signature.types_of(
+                args, kwargs)) in cache.too_many:
+            cache.fallback_calls += 1
+            return _define_by_run(method, self, args, kwargs)
         try:
             _check_backends()
             spec, leaves, paths = signature.flatten(arg_names, args, kwargs)
+        except signature.TooManyValues as e:
+            diagnostics.warn_once(
+                (type(self), name, 'too many values'),
+                '%s.%s runs define-by-run: %s' % (type(self).__name__, name,
+                                                  e))
+            # The next calls with arguments of these types skip the walk
+            # that found it (a vocabulary passed at each call, a log that
+            # grows).
+            cache.too_many.add((config, signature.types_of(args, kwargs)))
+            cache.fallback_calls += 1
+            return _define_by_run(method, self, args, kwargs)
         except signature.Unsupported as e:
             diagnostics.warn_once(
                 (type(self), name, str(e)),

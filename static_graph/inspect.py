@@ -12,6 +12,7 @@ import numpy
 from schedules import ir
 from static_graph import cache as cache_module
 from static_graph import decorator
+from static_graph import signature
 from static_graph import graphs
 
 
@@ -158,6 +159,14 @@ def explain(chain):
                          'back for one reason %d times in a row): %s' % (
                              outline_text(outline), flags_text(config),
                              cache_module.SHORTCUT_AFTER, reason))
+        for config, types in cache.too_many:
+            lines.append('  every call with arguments of types %s | %s runs '
+                         'define-by-run: its lists, tuples and dicts held '
+                         'more than %d values' % (
+                             ', '.join(getattr(t, '__name__', str(t))
+                                       for t in types),
+                             flags_text(config),
+                             signature.MAX_KEY_VALUES))
         for key, reason in cache.forward_only.items():
             lines.append(
                 '  %s runs define-by-run: %s' % (key_text(key), reason)

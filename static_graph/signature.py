@@ -31,6 +31,18 @@ class Unsupported(Exception):
     """The call cannot be recorded; the message says why."""
 
 
+class TooManyValues(Unsupported):
+    """The call's containers hold more values than a key is worth."""
+
+
+# Elements of the call's lists, tuples and dicts a key holds at most (lists
+# of NumPy arrays, an NStep RNN's sequences, not counted): a key of a
+# 5,000-word vocabulary passed at each call cost 7.6 ms a call to build,
+# 30x the call; such calls run define-by-run (the decorator remembers the
+# outline of such a call: decorator.py).
+MAX_KEY_VALUES = 4096
+
+
 def _cupy_ndarray():
     cuda = getattr(chainer.backends, 'cuda', None)
     if cuda is not None and getattr(cuda, 'available', False):
@@ -88,7 +100,8 @@ def flatten(arg_names, args, kwargs):
     read (``Paths``: only a recording reads them). Raises Unsupported for
     values that cannot be part of a key.
     """
-    found = ([], [], _cupy_ndarray())   # leaves, path parts, CuPy's ndarray
+    # leaves, path parts, CuPy's ndarray, [container elements left]
+    found = ([], [], _cupy_ndarray(), [MAX_KEY_VALUES])
     pos = []
     for i, a in enumerate(args):
         name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
@@ -153,7 +166,7 @@ def path_text(part):
 # collector frees, on every call. A path is kept as its parts (see
 # path_text) and only made text for a message.
 def _walk(obj, path, found):
-    leaves, paths, cupy_nd = found
+    leaves, paths, cupy_nd, left = found
     if type(obj) is numpy.ndarray:          # the common leaf, first
         leaves.append(obj)
         paths.append(path)
@@ -195,10 +208,12 @@ def _walk(obj, path, found):
             return (type(obj), tuple([
                 ('A', o.shape, o.dtype.str, -1,
                  'C' if o.flags.c_contiguous else layout(o)) for o in obj]))
+        _count(obj, path, left)
         return (type(obj),
                 tuple([_walk(o, (path, i), found)
                        for i, o in enumerate(obj)]))
     if isinstance(obj, dict):
+        _count(obj, path, left)
         items = []
         for k, v in obj.items():
             if not isinstance(k, _SCALARS):
@@ -213,6 +228,17 @@ def _walk(obj, path, found):
                       'a cache key (use arrays, Variables, None, bool, '
                       'int, float, str, or tuples/lists/dicts of them)'
                       % (path_text(path), type(obj).__name__))
+
+
+def _count(obj, path, left):
+    left[0] -= len(obj)
+    if left[0] < 0:
+        raise TooManyValues(
+            'argument %s (a %s of %d) takes the call past %d values in '
+            'lists, tuples and dicts: a key of them would cost more than '
+            'a replay saves (pass them as an array, or keep them on the '
+            'chain)' % (path_text(path), type(obj).__name__, len(obj),
+                        MAX_KEY_VALUES))
 
 
 def rebuild(args, kwargs, replacements, made=None):
@@ -314,6 +340,14 @@ def outline(args, kwargs):
     dtypes: a few microseconds where ``flatten`` walks every array)."""
     out = tuple((a.__class__, len(a) if a.__class__ in (list, tuple)
                  else None) for a in args)
+    if kwargs:
+        out += tuple(sorted((k, v.__class__) for k, v in kwargs.items()))
+    return out
+
+
+def types_of(args, kwargs):
+    """The arguments' types and keyword names alone."""
+    out = tuple(a.__class__ for a in args)
     if kwargs:
         out += tuple(sorted((k, v.__class__) for k, v in kwargs.items()))
     return out

@@ -109,6 +109,10 @@ def _uniform(a):
         # (numpy.asarray: a numpy.matrix stays 2-D through reshape(-1))
         a = numpy.asarray(a)
     flat = a.reshape(-1)    # (CuPy: compared on the device)
+    if a.dtype.kind == 'f' and a.dtype.itemsize in (2, 4, 8):
+        # By the bits: all NaN (a fill value) is uniform too, and -0.0
+        # among 0.0 is not.
+        flat = flat.view('u%d' % a.dtype.itemsize)
     return bool((flat == flat[0]).all())
 
 

@@ -127,8 +127,10 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
         for link in chain.links():
             d = link.__dict__
             for k, v in list(d.items()):
-                if id(v) in mine and v is not mine[id(v)]:
-                    d[k] = mine[id(v)]
+                if isinstance(v, _CONTAINERS):
+                    back = _callers(v, mine, 3)
+                    if back is not v:
+                        d[k] = back
     changed = [at for at, v, frozen in before if frozen is not None and
                not link_values.holds(v, frozen, ARGUMENT_ITEMS)]
     if not changed:
@@ -155,3 +157,28 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
             items = [(k, caller(x)) for k, x in new.items()]
             old.clear()
             old.update(items)
+
+
+def _callers(v, mine, depth):
+    """``v`` with the recording's copies of container arguments (``mine``:
+    id(copy) -> the caller's) replaced by the caller's own, to ``depth``
+    levels of lists, dicts and tuples (``self.kept = {'cfg': cfg}``): lists
+    and dicts changed in place, a tuple made anew where it held one."""
+    if id(v) in mine:
+        return mine[id(v)]
+    if not depth:
+        return v
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            if isinstance(x, _CONTAINERS):
+                v[i] = _callers(x, mine, depth - 1)
+    elif isinstance(v, dict):
+        for k, x in list(v.items()):
+            if isinstance(x, _CONTAINERS):
+                v[k] = _callers(x, mine, depth - 1)
+    elif type(v) is tuple:
+        items = [_callers(x, mine, depth - 1)
+                 if isinstance(x, _CONTAINERS) else x for x in v]
+        if any(a is not b for a, b in zip(items, v)):
+            return tuple(items)
+    return v

@@ -71,6 +71,9 @@ REPLACED_MIDWAY = (
     'call')
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
+# Calls whose arguments held too many values for a key skip the walk that
+# found it this many times, then one walks again (signature.TooManyValues).
+TOO_MANY_SKIPS = 256
 # Under probation, every RECORDING_WINDOW recordings of new keys followed
 # by too few replays double the sightings a new key needs (keys that come
 # back only after the cache let them go: more cycling shapes than
@@ -147,10 +150,11 @@ class Cache(object):
         # keys (the key of 64 arrays costs 1-2% of a text classifier's
         # step).
         self.shortcuts = {}
-        # (config, argument types) of calls whose containers held more
-        # values than a key holds (signature.TooManyValues): such calls run
-        # define-by-run without walking them again.
-        self.too_many = set()
+        # {(config, argument types): calls left} of calls whose containers
+        # held more values than a key holds (signature.TooManyValues): such
+        # calls run define-by-run without walking them, TOO_MANY_SKIPS
+        # times; the next walks again (the containers may have shrunk).
+        self.too_many = {}
         self._family_hits = None     # ((config, outline), reason, count)
         # Keys whose recordings got no backward ({key: how many in a row});
         # at FORWARD_ONLY_AFTER, {key: None}: the next call (evaluation
@@ -199,6 +203,23 @@ class Cache(object):
             # (entry.RECORDING: entry.py imports what old Chainers lack)
             return any(e.state == 'recording' or e.pending
                        for e in self.entries.values())
+
+    def note_too_many(self, at):
+        self.too_many.pop(at, None)
+        self.too_many[at] = TOO_MANY_SKIPS
+        bound(self.too_many)
+
+    def skip_walk(self, at):
+        """Does a call of (config, argument types) ``at`` run define-by-run
+        without walking its arguments (note_too_many)?"""
+        left = self.too_many.get(at)
+        if left is None:
+            return False
+        if left <= 1:
+            del self.too_many[at]
+        else:
+            self.too_many[at] = left - 1
+        return True
 
     def must_repeat(self, key):
         """Called at each call of a key not in the cache: None where it may

@@ -126,13 +126,23 @@ def static_graph(method=None, **options):
                 not cache.calls_waiting():
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
-        if cache.too_many and (config, signature.types_of(
-                args, kwargs)) in cache.too_many:
+        if cache.too_many and not cache.calls_waiting() and \
+                cache.skip_walk((config, signature.types_of(args, kwargs))):
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
         try:
             _check_backends()
-            spec, leaves, paths = signature.flatten(arg_names, args, kwargs)
+            try:
+                spec, leaves, paths = signature.flatten(arg_names, args,
+                                                        kwargs)
+            except signature.TooManyValues:
+                if not cache.calls_waiting():
+                    raise
+                # Calls wait for their backward as one node each: this one
+                # records however large its key (define-by-run among them
+                # would add a parameter's gradients in another order).
+                spec, leaves, paths = signature.flatten(arg_names, args,
+                                                        kwargs, None)
         except signature.TooManyValues as e:
             diagnostics.warn_once(
                 (type(self), name, 'too many values'),
@@ -140,8 +150,8 @@ def static_graph(method=None, **options):
                                                   e))
             # The next calls with arguments of these types skip the walk
             # that found it (a vocabulary passed at each call, a log that
-            # grows).
-            cache.too_many.add((config, signature.types_of(args, kwargs)))
+            # grows), for a while: then one walks again.
+            cache.note_too_many((config, signature.types_of(args, kwargs)))
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
         except signature.Unsupported as e:

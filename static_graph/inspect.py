@@ -159,7 +159,7 @@ def explain(chain):
                          'back for one reason %d times in a row): %s' % (
                              outline_text(outline), flags_text(config),
                              cache_module.SHORTCUT_AFTER, reason))
-        for config, types in cache.too_many:
+        for config, types in list(cache.too_many):
             lines.append('  every call with arguments of types %s | %s runs '
                          'define-by-run: its lists, tuples and dicts held '
                          'more than %d values' % (

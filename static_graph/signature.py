@@ -92,7 +92,7 @@ def arg_names_of(method):
     return names
 
 
-def flatten(arg_names, args, kwargs):
+def flatten(arg_names, args, kwargs, limit=MAX_KEY_VALUES):
     """Return (spec, leaves, paths) for a call.
 
     leaves: the Variables and arrays, in order; paths: their names (``x``,
@@ -101,7 +101,8 @@ def flatten(arg_names, args, kwargs):
     values that cannot be part of a key.
     """
     # leaves, path parts, CuPy's ndarray, [container elements left]
-    found = ([], [], _cupy_ndarray(), [MAX_KEY_VALUES])
+    found = ([], [], _cupy_ndarray(),
+             [float('inf') if limit is None else limit])
     pos = []
     for i, a in enumerate(args):
         name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i

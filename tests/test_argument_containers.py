@@ -245,3 +245,66 @@ def test_containers_of_more_values_than_a_key_holds_run_define_by_run():
     assert len(said) == 1 and 'values' in said[0], said
     c = caches_of(m)['forward']
     assert (c.recordings, c.fallback_calls) == (0, 3) and c.too_many
+
+
+def test_a_container_argument_kept_inside_a_link_attribute_is_the_callers():
+    """``self.kept = {'cfg': cfg}``: the recording's copy stayed there, so a
+    later call reading ``self.kept`` missed what the caller changed."""
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+
+    def body(m, x, box):
+        m.kept = ({'cfg': box}, [box])
+        return F.sum(m.l(x)) * box['s']
+
+    m = S(body)
+    box = {'s': 2.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        m(numpy.ones((2, 3), 'f'), box).backward()
+    assert m.kept[0]['cfg'] is box and m.kept[1][0] is box
+
+
+def test_a_call_of_too_many_values_among_calls_waiting_records():
+    """A loss summed over calls, one of them with a container past the
+    key's limit: it ran define-by-run among calls that are one node each,
+    and the parameters' gradients came out in another order (2.4e-7)."""
+    from static_graph import signature
+    a, b = Net(_bigsum), type('S', (Net,), {
+        'forward': static_graph(Net.forward)})(_bigsum)
+    b.copyparams(a)
+    big = [1.0] * (signature.MAX_KEY_VALUES + 1)
+    rs = numpy.random.RandomState(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for step in range(3):
+            xs = [rs.randn(2, 3).astype('f') for _ in range(4)]
+            for m in (a, b):
+                m.cleargrads()
+                loss = m(xs[0], [1.0]) + m(xs[1], [1.0])
+                if step == 2:
+                    loss = loss + m(xs[2], big)
+                (loss + m(xs[3], [1.0])).backward()
+            assert numpy.array_equal(a.l.W.grad, b.l.W.grad), step
+
+
+def _bigsum(m, x, box):
+    h = m.l(x)
+    return F.sum(h * h) * len(box)
+
+
+def test_calls_of_too_many_values_are_walked_again_after_a_while(
+        monkeypatch):
+    from static_graph import cache as cache_module
+    from static_graph import signature
+    monkeypatch.setattr(cache_module, 'TOO_MANY_SKIPS', 2)
+    m = type('S', (Net,), {'forward': static_graph(Net.forward)})(_bigsum)
+    x = numpy.ones((2, 3), 'f')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        m(x, [1.0] * (signature.MAX_KEY_VALUES + 1)).backward()
+        for _ in range(6):
+            m(x, [1.0]).backward()
+    c = caches_of(m)['forward']
+    # 1 big + 2 skipped, then the small list is walked: it records, replays
+    assert (c.fallback_calls, c.recordings, c.replays) == (3, 1, 3)
+    assert not c.too_many

@@ -81,3 +81,32 @@ def test_a_nan_argument_made_at_each_call_replays():
     # Another NaN's bits (a negative one) is another key.
     m(numpy.ones((2, 3), 'f'), -float('nan')).backward()
     assert caches_of(m)['forward'].recordings == 2
+
+
+def test_a_nan_fill_value_replays():
+    """An array of one NaN made in the method is a uniform constant, as
+    one of any other value (``flat == flat[0]`` is False for NaN: the call
+    fell back)."""
+    from static_graph.decorator import caches_of
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 3)
+
+        def forward(self, x, fill):
+            h = self.l(x)
+            mask = numpy.array([[True, False, True]] * h.shape[0])
+            return F.where(mask, h, numpy.full(h.shape, fill, 'f'))
+
+    S = type('S', (Net,), {'forward': static(Net.forward)})
+    a, b = Net(), S()
+    b.copyparams(a)
+    for _ in range(4):
+        x = numpy.ones((2, 3), 'f')
+        ya, yb = a(x, float('nan')), b(x, float('nan'))
+        assert numpy.array_equal(ya.array, yb.array, equal_nan=True)
+        F.sum(ya * 0).backward()
+        F.sum(yb * 0).backward()
+    assert caches_of(b)['forward'].replays == 3

@@ -12,7 +12,6 @@ import numpy
 from schedules import ir
 from static_graph import cache as cache_module
 from static_graph import decorator
-from static_graph import signature
 from static_graph import graphs
 
 
@@ -159,6 +158,10 @@ def explain(chain):
                          'back for one reason %d times in a row): %s' % (
                              outline_text(outline), flags_text(config),
                              cache_module.SHORTCUT_AFTER, reason))
+        if cache.too_many:
+            # (Not at import: signature needs Chainer 7, and the library
+            # imports on older Chainers as a pass-through.)
+            from static_graph import signature
         for config, types in list(cache.too_many):
             lines.append('  every call with arguments of types %s | %s runs '
                          'define-by-run: its lists, tuples and dicts held '

@@ -245,6 +245,9 @@ def test_containers_of_more_values_than_a_key_holds_run_define_by_run():
     assert len(said) == 1 and 'values' in said[0], said
     c = caches_of(m)['forward']
     assert (c.recordings, c.fallback_calls) == (0, 3) and c.too_many
+    import static_graph as sg
+    assert 'held more than %d values' % signature.MAX_KEY_VALUES in \
+        sg.explain(m)
 
 
 def test_a_container_argument_kept_inside_a_link_attribute_is_the_callers():

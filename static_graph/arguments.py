@@ -98,9 +98,10 @@ def _sparse_on_device(arrays):
     return hi - lo > 2 * sum(a.nbytes for a in arrays)
 
 
-# Elements in all of a container argument that the check below compares
-# (no more than a key holds: a call with more runs define-by-run).
-ARGUMENT_ITEMS = signature.MAX_KEY_VALUES    # (a recorded call's fit)
+# Elements in all of a container argument that the check below compares:
+# all of them (a call past signature.MAX_KEY_VALUES records only among
+# calls that wait for their backward, where it is walked whole anyway).
+ARGUMENT_ITEMS = float('inf')
 _CONTAINERS = (list, dict, tuple)
 
 
@@ -124,11 +125,12 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
     the caller's there too."""
     if made:
         mine = dict((id(new), old) for new, old in made)
+        tuples = {}
         for link in chain.links():
             d = link.__dict__
             for k, v in list(d.items()):
                 if isinstance(v, _CONTAINERS):
-                    back = _callers(v, mine, 3)
+                    back = _callers(v, mine, 3, tuples)
                     if back is not v:
                         d[k] = back
     changed = [at for at, v, frozen in before if frozen is not None and
@@ -159,26 +161,31 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
             old.update(items)
 
 
-def _callers(v, mine, depth):
+def _callers(v, mine, depth, tuples=None):
     """``v`` with the recording's copies of container arguments (``mine``:
     id(copy) -> the caller's) replaced by the caller's own, to ``depth``
-    levels of lists, dicts and tuples (``self.kept = {'cfg': cfg}``): lists
-    and dicts changed in place, a tuple made anew where it held one."""
+    levels of plain lists, dicts and tuples (``self.kept = {'cfg': cfg}``):
+    a list or dict changed in place where it held one, a tuple made anew
+    (once: ``tuples``, id -> the new one, for a tuple held twice)."""
     if id(v) in mine:
         return mine[id(v)]
     if not depth:
         return v
-    if isinstance(v, list):
-        for i, x in enumerate(v):
+    t = type(v)
+    if t is list or t is dict:
+        for k, x in list(enumerate(v) if t is list else v.items()):
             if isinstance(x, _CONTAINERS):
-                v[i] = _callers(x, mine, depth - 1)
-    elif isinstance(v, dict):
-        for k, x in list(v.items()):
-            if isinstance(x, _CONTAINERS):
-                v[k] = _callers(x, mine, depth - 1)
-    elif type(v) is tuple:
-        items = [_callers(x, mine, depth - 1)
+                y = _callers(x, mine, depth - 1, tuples)
+                if y is not x:
+                    v[k] = y
+    elif t is tuple:
+        if tuples is not None and id(v) in tuples:
+            return tuples[id(v)]
+        items = [_callers(x, mine, depth - 1, tuples)
                  if isinstance(x, _CONTAINERS) else x for x in v]
         if any(a is not b for a, b in zip(items, v)):
-            return tuple(items)
+            new = tuple(items)
+            if tuples is not None:
+                tuples[id(v)] = new
+            return new
     return v

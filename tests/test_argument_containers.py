@@ -311,3 +311,51 @@ def test_calls_of_too_many_values_are_walked_again_after_a_while(
     # 1 big + 2 skipped, then the small list is walked: it records, replays
     assert (c.fallback_calls, c.recordings, c.replays) == (3, 1, 3)
     assert not c.too_many
+
+
+class _Frozen(dict):
+    def __setitem__(self, k, v):
+        raise TypeError('frozen')
+
+
+def test_putting_kept_containers_back_leaves_other_attributes_alone():
+    """A link attribute that is a dict refusing writes (the put-back wrote
+    even unchanged values: TypeError), and a tuple held by two attributes
+    (rebuilt once each: no longer one object)."""
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+
+    def body(m, x, box):
+        t = (box,)
+        m.kept, m.kept_too = t, t
+        return F.sum(m.l(x)) * box['s']
+
+    m = S(body)
+    m.table = _Frozen({'a': [1, 2]})
+    box = {'s': 2.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        m(numpy.ones((2, 3), 'f'), box).backward()
+    assert m.kept is m.kept_too and m.kept[0] is box
+    assert m.table == {'a': [1, 2]}
+
+
+def test_a_large_container_changed_among_waiting_calls_reaches_the_caller():
+    """Past the key's value limit among calls that wait for their backward,
+    a call records; what it changes in its container was not compared (the
+    check stopped at 4096 elements): lost, and replayed without it."""
+    from static_graph import signature
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+
+    def body(m, x, d):
+        if len(d) > 100:
+            d['out'] = 'seen'
+        return F.sum(m.l(x))
+
+    m = S(body)
+    x = numpy.ones((2, 3), 'f')
+    for _ in range(3):
+        big = dict((i, i) for i in range(signature.MAX_KEY_VALUES + 10))
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            (m(x, {'small': 1}) + m(x, big)).backward()
+        assert big['out'] == 'seen'

@@ -102,20 +102,6 @@ def _shape_derived(a):
     return a.dtype.kind in 'iu' and a.ndim <= 1 or a.size <= 1
 
 
-def _uniform(a):
-    if a.size <= 1:
-        return True
-    if isinstance(a, numpy.ndarray):
-        # (numpy.asarray: a numpy.matrix stays 2-D through reshape(-1))
-        a = numpy.asarray(a)
-    flat = a.reshape(-1)    # (CuPy: compared on the device)
-    if a.dtype.kind == 'f' and a.dtype.itemsize in (2, 4, 8):
-        # By the bits: all NaN (a fill value) is uniform too, and -0.0
-        # among 0.0 is not.
-        flat = flat.view('u%d' % a.dtype.itemsize)
-    return bool((flat == flat[0]).all())
-
-
 def classify_unknown(rec, chain_map):
     """Settle the role of every array no op produced. Returns param buffers
     as [(buffer id, path, Parameter)] and persist as [(id, path, array)]."""
@@ -184,7 +170,7 @@ def classify_unknown(rec, chain_map):
             rec.pending_backward_consts.append((a, kind, source, bid))
         elif rec.computed_on_device(a):
             rec.add_reason(device_reads.computed_reason(kind, source))
-        elif not _uniform(a) and id(arrayutil.root_of(a)) not in \
+        elif not arrayutil.uniform(a) and id(arrayutil.root_of(a)) not in \
                 rec.shape_made and id(a) not in rec.shape_made:
             rec.add_reason(
                 'an array not produced by a Chainer function enters %s '

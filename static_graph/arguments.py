@@ -68,8 +68,7 @@ def _copies_sharing(leaves):
             continue      # the same object again: one copy (first)
         seen.add(id(leaf))
         a = leaf.raw_array if isinstance(leaf, chainer.Variable) else leaf
-        if (type(a) is numpy.ndarray or arrayutil.is_array(a) and
-                not isinstance(a, numpy.ndarray)) and a.size:
+        if arrayutil.plain_array(a) and a.size:
             by_root.setdefault(id(arrayutil.root_of(a)), []).append((i, a))
     out = {}
     for group in by_root.values():
@@ -93,8 +92,7 @@ def _sparse_on_device(arrays):
     falls back)."""
     if isinstance(arrays[0], numpy.ndarray):
         return False
-    lo = min(arrayutil.extent(a)[0] for a in arrays)
-    hi = max(arrayutil.extent(a)[1] for a in arrays)
+    lo, hi = arrayutil.span(arrays)
     return hi - lo > 2 * sum(a.nbytes for a in arrays)
 
 
@@ -123,8 +121,8 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
     with the caller's arrays and Variables for the copies, as under
     define-by-run. One the method kept on a link (``self.cfg = cfg``) is
     the caller's there too."""
+    mine = dict((id(new), old) for new, old in made)
     if made:
-        mine = dict((id(new), old) for new, old in made)
         tuples = {}
         for link in chain.links():
             d = link.__dict__
@@ -146,7 +144,7 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
                        'item set, added or removed); replay would not '
                        'repeat that' % at)
     back = dict((id(v), a) for v, a in zip(inner, leaves))
-    back.update((id(new), old) for new, old in made)
+    back.update(mine)
 
     def caller(x):
         x = back.get(id(x), x)

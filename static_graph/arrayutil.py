@@ -102,6 +102,29 @@ def copy_exact(a):
     return out
 
 
+def plain_array(v):
+    """A NumPy array of no subclass, or a device (CuPy) array."""
+    return type(v) is numpy.ndarray or (
+        is_array(v) and not isinstance(v, numpy.ndarray))
+
+
+def uniform(a):
+    """Do all of ``a``'s elements hold one value (floats: the same bits)?
+    A uniform array made outside Chainer functions is taken for a
+    constant (analysis.classify_unknown)."""
+    if a.size <= 1:
+        return True
+    if isinstance(a, numpy.ndarray):
+        # (numpy.asarray: a numpy.matrix stays 2-D through reshape(-1))
+        a = numpy.asarray(a)
+    flat = a.reshape(-1)    # (CuPy: compared on the device)
+    if a.dtype.kind == 'f' and a.dtype.itemsize in (2, 4, 8):
+        # By the bits: all NaN (a fill value) is uniform too, and -0.0
+        # among 0.0 is not.
+        flat = flat.view('u%d' % a.dtype.itemsize)
+    return bool((flat == flat[0]).all())
+
+
 def start_of(a):
     """The address of ``a``'s first element (NumPy or CuPy)."""
     if isinstance(a, numpy.ndarray):
@@ -117,6 +140,12 @@ def extent(a):
                     if st < 0),
             s + sum(st * (n - 1) for st, n in zip(a.strides, a.shape)
                     if st > 0) + a.itemsize)
+
+
+def span(arrays):
+    """[first, past the last) byte address that ``arrays`` show together."""
+    ends = [extent(a) for a in arrays]
+    return min(lo for lo, _ in ends), max(hi for _, hi in ends)
 
 
 def overlapping(arrays):
@@ -142,8 +171,7 @@ def copies_sharing(arrays):
     routine for them (``x @ x.T`` of one memory is a symmetric product,
     syrk, not gemm: other last bits)."""
     starts = [start_of(a) for a in arrays]
-    lo = min(extent(a)[0] for a in arrays)
-    hi = max(extent(a)[1] for a in arrays)
+    lo, hi = span(arrays)
     xp = backend.get_array_module(arrays[0])
     block = xp.empty(hi - lo, numpy.uint8)
     out = []

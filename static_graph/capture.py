@@ -31,6 +31,7 @@ from static_graph import link_values
 from static_graph import nodes
 from static_graph import outputs
 from static_graph import patches
+from static_graph import reach
 from static_graph import recorder
 from static_graph import recurrent
 from static_graph.recurrent import order_tie, state_sum_tie
@@ -94,7 +95,7 @@ class Capture(object):
             chain, rec, self.cache.written + self.cache.state_slots)
         snapshot = link_state.snapshot_links(chain)
         classes = set(type(link) for link in chain.links())
-        functions = link_values.reachable_functions(self.method, classes)
+        functions = reach.reachable_functions(self.method, classes)
         watch = link_values.Watch(snapshot, functions, classes,
                                   root_hooks=self.name != 'forward')
         held = link_state.trace_held_arrays(chain, rec)
@@ -136,8 +137,8 @@ class Capture(object):
                         "helper object's attribute set); replay would not "
                         'repeat that' % what)
             link_state.write_back_inputs(rec, leaves, inner, leaf_bids)
-            out_spec, inner_outs, out_bids, out_kinds = self._outputs(
-                out, lambda: outputs.live_ids(outputs.roots(
+            out_spec, inner_outs, out_bids, out_kinds = outputs.recorded(
+                rec, out, lambda: outputs.live_ids(outputs.roots(
                     snapshot, functions, classes, args, kwargs)))
             attr_writes = link_state.attr_changes(
                 rec, snapshot, set(id(d[3]) for d in detached))
@@ -259,30 +260,6 @@ class Capture(object):
             attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},
             rec.buffers)
         return outputs.rebuild(out_spec, vals[:n_outs])
-
-    def _outputs(self, out, live):
-        """What the method returned: its spec, the inner output Variables,
-        their buffers and kinds ('V' a Variable, 'A' an array)."""
-        rec = self.rec
-        try:
-            out_spec, out_leaves = outputs.flatten(out, live)
-        except outputs.Unrebuildable as err:
-            rec.add_reason('it returns a %s that replay cannot rebuild: %s'
-                           % (type(out).__name__, err))
-            # This call hands out what the method returned, as it is.
-            out_spec, out_leaves = ('K', out), []
-        out_bids, out_kinds, inner_outs = [], [], []
-        for o in out_leaves:
-            if isinstance(o, chainer.Variable):
-                out_kinds.append('V')
-                inner_outs.append(o)
-                a = o.raw_array
-            else:
-                out_kinds.append('A')
-                a = rec.untrace(o, 'the return value')
-                inner_outs.append(chainer.Variable(a, requires_grad=False))
-            out_bids.append(rec.buffer_of(a, 'the return value'))
-        return out_spec, inner_outs, out_bids, out_kinds
 
     def _finish_without_backward(self, out):
         """No backward to record (no_backprop_mode, or nothing needs a

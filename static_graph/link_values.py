@@ -26,23 +26,19 @@ The links' arrays, Variables and child links are ``entry.link_structure``'s;
 so are the names Chainer manages on every link (``_params``, ``_children``,
 hooks). Globals and closure variables read by the user functions the
 method reaches by name (a helper function or method, a child link's
-forward) are watched like its own.
+forward: reach.py) are watched like its own, and those functions' default
+argument values.
 """
 import argparse
-import dis
 import math
-import os
-import sys
-import sysconfig
 import types
-import weakref
 
 import numpy
 
 import chainer
 
 from static_graph import arrayutil
-from static_graph import traced
+from static_graph import reach
 
 SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
            numpy.dtype)
@@ -188,118 +184,11 @@ def _same_kinds(now, then):
     return True
 
 
-def code_names(code, out=None):
-    """The names ``code`` (and the functions and comprehensions inside it)
-    looks up as globals or attributes."""
-    out = set() if out is None else out
-    out.update(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, 'co_names'):
-            code_names(c, out)
-    return out
-
-
-# Instructions that look a name up in (or write it to) the globals.
-_GLOBAL_OPS = frozenset(('LOAD_GLOBAL', 'LOAD_NAME', 'STORE_GLOBAL',
-                         'DELETE_GLOBAL'))
-
-
-def loaded_globals(code, out=None):
-    """The names ``code`` (and the functions and comprehensions inside it)
-    looks up as globals, not as attributes: ``self.l`` does not name a
-    module's ``l``."""
-    out = set() if out is None else out
-    for ins in dis.get_instructions(code):
-        if ins.opname in _GLOBAL_OPS:
-            out.add(ins.argval)
-    for c in code.co_consts:
-        if hasattr(c, 'co_names'):
-            loaded_globals(c, out)
-    return out
-
-
-_names_of = {}   # (code object, globals only?) -> sorted names
-
-
-def global_names(method, only_globals=False):
-    """code_names of ``method``'s code, sorted (remembered per code); with
-    ``only_globals``, its loaded_globals."""
-    code = getattr(method, '__code__', None)
-    if code is None:
-        return ()
-    names = _names_of.get((code, only_globals))
-    if names is None:
-        names = _names_of[code, only_globals] = tuple(sorted(
-            loaded_globals(code) if only_globals else code_names(code)))
-    return names
-
-
 def structural(v):
     """Is ``v`` a link, a Variable or an array: an attribute value that
     ``entry.link_structure`` checks (by identity) rather than the watch?"""
     return isinstance(v, chainer.Variable) or arrayutil.is_link(v) or \
         arrayutil.is_array(v)
-
-
-def user_classes(classes):
-    """The classes in the MROs of ``classes`` defined outside Chainer,
-    once each."""
-    seen, out = set(), []
-    for c in classes:
-        for cls in c.__mro__:
-            module = getattr(cls, '__module__', None) or ''
-            if cls in seen or cls is object or module == 'chainer' or \
-                    module.startswith('chainer.'):
-                continue
-            seen.add(cls)
-            out.append(cls)
-    return out
-
-
-_MAX_FUNCTIONS = 64
-# Python's own library (where installed packages are not inside it).
-_STDLIB = tuple(set(os.path.join(sysconfig.get_paths()[k], '')
-                    for k in ('stdlib', 'platstdlib')))
-
-
-def _library_file(filename):
-    if filename.startswith(traced.INTERNAL_DIRS):
-        return True
-    return filename.startswith(_STDLIB) and \
-        'site-packages' not in filename and 'dist-packages' not in filename
-
-
-def _user_function(v):
-    """``v`` as a plain Python function of user code (not Chainer's,
-    NumPy's, CuPy's, Python's own library's or this package's: a static
-    method's or class method's too), or None."""
-    if isinstance(v, (staticmethod, classmethod)):
-        v = v.__func__
-    if type(v) is not types.FunctionType or \
-            _library_file(v.__code__.co_filename):
-        return None
-    return v
-
-
-# class -> is it defined in user code? (Weak: a class made per call, in a
-# factory, is not kept alive by this.)
-_user_class_memo = weakref.WeakKeyDictionary()
-
-
-def _user_class(cls):
-    """Is ``cls`` defined outside Chainer, NumPy, CuPy, this package and
-    Python's own library (in a script, a notebook, an installed package)?"""
-    known = _user_class_memo.get(cls)
-    if known is None:
-        name = getattr(cls, '__module__', None) or 'builtins'
-        module = sys.modules.get(name)
-        filename = getattr(module, '__file__', None)
-        if filename is None:    # interactive __main__; builtins
-            known = name not in ('builtins', 'sys')
-        else:
-            known = not _library_file(filename)
-        _user_class_memo[cls] = known
-    return known
 
 
 def helper_fields(v):
@@ -310,82 +199,13 @@ def helper_fields(v):
     cls = type(v)
     if isinstance(v, (type, _ModuleType, chainer.Variable)) or \
             arrayutil.is_link(v) or not (
-                _user_class(cls) or isinstance(v, chainer.LinkHook)):
+                reach.user_class(cls) or isinstance(v, chainer.LinkHook)):
         return None
     try:
         d = object.__getattribute__(v, '__dict__')
     except Exception:      # __slots__ only
         return None
     return d if type(d) is dict else None
-
-
-def reachable_functions(method, classes=()):
-    """``method`` and the user functions its call can reach by name, at
-    most ``_MAX_FUNCTIONS``: functions its code names as globals, methods
-    of the user classes among ``classes`` (the links' classes) its code
-    names as attributes (``self.helper(h)``), those classes' own
-    ``forward`` and ``__call__`` (a child link's), and so on from each.
-    Found by the names the code mentions, not by running it: a function
-    named on a branch not taken counts too."""
-    user = user_classes(classes)
-    todo = [method]
-    for cls in user:
-        for k in ('forward', '__call__'):
-            todo.append(_user_function(cls.__dict__.get(k)))
-    seen, out = set(), []
-    i = 0
-    while i < len(todo) and len(out) < _MAX_FUNCTIONS:
-        fn = todo[i]
-        i += 1
-        code = getattr(fn, '__code__', None)
-        if code is None or code in seen or \
-                getattr(fn, '__globals__', None) is None:
-            continue
-        seen.add(code)
-        out.append(fn)
-        glob = fn.__globals__
-        # (What a decorator's wrapper calls: the function in its closure.)
-        found = [_cell_value(c) for c in fn.__closure__ or ()]
-        for name in global_names(fn):
-            found.append(glob.get(name))
-            found.extend(cls.__dict__.get(name) for cls in user)
-        for v in found:
-            for f in _functions_of(v):
-                f = _user_function(f)
-                if f is not None and f.__code__ not in seen:
-                    todo.append(f)
-    return out
-
-
-def _functions_of(v):
-    """The functions behind a name: a property's getter and setter (``self
-    .gain``), else the value itself."""
-    if isinstance(v, property):
-        return (v.fget, v.fset)
-    return (v,)
-
-
-def _cell_value(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:      # an empty cell
-        return None
-
-
-def named_globals(functions):
-    """(globals dict, name) for the module globals ``functions`` name
-    (modules left out: F, numpy are never rebound in practice), once
-    each."""
-    seen, out = set(), []
-    for fn in functions:
-        glob = fn.__globals__
-        for k in global_names(fn, only_globals=True):
-            if k not in glob or (id(glob), k) in seen or \
-                    type(glob[k]) is _ModuleType:
-                continue   # a builtin, an attribute name, a module
-            seen.add((id(glob), k))
-            out.append((glob, k))
-    return out
 
 
 class _Closure(object):
@@ -485,7 +305,7 @@ class Watch(object):
                     self._add(hooks, name, hook)
         self._classes_seen = set()
         self._add_class_attributes(classes)
-        self.named_globals = named_globals(functions)
+        self.named_globals = reach.named_globals(functions)
         for glob, k in self.named_globals:
             self._add(glob, k, glob[k])
         for fn in functions:
@@ -540,7 +360,7 @@ class Watch(object):
     def _add_class_attributes(self, classes):
         """The scalar and container class attributes of the user classes
         in the MROs of ``classes``, once per class."""
-        for cls in user_classes(classes):
+        for cls in reach.user_classes(classes):
             if cls in self._classes_seen:
                 continue
             self._classes_seen.add(cls)

@@ -35,7 +35,7 @@ import numpy
 import chainer
 
 from static_graph import arrayutil
-from static_graph import link_values
+from static_graph import reach
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes,
             numpy.generic, type, types.ModuleType, types.FunctionType,
@@ -200,10 +200,10 @@ def roots(snapshot, functions, classes, args, kwargs):
     out.extend(kwargs.values())
     for fn in functions:
         glob = fn.__globals__
-        for k in link_values.global_names(fn, only_globals=True):
+        for k in reach.global_names(fn, only_globals=True):
             v = glob.get(k)
             if type(v) is types.ModuleType:
-                out.extend(getattr(v, n) for n in link_values.global_names(fn)
+                out.extend(getattr(v, n) for n in reach.global_names(fn)
                            if n in v.__dict__)
             elif v is not None:
                 out.append(v)
@@ -214,7 +214,7 @@ def roots(snapshot, functions, classes, args, kwargs):
                 out.append(c.cell_contents)
             except ValueError:     # an empty cell
                 pass
-    for cls in link_values.user_classes(classes):
+    for cls in reach.user_classes(classes):
         out.extend(vars(cls).values())
     return out
 
@@ -324,3 +324,28 @@ def _build(s, it):
     for name, c in children:
         d[name] = _build(c, it)
     return new
+
+
+def recorded(rec, out, live):
+    """What the method returned, as recording ``rec`` holds it: its spec,
+    the inner output Variables, their buffers and kinds ('V' a Variable,
+    'A' an array)."""
+    try:
+        out_spec, out_leaves = flatten(out, live)
+    except Unrebuildable as err:
+        rec.add_reason('it returns a %s that replay cannot rebuild: %s'
+                       % (type(out).__name__, err))
+        # This call hands out what the method returned, as it is.
+        out_spec, out_leaves = ('K', out), []
+    out_bids, out_kinds, inner_outs = [], [], []
+    for o in out_leaves:
+        if isinstance(o, chainer.Variable):
+            out_kinds.append('V')
+            inner_outs.append(o)
+            a = o.raw_array
+        else:
+            out_kinds.append('A')
+            a = rec.untrace(o, 'the return value')
+            inner_outs.append(chainer.Variable(a, requires_grad=False))
+        out_bids.append(rec.buffer_of(a, 'the return value'))
+    return out_spec, inner_outs, out_bids, out_kinds

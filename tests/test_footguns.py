@@ -1355,7 +1355,7 @@ def test_reachable_functions_follow_user_code_only():
     functions and methods it names (however deep), a child link's forward;
     not Chainer's, NumPy's or Python's own library's."""
     import copy
-    from static_graph import link_values
+    from static_graph import reach
 
     def body(self, x):
         copy.deepcopy(x)
@@ -1364,7 +1364,7 @@ def test_reachable_functions_follow_user_code_only():
     class Net(chainer.Chain):
         shifted = _helper_method_init    # any user function will do
 
-    found = link_values.reachable_functions(body, [Net, _ScaledChild])
+    found = reach.reachable_functions(body, [Net, _ScaledChild])
     names = [f.__name__ for f in found]
     assert names[0] == 'body'
     assert sorted(names[1:]) == sorted([

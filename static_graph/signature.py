@@ -100,15 +100,20 @@ def flatten(arg_names, args, kwargs, limit=MAX_KEY_VALUES):
     read (``Paths``: only a recording reads them). Raises Unsupported for
     values that cannot be part of a key.
     """
-    # leaves, path parts, CuPy's ndarray, [container elements left]
+    # leaves, path parts, CuPy's ndarray, [container elements left], the
+    # containers being walked (a list that holds itself)
     found = ([], [], _cupy_ndarray(),
-             [float('inf') if limit is None else limit])
+             [float('inf') if limit is None else limit], set())
     pos = []
-    for i, a in enumerate(args):
-        name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
-        pos.append(_walk(a, name, found))
-    # (In the caller's order, which the method sees: ``**kw``.)
-    kw = tuple((k, _walk(kwargs[k], k, found)) for k in kwargs)
+    try:
+        for i, a in enumerate(args):
+            name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
+            pos.append(_walk(a, name, found))
+        # (In the caller's order, which the method sees: ``**kw``.)
+        kw = tuple((k, _walk(kwargs[k], k, found)) for k in kwargs)
+    except RecursionError:
+        raise Unsupported('an argument nests containers too deeply for a '
+                          'key')
     leaves = found[0]
     spec = (tuple(pos), kw)
     if len(leaves) > 1:
@@ -167,7 +172,7 @@ def path_text(part):
 # collector frees, on every call. A path is kept as its parts (see
 # path_text) and only made text for a message.
 def _walk(obj, path, found):
-    leaves, paths, cupy_nd, left = found
+    leaves, paths, cupy_nd, left, walking = found
     if type(obj) is numpy.ndarray:          # the common leaf, first
         leaves.append(obj)
         paths.append(path)
@@ -210,17 +215,21 @@ def _walk(obj, path, found):
                 ('A', o.shape, o.dtype.str, -1,
                  'C' if o.flags.c_contiguous else layout(o)) for o in obj]))
         _count(obj, path, left)
-        return (type(obj),
-                tuple([_walk(o, (path, i), found)
-                       for i, o in enumerate(obj)]))
+        _enter(obj, path, walking)
+        spec = (type(obj), tuple([_walk(o, (path, i), found)
+                                  for i, o in enumerate(obj)]))
+        walking.discard(id(obj))
+        return spec
     if isinstance(obj, dict):
         _count(obj, path, left)
+        _enter(obj, path, walking)
         items = []
         for k, v in obj.items():
             if not isinstance(k, _SCALARS):
                 raise Unsupported('argument %s has a dict key of type %s'
                                   % (path_text(path), type(k).__name__))
             items.append((scalar_key(k), _walk(v, (path, k), found)))
+        walking.discard(id(obj))
         return (type(obj), tuple(items))
     reason = _foreign_array_reason(obj, path_text(path))
     if reason:
@@ -229,6 +238,14 @@ def _walk(obj, path, found):
                       'a cache key (use arrays, Variables, None, bool, '
                       'int, float, str, or tuples/lists/dicts of them)'
                       % (path_text(path), type(obj).__name__))
+
+
+def _enter(obj, path, walking):
+    if id(obj) in walking:
+        raise Unsupported('argument %s is a %s that holds itself: a key of '
+                          'it would never end' % (path_text(path),
+                                                  type(obj).__name__))
+    walking.add(id(obj))
 
 
 def _count(obj, path, left):

@@ -359,3 +359,33 @@ def test_a_large_container_changed_among_waiting_calls_reaches_the_caller():
             warnings.simplefilter('ignore')
             (m(x, {'small': 1}) + m(x, big)).backward()
         assert big['out'] == 'seen'
+
+
+@pytest.mark.parametrize('make', [
+    lambda: [1.0, 2.0],
+    lambda: {'scale': 1.0},
+], ids=['list', 'dict'])
+def test_a_container_that_holds_itself_runs_define_by_run(make):
+    """A list or dict that holds itself walked into a RecursionError while
+    its key was built; such a call runs define-by-run, warned once, with
+    the same numbers."""
+    def body(m, x, box):
+        return F.sum(m.l(x)) * len(box)
+    a, b = _twins(body)
+    box = make()
+    if isinstance(box, list):
+        box.append(box)
+    else:
+        box['self'] = box
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for _ in range(3):
+            x = rs.randn(2, 3).astype('f')
+            for m in (a, b):
+                m.cleargrads()
+                m(x, box).backward()
+            assert numpy.array_equal(a.l.W.grad, b.l.W.grad)
+    said = [str(x.message) for x in w
+            if issubclass(x.category, StaticGraphWarning)]
+    assert len(said) == 1 and 'holds itself' in said[0], said

@@ -286,10 +286,15 @@ def check_typed(kernel, values, dtype):
     (Python numbers always do); else ((name, dtype the temporaries take),
     ...) for the others. Raises Unsupported for a scalar NumPy cannot
     combine with ``dtype`` arrays into a float dtype, and for an array of
-    more than one element."""
+    more than one element or of more than one dimension."""
     for i, v in enumerate(values):
-        if type(v) is numpy.ndarray and v.size != 1:
-            # (Chainer broadcasts it against the parameter: a rate per row)
+        if type(v) is numpy.ndarray and (v.size != 1 or v.ndim > 1):
+            # (Chainer broadcasts it against the parameter: a rate per row;
+            # one element of more dimensions, [[[1e-3]]], broadcasts a
+            # parameter's update to more dimensions than the parameter
+            # has, which Chainer's in-place updates refuse and its
+            # assignments drop: the captured kernels, over flattened
+            # arrays, would do neither.)
             raise Unsupported('%s: %s is an array of shape %s' % (
                 kernel.name, kernel.scalars[i], v.shape))
     idx = _typed_index.get(kernel)

@@ -299,3 +299,16 @@ def test_adam_weight_decay_as_an_array_falls_back():
     with pytest.warns(StaticGraphWarning, match='is an array'):
         t.step(2)
     assert captured(t.ob).fallback_steps == 2
+
+
+def test_a_one_element_hyperparameter_of_more_dimensions_falls_back():
+    """AdamW's alpha as [[[1e-3]]]: Chainer's assignment drops the update's
+    extra dimensions, the captured kernels raised ValueError at every step
+    (after counting it)."""
+    t = Twins(lambda: Opt.AdamW(weight_decay_rate=0.01))
+    t.for_both(lambda m, o: setattr(o.hyperparam, 'alpha',
+                                    numpy.array([[[1e-3]]])))
+    with pytest.warns(StaticGraphWarning,
+                      match=r'alpha_t is an array of shape \(1, 1, 1\)'):
+        t.step(2)
+    assert captured(t.ob).fallback_steps == 2

@@ -41,6 +41,7 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes,
             numpy.generic, type, types.ModuleType, types.FunctionType,
             types.BuiltinFunctionType, types.MethodType)
 _COPIED = (collections.deque, bytearray)   # holding no Variables
+_LAZY = (types.CoroutineType, types.AsyncGeneratorType)
 MAX_DEPTH = 3       # objects inside objects
 MAX_ATTRIBUTES = 256
 
@@ -106,6 +107,13 @@ class _Walk(object):
                          ('D', dict) if isinstance(obj, dict) else
                          ('S', set))
             return (tag, _empty_like(obj, base), children)
+        if (hasattr(type(obj), '__next__') or
+                isinstance(obj, _LAZY)) and not self.is_live(obj):
+            # A generator (the method's own body, when it yields), a map,
+            # an iterator of one's own: made by the call, consumed by the
+            # caller; replay would hand out the recording call's again.
+            raise Unrebuildable('it is a %s, which runs (or is consumed) '
+                                'after the call' % type(obj).__name__)
         if isinstance(obj, _COPIED) and not self._holds_leaves(obj) and \
                 not self.is_live(obj):
             # (made by the call, no attributes to walk: a copy per call)

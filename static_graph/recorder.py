@@ -14,6 +14,7 @@ import weakref
 import numpy
 
 import chainer
+from chainer.utils import type_check
 
 from schedules import ir
 from static_graph import arrayutil
@@ -35,6 +36,9 @@ APPLY_KEYS = frozenset((
 
 
 _FUNCTION = '_function.'
+# Exceptions of a Chainer function that its inputs' shapes and dtypes decide
+# (part of the key), not their values.
+_BY_SHAPE = (IndexError, TypeError, type_check.InvalidType)
 
 
 class AdapterAttrs(object):
@@ -455,6 +459,27 @@ class Recording(object):
         self.depth += 1
         try:
             outs = patches.orig_apply(node, inputs)
+        except _BY_SHAPE as e:
+            # (An index past the end, ``for v in variable`` ending, a type
+            # check: the same at every call of a key; but not an index
+            # array's values: F.get_item(x, idx) with idx from the data.)
+            if isinstance(e, IndexError) and any(
+                    is_array(v) or type(v) is tuple and any(
+                        is_array(x) for x in v) for v in pre.values()):
+                self.add_reason('%s raised IndexError at %s; a method that '
+                                'catches it would take that branch at '
+                                'every replay' % (kind,
+                                                  traced.user_location(2)))
+            raise
+        except BaseException as e:
+            # Whether it raises can depend on the values (F.inv of a
+            # singular matrix): a method that catches it would take that
+            # branch at every replay.
+            self.add_reason('%s raised %s at %s; a method that catches it '
+                            'would take that branch at every replay'
+                            % (kind, type(e).__name__,
+                               traced.user_location(2)))
+            raise
         finally:
             self.depth -= 1
         if check:
@@ -527,6 +552,17 @@ class Recording(object):
                 v = post[k]
                 restore.append((k, pre.get(k, MISSING)))
                 if not is_array(v):
+                    if type(v) in (list, tuple) and any(
+                            is_array(x) for x in v):
+                        # (TreeLSTM's forget gates, ``self.fs``: the node's
+                        # own, one for all calls; a second call's forward
+                        # before the first's backward would hand the first
+                        # the second's.)
+                        self.add_reason(
+                            '%s keeps a %s of arrays on its node (%s) for '
+                            'its backward, which replay cannot keep per '
+                            'call' % (kind, type(v).__name__,
+                                      k.rpartition('.')[2]))
                     continue
                 if seen is None:
                     seen = {id(a) for a in in_arrays}

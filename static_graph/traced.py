@@ -272,7 +272,12 @@ class TracedArray(numpy.ndarray):
                 'out' in kwargs:
             return _ufunc_as_before(ufunc, method, inputs, kwargs)
         fn = ufunc if method == '__call__' else getattr(ufunc, method)
-        result = fn(*[untraced(x) for x in inputs], **_plain_kwargs(kwargs))
+        try:
+            result = fn(*[untraced(x) for x in inputs],
+                        **_plain_kwargs(kwargs))
+        except Exception as e:     # (numpy.errstate(over='raise'))
+            flag('%s raised %s' % (ufunc.__name__, type(e).__name__))
+            raise
         made = calls(rec, fn, '%s%s' % (
             ufunc.__name__, '' if method == '__call__' else '.' + method),
             inputs, kwargs, result)
@@ -322,7 +327,14 @@ class TracedArray(numpy.ndarray):
         into = kwargs.get('out') if name not in numpy_rules.INTO else (
             args[0] if args else kwargs.get(numpy_rules.INTO[name]))
         _check_destinations(into, 'numpy.%s()' % name)
-        result = func(*_plain_all(args), **_plain_kwargs(kwargs))
+        try:
+            result = func(*_plain_all(args), **_plain_kwargs(kwargs))
+        except Exception as e:
+            # Whether it raises can depend on the values
+            # (numpy.linalg.cholesky): a method that catches it would take
+            # that branch at every replay.
+            flag('numpy.%s() raised %s' % (name, type(e).__name__))
+            raise
         if name not in numpy_rules.SHAPE_ONLY and \
                 numpy_rules.holds_values(result) or \
                 isinstance(result, numpy.dtype) and _zero_d_traced(args):
@@ -350,7 +362,7 @@ class TracedArray(numpy.ndarray):
     # a number a value read). ``mean``, ``std`` and ``var`` divide their
     # sum in place, which would be a write into a traced array.
     for _name in ('argmax', 'argmin', 'searchsorted', 'take', 'dot',
-                  'mean', 'std', 'var'):
+                  'mean', 'std', 'var', 'repeat', 'compress', 'nonzero'):
         locals()[_name] = _as_function(_name)
     del _name
 
@@ -374,6 +386,14 @@ class TracedArray(numpy.ndarray):
         if _from_user(1):
             flag('.data, its memory')
         return numpy.ndarray.data.__get__(self)
+
+    @property
+    def base(self):
+        # (A traced array is a view: its base is the plain array behind it,
+        # whose values no read of would be seen.)
+        if _from_user(1):
+            flag('.base, the array behind it')
+        return numpy.ndarray.base.__get__(self)
 
     @property
     def ctypes(self):

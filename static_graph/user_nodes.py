@@ -1,18 +1,19 @@
 """What replay does for nodes defined outside Chainer (a user's
 FunctionNode or Function), beyond what it does for Chainer's own: their
-forward may leave numbers from the data on the node for its backward
+forward may leave values from the data on the node for its backward
 (``analysis.mark_captured`` runs such a backward again at every replay),
 and the shapes of their results may follow the values (``make_kernel``
 checks them)."""
-import numpy
+import types
 
+from static_graph import arrayutil
 from static_graph import recorder
 
 
 def rerun_scalar_steps(rec, reruns_ok):
-    """A node defined outside Chainer whose forward sets a number on itself
-    (``self.n = float(norm)``, ``self.k = int((x > 0).sum())``, a bool it
-    branches on): its backward may compute with it in Python (``gy /
+    """A node defined outside Chainer whose forward sets a value on itself
+    (``self.n = float(norm)``, ``self.k = int((x > 0).sum())``, a bool or a
+    string it branches on): its backward may compute with it in Python (``gy /
     self.n`` builds a MulConstant of a new float), which the recorded ops
     would freeze. Its backward step runs again at every replay, with the
     forward's fresh values; where it cannot, the recording falls back."""
@@ -22,24 +23,40 @@ def rerun_scalar_steps(rec, reruns_ok):
         if step.rerun or op is None or not recorder.user_defined(step.node):
             continue
         d = recorder.attrs(op.node)
-        if not any(_python_number(d.get(k)) for k, _ in op.restore or ()):
+        shapes = set(rec.buffers[b].shape for b in op.inputs + op.outputs)
+        if not any(_may_follow_values(d.get(k), shapes)
+                   for k, _ in op.restore or ()):
             continue
         if reruns_ok(step):
             step.rerun = True
         else:
             rec.add_reason(
-                'the forward of %s (defined outside Chainer) sets a number '
+                'the forward of %s (defined outside Chainer) sets a value '
                 'on its node that its backward may compute with, and that '
                 'backward cannot be run again by replay' % op.kind)
 
 
-def _python_number(v):
+# What a forward may set on its node that is the same at every call of a
+# key: modules (``self.xp``), functions and classes.
+_CONSTANT_TYPES = (types.ModuleType, types.FunctionType,
+                   types.BuiltinFunctionType, type)
+
+
+def _may_follow_values(v, shapes):
+    """Could ``v``, which a node's forward set on the node, differ from
+    call to call of one key? A number, a bool, a string, an enum member,
+    None (an array at other calls), a container of them, any other object
+    may: the backward may branch on it (``self.mode = 'pos'``, ``self.k =
+    int(...)``). Arrays are the recording's state; a tuple of ints that is
+    the shape of one of the node's inputs or results (``self.shape =
+    x.shape``) is the key's."""
+    if arrayutil.is_array(v) or isinstance(v, _CONSTANT_TYPES):
+        return False
     if type(v) in (tuple, list):
-        # (a float among them: ``(float(x.std()), x.shape)``; the ints of
-        # a shape are the key's)
-        return any(type(x) is float or isinstance(x, numpy.floating)
-                   for x in v)
-    return type(v) in (int, float, bool) or isinstance(v, numpy.generic)
+        if v and all(type(x) is int for x in v):
+            return tuple(v) not in shapes
+        return any(_may_follow_values(x, shapes) for x in v)
+    return True
 
 
 def shape_checking_kernel(inner, kind, shapes):

@@ -45,16 +45,25 @@ def inner_arguments(rec, leaves, paths):
     return inner, leaf_bids
 
 
-def sync_gradients(inner, leaves):
+def sync_gradients(rec, inner, leaves, paths):
     """A gradient the method set on an argument's copy (``x.cleargrad()``,
     ``x.grad = g``, ``chainer.grad(..., set_grad=True)``, a backward
     inside the method): the caller's Variable gets it, where define-by-run
-    sets it (such a call falls back: patches, which name the use)."""
-    for v, a in zip(inner, leaves):
-        if v is not a and isinstance(a, chainer.Variable) and \
-                isinstance(v, chainer.Variable) and (
-                    v._grad_var is not a._grad_var or v._grad is not a._grad):
+    sets it (such a call falls back: patches, which name the use). So does
+    a name the method gave it (``x.name = 'input'``), which replay would
+    not give: a reason (``rec`` None: the method raised)."""
+    for i, (v, a) in enumerate(zip(inner, leaves)):
+        if v is a or not isinstance(a, chainer.Variable) or \
+                not isinstance(v, chainer.Variable):
+            continue
+        if v._grad_var is not a._grad_var or v._grad is not a._grad:
             a._set_grad_var_without_check(v.grad_var)
+        if v.name != a.name:
+            a.name = v.name
+            if rec is not None:
+                rec.add_reason('the method names its argument %s (.name '
+                               '= %r); replay would not' % (paths[i],
+                                                            v.name))
 
 
 def _copies_sharing(leaves):
@@ -162,7 +171,8 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
 def _callers(v, mine, depth, tuples=None):
     """``v`` with the recording's copies of container arguments (``mine``:
     id(copy) -> the caller's) replaced by the caller's own, to ``depth``
-    levels of plain lists, dicts and tuples (``self.kept = {'cfg': cfg}``):
+    levels of lists, dicts (their subclasses too) and plain tuples
+    (``self.kept = {'cfg': cfg}``):
     a list or dict changed in place where it held one, a tuple made anew
     (once: ``tuples``, id -> the new one, for a tuple held twice)."""
     if id(v) in mine:
@@ -170,8 +180,9 @@ def _callers(v, mine, depth, tuples=None):
     if not depth:
         return v
     t = type(v)
-    if t is list or t is dict:
-        for k, x in list(enumerate(v) if t is list else v.items()):
+    if isinstance(v, (list, dict)):     # (an OrderedDict too)
+        for k, x in list(enumerate(v) if isinstance(v, list) else
+                         v.items()):
             if isinstance(x, _CONTAINERS):
                 y = _callers(x, mine, depth - 1, tuples)
                 if y is not x:

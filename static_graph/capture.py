@@ -106,6 +106,7 @@ class Capture(object):
             try:
                 out = self.method(chain, *new_args, **new_kwargs)
             except BaseException:
+                arguments.sync_gradients(None, inner, leaves, paths)
                 arguments.check_containers(None, held_args, made, inner,
                                            leaves, self.method, chain)
                 generators.put_back(stand_ins)
@@ -116,7 +117,7 @@ class Capture(object):
             generators.put_back(stand_ins)
             link_state.untrace_held(chain, held)
             watch.put_back_arrays(shown)
-            arguments.sync_gradients(inner, leaves)
+            arguments.sync_gradients(rec, inner, leaves, paths)
             arguments.check_containers(rec, held_args, made, inner, leaves,
                                        self.method, chain)
             for what in generators.unseen(rngs, draws):

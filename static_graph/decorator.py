@@ -159,6 +159,7 @@ def static_graph(method=None, **options):
                 (type(self), name, str(e)),
                 '%s.%s runs define-by-run: %s' % (type(self).__name__, name,
                                                   e))
+            cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
         if cache.state_slots:
             # Recurrent state the links hold: its presence and shape decide

@@ -176,9 +176,15 @@ def _same_kinds(now, then):
     sign (True == 1 == numpy.bool_(True) and -0.0 == 0.0, but ``~`` and
     numpy.arctan2 tell them apart)."""
     for a, b in zip(now, then):
-        if type(a) is not type(b):
+        t = type(a)
+        if t is not type(b):
             return False
-        if type(a) is float and a == 0 and \
+        if t is tuple:
+            # (at any depth: a frozen list or dict is (type, items), an
+            # item of a dict (key, value); 2.0 -> 2 in a config dict)
+            if not _same_kinds(a, b):
+                return False
+        elif (t is float or isinstance(a, numpy.floating)) and a == 0 and \
                 math.copysign(1.0, a) != math.copysign(1.0, b):
             return False
     return True

@@ -41,6 +41,9 @@ class TooManyValues(Unsupported):
 # 30x the call; such calls run define-by-run (the decorator remembers the
 # outline of such a call: decorator.py).
 MAX_KEY_VALUES = 4096
+# Containers inside containers a key walks at most (the walkers after it,
+# rebuild and the change check, recurse too: Python's recursion limit).
+MAX_NESTING = 100
 
 
 def _cupy_ndarray():
@@ -105,15 +108,11 @@ def flatten(arg_names, args, kwargs, limit=MAX_KEY_VALUES):
     found = ([], [], _cupy_ndarray(),
              [float('inf') if limit is None else limit], set())
     pos = []
-    try:
-        for i, a in enumerate(args):
-            name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
-            pos.append(_walk(a, name, found))
-        # (In the caller's order, which the method sees: ``**kw``.)
-        kw = tuple((k, _walk(kwargs[k], k, found)) for k in kwargs)
-    except RecursionError:
-        raise Unsupported('an argument nests containers too deeply for a '
-                          'key')
+    for i, a in enumerate(args):
+        name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
+        pos.append(_walk(a, name, found))
+    # (In the caller's order, which the method sees: ``**kw``.)
+    kw = tuple((k, _walk(kwargs[k], k, found)) for k in kwargs)
     leaves = found[0]
     spec = (tuple(pos), kw)
     if len(leaves) > 1:
@@ -245,6 +244,9 @@ def _enter(obj, path, walking):
         raise Unsupported('argument %s is a %s that holds itself: a key of '
                           'it would never end' % (path_text(path),
                                                   type(obj).__name__))
+    if len(walking) >= MAX_NESTING:
+        raise Unsupported('argument %s nests containers more than %d deep'
+                          % (path_text(path), MAX_NESTING))
     walking.add(id(obj))
 
 

@@ -2,6 +2,7 @@
 results in, a cache dict): the method gets the caller's own where they hold
 no array, and what it changes in any of them reaches the caller, as under
 define-by-run; such a call falls back, since replay would not change them."""
+import collections
 import warnings
 
 import numpy
@@ -389,3 +390,83 @@ def test_a_container_that_holds_itself_runs_define_by_run(make):
     said = [str(x.message) for x in w
             if issubclass(x.category, StaticGraphWarning)]
     assert len(said) == 1 and 'holds itself' in said[0], said
+
+
+def _kept_in_ordered_dict(m, x, box):
+    if getattr(m, 'kept', None) is None:
+        m.kept = collections.OrderedDict(cfg=box)     # a memo, filled once
+    return F.sum(m.l(x)) * m.kept['cfg']['s']
+
+
+def test_a_kept_container_inside_an_ordered_dict_is_the_callers():
+    """A memo of the argument inside an OrderedDict on the chain stayed the
+    recording's copy: the caller's later change never reached it."""
+    a, b = _twins(_kept_in_ordered_dict)
+    boxes = [{'s': 2.0}, {'s': 2.0}]
+    x = numpy.ones((2, 3), 'f')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for step in range(4):
+            if step == 2:
+                for box in boxes:
+                    box['s'] = 3.0
+            ys = [m(x, box) for m, box in zip((a, b), boxes)]
+            assert ys[0].array == ys[1].array, step
+            assert b.kept['cfg'] is boxes[1]
+
+
+def _normalizes(m, x, cfg):
+    cfg['k'] = int(cfg['k'])             # 2.0 -> 2
+    cfg['z'] = cfg['z'] * -1.0           # 0.0 -> -0.0
+    return F.sum(m.l(x)) * cfg['k']
+
+
+def test_a_change_of_kind_in_a_container_argument_reaches_the_caller():
+    """2.0 -> 2 and 0.0 -> -0.0 compare equal: the caller's dict kept 2.0
+    and 0.0, and the key replayed."""
+    a, b = _twins(_normalizes)
+    ca, cb = {'k': 2.0, 'z': 0.0}, {'k': 2.0, 'z': 0.0}
+    x = numpy.ones((2, 3), 'f')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for step in range(3):
+            a(x, ca), b(x, cb)
+            assert repr(ca) == repr(cb), step
+
+
+def test_an_argument_nested_past_the_limit_runs_define_by_run():
+    """A dict nested 700 deep passed the key's walk and then crashed the
+    recording's copy of it (RecursionError)."""
+    from static_graph import signature
+
+    def body(m, x, box):
+        return F.sum(m.l(x))
+    a, b = _twins(body)
+    box = {}
+    inner = box
+    for _ in range(700):
+        inner['d'] = {}
+        inner = inner['d']
+    x = numpy.ones((2, 3), 'f')
+    with pytest.warns(StaticGraphWarning, match='more than %d deep'
+                      % signature.MAX_NESTING):
+        assert b(x, box).array == a(x, box).array
+
+
+def test_a_name_given_to_an_argument_reaches_the_caller():
+    """x.name = 'input' in the method (for a graph dump) stayed on the
+    recording's copy, and the key replayed without it."""
+    def body(m, x, box):
+        x.name = 'input'
+        box[0].name = 'first'
+        return F.sum(m.l(x)) + F.sum(m.l(box[0]))
+    a, b = _twins(body)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for step in range(3):
+            vs = [[chainer.Variable(numpy.ones((2, 3), 'f'))
+                   for _ in range(2)] for _ in range(2)]
+            for m, v in zip((a, b), vs):
+                m(v[0], [v[1]]).backward()
+            assert [v.name for v in vs[0]] == [v.name for v in vs[1]] == \
+                ['input', 'first'], step

@@ -166,6 +166,38 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
             items = [(k, caller(x)) for k, x in new.items()]
             old.clear()
             old.update(items)
+    # What the method put into them, further down (``box['hist'] =
+    # box['hist'] + [h]``), and into the caller's own containers (one that
+    # held no array: ``hidden.append(x)``): the caller's for the copies.
+    own = set(id(new) for new, _ in made)
+    for at, v, frozen in before:
+        if at in changed and id(v) not in own:
+            _to_callers(v, caller, 3)
+    for _, old in made:
+        _to_callers(old, caller, 3)
+
+
+def _to_callers(v, caller, depth):
+    """``v`` with the recording's copies in it (``caller``: the caller's
+    object for one) replaced by the caller's, ``depth`` levels of lists,
+    dicts and tuples down: lists and dicts changed in place, only where an
+    item changes; a tuple made anew."""
+    if isinstance(v, (list, dict)):
+        if not depth:
+            return v
+        for k, x in list(enumerate(v) if isinstance(v, list) else
+                         v.items()):
+            y = caller(x)
+            if isinstance(y, _CONTAINERS):
+                y = _to_callers(y, caller, depth - 1)
+            if y is not x:
+                v[k] = y
+        return v
+    if type(v) is tuple and depth:
+        items = [_to_callers(caller(x), caller, depth - 1) for x in v]
+        if any(a is not b for a, b in zip(items, v)):
+            return tuple(items)
+    return v
 
 
 def _callers(v, mine, depth, tuples=None):

@@ -204,8 +204,7 @@ def roots(snapshot, functions, classes, args, kwargs):
     their defaults and closure variables, the classes' attributes, the
     call's arguments."""
     out = [v for _, before, _ in snapshot for v in before.values()]
-    out.extend(args)
-    out.extend(kwargs.values())
+    _argument_roots(list(args) + list(kwargs.values()), out, LIVE_DEPTH)
     for fn in functions:
         glob = fn.__globals__
         for k in reach.global_names(fn, only_globals=True):
@@ -225,6 +224,23 @@ def roots(snapshot, functions, classes, args, kwargs):
     for cls in reach.user_classes(classes):
         out.extend(vars(cls).values())
     return out
+
+
+def _argument_roots(values, out, depth):
+    """The arguments' objects, but in place of their lists, dicts and
+    tuples what those hold: a container argument the method returns is
+    made afresh at each replay, as a copy of the recording's was (the
+    caller's own from the recording call would be handed out again, with
+    what the caller has put in it since)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            if depth:
+                _argument_roots(v, out, depth - 1)
+        elif isinstance(v, dict):
+            if depth:
+                _argument_roots(list(v.values()), out, depth - 1)
+        else:
+            out.append(v)
 
 
 LIVE_DEPTH = 3       # objects inside objects, from a root

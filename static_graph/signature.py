@@ -266,38 +266,49 @@ def rebuild(args, kwargs, replacements, made=None):
     new containers (one container given twice: one new one, as the method
     would get it); ``made``, where given, gets a (new, caller's) pair for
     each list and dict. (The caller's own would be handed back by a
-    replay that returns one: the recording call's, not this call's.)"""
+    replay that returns one: the recording call's, not this call's.) A
+    container that holds no leaf, at any depth (a config dict, a list of
+    counters), is the caller's own: the method may keep it (``self.cfg =
+    cfg``) or reach it another way (``model(x, model.cfg)``), as under
+    define-by-run; its values are the key's."""
     it = iter(replacements)
     seen = {}
-    new_args = tuple(_put(a, it, made, seen) for a in args)
-    new_kwargs = {k: _put(kwargs[k], it, made, seen) for k in kwargs}
+    count = [0]
+    new_args = tuple(_put(a, it, made, seen, count) for a in args)
+    new_kwargs = {k: _put(kwargs[k], it, made, seen, count) for k in kwargs}
     return new_args, new_kwargs
 
 
-def _put(obj, it, made, seen):
+def _put(obj, it, made, seen, count):
     if isinstance(obj, chainer.Variable):
+        count[0] += 1
         return next(it)
     if isinstance(obj, _SCALARS):
         return obj
-    if isinstance(obj, (tuple, list)):
-        items = [_put(o, it, made, seen) for o in obj]
+    if isinstance(obj, (tuple, list, dict)):
+        before = count[0]
+        if isinstance(obj, dict):
+            items = [(k, _put(v, it, made, seen, count))
+                     for k, v in obj.items()]
+        else:
+            items = [_put(o, it, made, seen, count) for o in obj]
         again = seen.get(id(obj))
         if again is not None:
             return again     # (its leaves consumed: flatten lists them twice)
-        if hasattr(obj, '_fields'):      # a namedtuple
+        if count[0] == before:
+            return obj       # no leaf in it: the caller's own
+        if isinstance(obj, dict):
+            # (a copy of the same type: an OrderedDict, a defaultdict's
+            # factory)
+            new = copy.copy(obj)
+            for k, v in items:
+                new[k] = v
+        elif hasattr(obj, '_fields'):      # a namedtuple
             new = type(obj)(*items)
         else:
             new = type(obj)(items)
-    elif isinstance(obj, dict):
-        items = [(k, _put(v, it, made, seen)) for k, v in obj.items()]
-        again = seen.get(id(obj))
-        if again is not None:
-            return again
-        # (a copy of the same type: an OrderedDict, a defaultdict's factory)
-        new = copy.copy(obj)
-        for k, v in items:
-            new[k] = v
     else:
+        count[0] += 1
         return next(it)   # an array
     seen[id(obj)] = new
     if made is not None and isinstance(new, (list, dict)):

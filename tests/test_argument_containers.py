@@ -3,6 +3,7 @@ results in, a cache dict): the method gets the caller's own where they hold
 no array, and what it changes in any of them reaches the caller, as under
 define-by-run; such a call falls back, since replay would not change them."""
 import collections
+import types
 import warnings
 
 import numpy
@@ -470,3 +471,91 @@ def test_a_name_given_to_an_argument_reaches_the_caller():
                 m(v[0], [v[1]]).backward()
             assert [v.name for v in vs[0]] == [v.name for v in vs[1]] == \
                 ['input', 'first'], step
+
+
+_KEPT = {}
+
+
+def _memo(where):
+    def body(m, x, box):
+        if where == 'helper':
+            if m.helper.cfg is None:
+                m.helper.cfg = box               # a helper object's memo
+            s = m.helper.cfg['s']
+        elif where == 'global':
+            _KEPT.setdefault(id(m), box)         # a module global's memo
+            s = _KEPT[id(m)]['s']
+        else:                                    # deep in a link attribute
+            if getattr(m, 'kept', None) is None:
+                m.kept = {'a': {'b': {'c': {'d': box}}}}
+            s = m.kept['a']['b']['c']['d']['s']
+        return F.sum(m.l(x)) * s
+    return body
+
+
+@pytest.mark.parametrize('where', ['helper', 'global', 'deep'])
+def test_a_config_argument_kept_anywhere_is_the_callers(where):
+    """The method keeps the caller's config (no arrays in it) where the
+    put-back of kept copies did not look: it stayed the recording's copy,
+    and the caller's later change never reached it (16.1 for 24.1)."""
+    a, b = _twins(_memo(where))
+    for m in (a, b):
+        m.helper = types.SimpleNamespace(cfg=None)
+    boxes = [{'s': 2.0}, {'s': 2.0}]
+    x = numpy.ones((2, 3), 'f')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for step in range(4):
+            if step == 2:
+                for box in boxes:
+                    box['s'] = 3.0
+            ys = []
+            for m, box in zip((a, b), boxes):
+                m.cleargrads()
+                ys.append(m(x, box))
+                ys[-1].backward()
+            assert ys[0].array == ys[1].array, step
+            assert numpy.array_equal(a.l.W.grad, b.l.W.grad), step
+
+
+def test_a_config_argument_the_method_reaches_another_way_is_one_object():
+    """``model(x, model.cfg)``: the method doubled it through the argument
+    and read it through the attribute, which saw the old value."""
+    def body(m, x, box):
+        box['s'] = box['s'] * 2.0
+        return F.sum(m.l(x)) * m.cfg['s']
+    a, b = _twins(body)
+    a.cfg, b.cfg = {'s': 1.0}, {'s': 1.0}
+    x = numpy.ones((2, 3), 'f')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for step in range(3):
+            assert a(x, a.cfg).array == b(x, b.cfg).array, step
+
+
+def test_new_containers_the_method_puts_into_an_argument_hold_the_callers():
+    """``box['hist'] = box['hist'] + [h]``, ``box['pair'] = (box['a'], x)``:
+    the caller's dict got the recording's copies one level down (a traced
+    array, a Variable whose gradient never reached the caller's)."""
+    def body(m, x, box):
+        h = F.tanh(m.l(x))
+        box['hist'] = box['hist'] + [h]
+        box['pair'] = (box['a'], x)
+        return F.sum(h)
+    a, b = _twins(body)
+    numpy.random.seed(1)
+    encs = [L.Linear(3, 3), L.Linear(3, 3)]
+    encs[1].copyparams(encs[0])
+    rs = numpy.random.RandomState(0)
+    z, x, arr = [rs.randn(2, 3).astype('f') for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for m, enc in zip((a, b), encs):
+            enc.cleargrads()
+            v0 = enc(z)
+            box = {'hist': [v0], 'a': arr}
+            loss = m(x, box) + F.sum(box['hist'][0] * box['hist'][0])
+            loss.backward()
+            assert box['hist'][0] is v0
+            assert box['pair'][0] is arr
+    assert numpy.array_equal(encs[0].W.grad, encs[1].W.grad)

@@ -165,7 +165,7 @@ def static_graph(method=None, **options):
             # Recurrent state the links hold: its presence and shape decide
             # which ops run (L.LSTM after reset_state() has no h).
             spec = spec + (cache.state_key(),)
-        key = (spec, config)
+        key = signature.Key((spec, config))
         e = cache.get(key)
         why = None
         stale = 0
@@ -209,6 +209,20 @@ def static_graph(method=None, **options):
                                  signature.outline(args, kwargs))
                 return _define_by_run(method, self, args, kwargs)
             if e.state == entry_module.COMPLETE:
+                if paths.values and _key_costs_more(e, paths.values) and \
+                        not cache.calls_waiting():
+                    diagnostics.warn_once(
+                        (type(self), name, 'key costs more'),
+                        '%s.%s runs define-by-run: the key of its '
+                        'arguments walks %d values in lists, tuples and '
+                        'dicts, which costs more than a replay of its %d '
+                        'ops saves (pass them as an array, or keep them on '
+                        'the chain)' % (type(self).__name__, name,
+                                        paths.values, _ops(e)))
+                    cache.note_too_many(
+                        (config, signature.types_of(args, kwargs)))
+                    cache.fallback_calls += 1
+                    return _define_by_run(method, self, args, kwargs)
                 if e.recheck is None and e.matches(self):
                     cache.replays += 1
                     e.replays += 1
@@ -301,6 +315,16 @@ def _forward_only(method, self, name, cache, key, args, kwargs, leaves,
         % (type(self).__name__, name, reason))
     cache.fallback_calls += 1
     return _define_by_run(method, self, args, kwargs)
+
+
+def _ops(e):
+    return len(e.forward.ops) + (len(e.backward.ops) if e.backward else 0)
+
+
+def _key_costs_more(e, values):
+    """Does a key of ``values`` container elements cost more than a
+    replay of entry ``e`` saves? (signature.VALUES_PER_OP)"""
+    return values > signature.VALUES_PER_OP * _ops(e)
 
 
 def _define_by_run(method, self, args, kwargs):

@@ -39,7 +39,7 @@ def inference_schedule(chain, args, method='forward', kwargs=None):
         arg_names = signature.arg_names_of(getattr(type(chain),
                                                  method).__wrapped__)
         spec, _, _ = signature.flatten(arg_names, tuple(args), kwargs)
-        key = (spec, signature.config_key())
+        key = signature.Key((spec, signature.config_key()))
     cache = cache_of(chain, fn)
     entry = cache.get(key) if cache is not None else None
     if entry is None or entry.state != 'complete':

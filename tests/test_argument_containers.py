@@ -559,3 +559,31 @@ def test_new_containers_the_method_puts_into_an_argument_hold_the_callers():
             assert box['hist'][0] is v0
             assert box['pair'][0] is arr
     assert numpy.array_equal(encs[0].W.grad, encs[1].W.grad)
+
+
+def test_a_key_that_costs_more_than_its_replay_saves_runs_define_by_run():
+    """A dict of 1,000 entries given at each call to a model of 7 ops: the
+    key cost 4x the call it saved. Past VALUES_PER_OP entries an op, its
+    calls run define-by-run (warned once); a small dict still replays."""
+    from static_graph import signature
+
+    def body(m, x, vocab):
+        return F.sum(m.l(x)) * 1.0
+    x = numpy.ones((2, 3), 'f')
+    for n, replays in ((20, True), (2000, False)):
+        a, b = _twins(body)
+        vocab = dict(('w%d' % i, i) for i in range(n))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter('always')
+            for _ in range(6):
+                for m in (a, b):
+                    m.cleargrads()
+                    m(x, vocab).backward()
+                assert numpy.array_equal(a.l.W.grad, b.l.W.grad)
+        cache, = caches_of(b).values()
+        assert (cache.replays > 0) == replays, n
+        said = [str(x.message) for x in w if 'costs more' in str(x.message)]
+        assert len(said) == (0 if replays else 1), said
+        if not replays:
+            assert '%d values' % n in said[0]
+    assert 20 < signature.VALUES_PER_OP * 7 < 2000

@@ -310,7 +310,7 @@ def _forward_only(method, self, name, cache, key, args, kwargs, leaves,
                                stand_in=True).forward(args, kwargs, leaves,
                                                       paths)
     diagnostics.warn_once(
-        (type(self), name, 'forward only', key),
+        (type(self), name, 'forward only', reason),
         '%s.%s runs define-by-run for this call signature: %s'
         % (type(self).__name__, name, reason))
     cache.fallback_calls += 1

@@ -93,7 +93,11 @@ def key_text(key):
 def flags_text(flags):
     """The config flags a reader cares about: ``train=True ...``."""
     flags = dict(flags)
-    return ' '.join('%s=%s' % (n, flags.get(n))
+
+    def value(v):      # (a key holds a value as (type, value): scalar_key)
+        return v[1] if type(v) is tuple and len(v) >= 2 and \
+            isinstance(v[0], type) else v
+    return ' '.join('%s=%s' % (n, value(flags.get(n)))
                     for n in ('train', 'enable_backprop'))
 
 

@@ -172,7 +172,13 @@ def _traced_getter(orig, gradient=False):
         if rec is None or rec.depth:
             return a
         argument = gradient and id(self) in rec.argument_paths
-        if type(a) is not numpy.ndarray and not argument:
+        if type(a) is not numpy.ndarray and not argument and not (
+                gradient and a is None):
+            return a
+        if a is None and not argument:
+            f = _direct_user_caller()
+            if f is not None:
+                _no_gradient_read(rec, '.grad', f)
             return a
         f = _user_caller()
         if f is None:
@@ -189,6 +195,52 @@ def _traced_getter(orig, gradient=False):
 
 _patched_get_array = _traced_getter(_orig_get_array)
 _patched_get_grad = _traced_getter(_orig_get_grad, gradient=True)
+
+
+def _no_gradient_read(rec, what, frame):
+    """The method reads a gradient that is None (``W.grad is None``, the
+    first call of an accumulation): a reason, as replay would take the
+    branch it took at every call."""
+    if rec.phase == 'forward':
+        rec.add_reason('it reads a gradient that is None (%s) at %s:%d; '
+                       'replay would not see whether there is one'
+                       % (what, frame.f_code.co_filename, frame.f_lineno))
+
+
+def _grad_var_getter(orig):
+    """``Variable.grad_var``, read: of an argument's copy, a use of its
+    gradient (``_argument_gradient_used``); None elsewhere, read by user
+    code itself, a read of whether there is one (``_no_gradient_read``)."""
+    def getter(self):
+        g = orig(self)
+        rec = getattr(_local, 'recording', None)
+        if rec is None or rec.depth:
+            return g
+        if id(self) in rec.argument_paths:
+            f = _user_caller()
+            if f is not None:
+                _argument_gradient_used(rec, self, '.grad_var', f)
+        elif g is None:
+            f = _direct_user_caller()
+            if f is not None:
+                _no_gradient_read(rec, '.grad_var', f)
+        return g
+
+    getter.__name__ = orig.__name__
+    return getter
+
+
+def _direct_user_caller():
+    """The frame that called the accessor calling this, where that is user
+    code (not Chainer's own, a ``Variable.backward`` reading it on the
+    caller's behalf), or None."""
+    f = sys._getframe(2)
+    if f.f_code.co_filename == _VARIABLE_FILE and \
+            f.f_code.co_name == 'grad':
+        f = f.f_back      # (the ``grad`` property, calling _get_grad)
+    if f is None or traced.internal_file(f.f_code.co_filename):
+        return None
+    return f
 
 
 def _argument_gradient(orig, what):
@@ -243,7 +295,7 @@ _orig_set_grad = variable_module.Variable._set_grad
 _patched_variable = {
     '_get_array': _patched_get_array, '_get_grad': _patched_get_grad,
     'grad_var': property(
-        _argument_gradient(_orig_grad_var.fget, '.grad_var'),
+        _grad_var_getter(_orig_grad_var.fget),
         _argument_gradient(_orig_grad_var.fset, '.grad_var ='),
         doc=_orig_grad_var.__doc__),
     'cleargrad': _argument_gradient(_orig_cleargrad, '.cleargrad()'),

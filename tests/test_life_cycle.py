@@ -1,0 +1,102 @@
+"""What a hunt of the library's life cycle and API edges found: a branch on
+whether a parameter has a gradient, one warning per shape where one per
+method was meant, explain()'s config flags, ``python -m static_graph
+--help``."""
+import subprocess
+import sys
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+from static_graph import StaticGraphWarning
+
+
+class Accumulates(chainer.Chain):
+    def __init__(self, read):
+        super(Accumulates, self).__init__()
+        self.read = read
+        with self.init_scope():
+            self.l = L.Linear(3, 2, initialW=numpy.eye(2, 3, dtype='f'))
+
+    def forward(self, x):
+        y = self.l(x)
+        g = self.l.W.grad if self.read == 'grad' else self.l.W.grad_var
+        if g is None:                  # the first call of an accumulation
+            return F.sum(y)
+        return F.sum(y) * 2
+
+
+@pytest.mark.parametrize('read', ['grad', 'grad_var'])
+def test_a_branch_on_whether_a_parameter_has_a_gradient(read):
+    """Replayed the recording call's branch (8 for 16 at every second
+    call), with no warning."""
+    a = Accumulates(read)
+    b = type('S', (Accumulates,), {
+        'forward': static_graph.static_graph(Accumulates.forward)})(read)
+    x = numpy.ones((4, 3), 'f')
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(4):
+            losses = []
+            for m in (a, b):
+                if i % 2 == 0:
+                    m.cleargrads()
+                loss = m(x)
+                loss.backward()
+                losses.append(float(loss.array))
+            assert losses[0] == losses[1], i
+    said = [str(x.message) for x in w
+            if issubclass(x.category, StaticGraphWarning)]
+    assert len(said) == 1 and 'gradient that is None' in said[0], said
+
+
+class TwoOutputs(chainer.Chain):
+    def __init__(self):
+        super(TwoOutputs, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(8, 4)
+
+    @static_graph.static_graph
+    def forward(self, x):
+        y = self.l(x)
+        return y, F.relu(y)
+
+
+def test_evaluation_over_many_shapes_warns_once_why_it_runs_define_by_run():
+    """Evaluation with backprop enabled of a method with two outputs over
+    50 batch sizes: 50 identical warnings, one per shape."""
+    m = TwoOutputs()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        kept = []     # (the last output kept while it calls again)
+        for rep in range(3):
+            for i in range(200):
+                kept[:] = [m(numpy.ones((1 + i % 50, 8), 'f'))]
+    said = [str(x.message) for x in w if 'get no backward' in
+            str(x.message)]
+    assert len(said) == 1, len(said)
+
+
+def test_explain_shows_config_flags_as_values():
+    m = TwoOutputs()
+    with chainer.no_backprop_mode():
+        m(numpy.ones((2, 8), 'f'))
+    text = static_graph.explain(m)
+    assert 'train=True enable_backprop=False' in text, text
+
+
+def test_the_command_line_help():
+    run = subprocess.run([sys.executable, '-m', 'static_graph', '--help'],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True)
+    assert run.returncode == 0 and 'chainer-import' in run.stdout
+    run = subprocess.run([sys.executable, '-m', 'static_graph', 'nonsense'],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True)
+    assert run.returncode == 2 and 'usage' in run.stderr

@@ -3,6 +3,7 @@ import chainer
 
 from schedules import ir
 from schedules import onnx_export
+from static_graph import arrayutil
 from static_graph import decorator
 from static_graph import signature
 
@@ -75,6 +76,27 @@ def _doubled_batch(args, kwargs):
         double(leaf, a) for leaf, a in zip(leaves, arrays)]), batch
 
 
+def _distinct(args, kwargs):
+    """The arguments with an array or Variable given twice (one example
+    for two inputs: ``export_onnx(m, (x, x), ...)``) copied: each is an
+    input of the graph. (The key of such a call holds that they are one,
+    and its schedule reads one input: the graph read the last for both.)"""
+    _, leaves, _ = signature.flatten((), args, kwargs)
+    seen, out = set(), []
+    for leaf in leaves:
+        if id(leaf) in seen:
+            if isinstance(leaf, chainer.Variable):
+                leaf = chainer.Variable(leaf.array.copy(),
+                                        requires_grad=leaf.requires_grad)
+            else:
+                leaf = leaf.copy()
+        seen.add(id(leaf))
+        out.append(leaf)
+    if all(a is b for a, b in zip(out, leaves)):
+        return args, kwargs
+    return signature.rebuild(args, kwargs, out)
+
+
 def _other_batch(chain, args, kwargs, method, entry):
     """(2 * batch, {buffer id: shape}) of ``entry``'s forward schedule,
     recorded again at twice the batch size, for the exporter's check."""
@@ -99,7 +121,26 @@ def _other_batch(chain, args, kwargs, method, entry):
     shapes = {}
     for b1, b2 in zip(s1.inputs, s2.inputs):
         shapes[b1] = s2.buffers[b2].shape
+    # (Memory that holds each call's values: a constant that is a view of
+    # it, ``x[:, ::-1]`` of an input, is exported as that view.)
+    per_call = set(id(o.storage) for o in s1.buffers.values()
+                   if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and
+                   o.storage is not None)
     for o1, o2 in zip(s1.ops, s2.ops):
+        for b1, b2 in zip(o1.inputs, o2.inputs):
+            c1, c2 = s1.buffers[b1], s2.buffers[b2]
+            if c1.role == ir.CONST and c1.shape != c2.shape and \
+                    id(arrayutil.root_of(c1.storage)) not in per_call:
+                # (numpy.zeros((len(x), H)): an ONNX constant would keep
+                # the recorded batch size.)
+                raise ValueError(
+                    'dynamic_batch=True: %s.%s makes an array of shape %s '
+                    'at batch size %d and %s at %d, an input of %s at %s; '
+                    'an ONNX constant would keep one size (make it with a '
+                    'Chainer function of the input, or export with '
+                    'dynamic_batch=False)' % (
+                        type(chain).__name__, method, c1.shape, batch,
+                        c2.shape, 2 * batch, o1.kind, o1.source))
         for b1, b2 in zip(o1.outputs, o2.outputs):
             shapes[b1] = s2.buffers[b2].shape
     return 2 * batch, shapes
@@ -120,8 +161,9 @@ def export_onnx(chain, args, path, method='forward', opset=13,
     """
     if not isinstance(args, (tuple, list)):
         args = (args,)
+    args, kwargs = _distinct(tuple(args), dict(kwargs or {}))
     entry = inference_schedule(chain, args, method, kwargs)
-    other = _other_batch(chain, tuple(args), dict(kwargs or {}), method,
+    other = _other_batch(chain, args, kwargs, method,
                          entry) if dynamic_batch else None
     sched = entry.forward
     return onnx_export.export_schedule(

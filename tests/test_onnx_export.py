@@ -1414,6 +1414,71 @@ def test_integration_unsupported_op_leaves_no_file(tmp_path):
     assert os.listdir(str(tmp_path)) == []
 
 
+@pytest.mark.parametrize('body, match', [
+    (lambda m, x: m.l(x) + m.l(numpy.zeros((len(x), 3), 'f')),
+     'makes an array of shape'),
+    (lambda m, x: F.get_item(m.l(x), slice(-10, None, -1)),
+     'backwards from a negative start'),
+    (lambda m, x: F.get_item(m.l(x)[:, :, None], (slice(None), [1, 0],
+                                                  None, 0)),
+     'non-adjacent'),
+], ids=['constant sized by the batch', 'batch slice from a negative start',
+        'index array and int apart'])
+def test_export_refuses_what_onnx_would_compute_otherwise(body, match,
+                                                          tmp_path):
+    """Each was exported as a graph that computes something else: a
+    constant kept its recorded batch size (two rows at batch 1), a
+    backwards slice from before the batch took row 0, NumPy's placement of
+    index dimensions apart was not followed."""
+    _ort()
+    export_onnx = _export_onnx()
+    m = _WithBody(body)
+    x = _rand(2, 3)
+    with chainer.using_config('train', False), chainer.no_backprop_mode():
+        m(x)
+    with pytest.raises(ValueError, match=match):
+        export_onnx(m, (x,), str(tmp_path / 'm.onnx'))
+
+
+def test_export_of_one_example_array_for_two_inputs(tmp_path):
+    """export_onnx(m, (x, x), ...): the schedule had one input for both and
+    the graph read its second input for both (x - 2y came out y - 2y)."""
+    _ort()
+    export_onnx = _export_onnx()
+
+    class Two(chainer.Chain):
+        @static_graph.static_graph
+        def forward(self, x, y):
+            return F.identity(x) - 2 * F.identity(y)
+
+    m = Two()
+    ex = _rand(2, 4)
+    model = export_onnx(m, (ex, ex), str(tmp_path / 'two.onnx'))
+    assert [i.name for i in model.graph.input] == ['x', 'y']
+    p, q = _rand(2, 4, seed=1), _rand(2, 4, seed=2)
+    got, = _session(model).run(None, {'x': p, 'y': q})
+    numpy.testing.assert_allclose(got, p - 2 * q, rtol=1e-6)
+
+
+def test_dropout_applied_at_inference_exports_as_dropout(tmp_path):
+    """Monte-Carlo dropout (train=True inside the method) was exported as
+    the identity: no mask, no scaling."""
+    _ort()
+    export_onnx = _export_onnx()
+
+    class MC(chainer.Chain):
+        @static_graph.static_graph
+        def forward(self, x):
+            with chainer.using_config('train', True):
+                return F.dropout(x, 0.5)
+
+    x = numpy.ones((4, 50), 'f')
+    model = export_onnx(MC(), (x,), str(tmp_path / 'mc.onnx'))
+    assert 'Dropout' in [n.op_type for n in model.graph.node]
+    got, = _session(model).run(None, {'x': x})
+    assert set(numpy.unique(got)) == {0.0, 2.0}
+
+
 # ----------------------------------------------------------------------------
 
 def test_zz_report_max_abs_diffs(record_property):

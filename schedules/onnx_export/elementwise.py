@@ -18,8 +18,6 @@ _UNARY = {
     'Arccos': 'Acos', 'Arctan': 'Atan', 'Sinh': 'Sinh', 'Cosh': 'Cosh',
     'Arctanh': 'Atanh', 'Erf': 'Erf', 'Identity': 'Identity',
     'Copy': 'Identity',
-    # Inference export: dropout is the identity.
-    'Dropout': 'Identity',
 }
 
 
@@ -31,6 +29,23 @@ def _unary(op_type):
 
 for _k, _v in _UNARY.items():
     CONVERTERS[_k] = _unary(_v)
+
+def _dropout(ctx, xs, ys):
+    """A Dropout op of an inference recording: the method applied it in
+    training mode on purpose (Monte-Carlo dropout; under ``train=False``
+    F.dropout records none). ONNX's Dropout in training mode draws its own
+    mask (so another one than Chainer's: the same distribution, not the
+    same values); it was exported as the identity, the mask dropped."""
+    if ctx.opset < 12:
+        raise ctx.unsupported('dropout in training mode needs opset 12 or '
+                              'later (ONNX Dropout\'s training_mode)')
+    ratio = ctx.scalar(ctx.require('ratio'), ctx.in_dtype(0),
+                       'ratio')
+    mode = ctx.const(numpy.asarray(True), 'training_mode')
+    ctx.emit('Dropout', [xs[0], ratio, mode], ys)
+
+
+CONVERTERS['Dropout'] = _dropout
 
 _BINARY = {'Add': 'Add', 'Sub': 'Sub', 'Mul': 'Mul', 'Div': 'Div',
            'Maximum': 'Max', 'Minimum': 'Min', 'PowVarVar': 'Pow'}

@@ -47,9 +47,14 @@ def _cv_getitem(ctx, xs, ys):
     in_axis = out_axis = 0
     n_arrays = 0
     adv_positions = []
-    for it in items:
+    adv_items = []      # positions in ``items`` of the ints and arrays
+    newaxis_items = []
+    for pos, it in enumerate(items):
         tag = it[0]
+        if tag in ('index', 'array'):
+            adv_items.append(pos)
         if tag == 'newaxis':
+            newaxis_items.append(pos)
             newaxes.append(out_axis)
             out_axis += 1
         elif tag == 'slice':
@@ -71,6 +76,15 @@ def _cv_getitem(ctx, xs, ys):
                         stop = INT64_MIN
                 elif start is None:
                     start = 0 if step > 0 else -1
+                elif step < 0 and start < -1:
+                    # (NumPy takes no row where start + batch < 0; ONNX
+                    # clamps it to the first row.)
+                    raise ctx.unsupported(
+                        'a slice of the batch axis backwards from a '
+                        'negative start (%d), whose rows NumPy and ONNX '
+                        'take otherwise where the batch is smaller than '
+                        '%d; export with dynamic_batch=False'
+                        % (start, -start))
                 if stop is None:
                     stop = INT64_MAX if step > 0 else INT64_MIN
                 slices.append((in_axis, int(start), int(stop), step))
@@ -102,8 +116,12 @@ def _cv_getitem(ctx, xs, ys):
         raise ctx.unsupported('too many indices for %d-d input' % nd)
     if n_arrays > 1:
         raise ctx.unsupported('more than one index array')
-    if n_arrays == 1 and adv_positions != list(
-            range(adv_positions[0], adv_positions[0] + len(adv_positions))):
+    if n_arrays == 1 and (adv_positions != list(
+            range(adv_positions[0], adv_positions[0] + len(adv_positions)))
+            or any(adv_items[0] < p < adv_items[-1]
+                   for p in newaxis_items)):
+        # (A None between them makes them non-adjacent too: NumPy puts
+        # the index dimensions first, x[:, [1, 0], None, 0].)
         raise ctx.unsupported(
             'an index array combined with non-adjacent integer indices')
 

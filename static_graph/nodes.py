@@ -11,6 +11,7 @@ Static buffers (see analysis.py) are shared by every call of an entry. When a
 chain is called again before the previous call's backward ran, the previous
 call's static values are copied aside and put back when its backward runs.
 """
+import sys
 import weakref
 
 import numpy
@@ -164,6 +165,43 @@ def _variable(array, requires_grad=True):
         array, requires_grad=requires_grad, is_chainerx_array=False)
 
 
+_UNCHAIN_BACKWARD = chainer.Variable.unchain_backward.__code__
+
+
+def _read_inside(entry):
+    """Positions of the call's outputs that other ops of its forward read
+    (``h``, where ``y = out(h)``)."""
+    inside = entry.__dict__.get('outputs_read_inside')
+    if inside is None:
+        read = set(b for op in entry.forward.ops for b in op.inputs)
+        inside = entry.outputs_read_inside = tuple(
+            i for i, b in enumerate(entry.forward.outputs) if b in read)
+    return inside
+
+
+def _cut_message(entry):
+    return ('an output of a replayed call of %s that another of its '
+            'outputs was computed from was cut from the graph (h.unchain(), '
+            'h.unchain_backward()) before the backward: define-by-run stops '
+            'the gradient there, the replayed call, one node, cannot. Cut '
+            'after the backward (loss.unchain_backward()), or run this with '
+            'chainer.config.use_static_graph = False' % entry.method_name)
+
+
+def _check_unchained(node, entry):
+    """An output of the call that another output was computed from, cut
+    from its creator since (``self.h.unchain()`` between the calls of a
+    window, before their backward): define-by-run stops the gradient at
+    it; the replayed call is one node, whose backward would go on through
+    it into the parameters. An error, not other gradients."""
+    for i in _read_inside(entry):
+        ref = node.outputs[i] if node.outputs is not None and \
+            i < len(node.outputs) else None
+        vn = ref() if ref is not None else None
+        if vn is not None and vn.creator_node is None:
+            raise RuntimeError(_cut_message(entry))
+
+
 class _Replayed(object):
     """The backward of a call of a built entry, by its schedule: a replayed
     call (``ReplayNode``), or the recording call once its entry is built
@@ -172,11 +210,35 @@ class _Replayed(object):
     aside while a later call used them; ``done`` once no backward can come
     any more."""
 
+    def unchain(self):
+        """``h.unchain_backward()`` from an output that another output was
+        computed from, before the backward: define-by-run cuts what lies
+        before ``h`` and keeps the other output's way to ``h``; cutting
+        this node cuts that too (the other output's gradient was lost: 0.2
+        off). An error instead."""
+        entry = self.entry
+        if entry is not None and not self.done and self.outputs:
+            f = sys._getframe(1)
+            for _ in range(3):
+                if f is None or f.f_code is _UNCHAIN_BACKWARD:
+                    break
+                f = f.f_back
+            src = f.f_locals.get('self') if f is not None and \
+                f.f_code is _UNCHAIN_BACKWARD else None
+            inside = _read_inside(entry)
+            alive = [i for i, ref in enumerate(self.outputs)
+                     if ref() is not None]
+            if src is not None and len(alive) > 1 and any(
+                    self.outputs[i]() is src.node for i in inside):
+                raise RuntimeError(_cut_message(entry))
+        return function_node.FunctionNode.unchain(self)
+
     def backward_from(self, indexes, grad_outputs, earlier=()):
         """The gradients for ``indexes``, and the indexes whose gradient
         already includes the one given in ``earlier`` (the gradients the
         inputs held before, per index, or None)."""
         entry = self.entry
+        _check_unchained(self, entry)
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(

@@ -100,3 +100,56 @@ def test_the_command_line_help():
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          universal_newlines=True)
     assert run.returncode == 2 and 'usage' in run.stderr
+
+
+class Elman(chainer.Chain):
+    def __init__(self):
+        super(Elman, self).__init__()
+        self.h = None
+        with self.init_scope():
+            self.x2h = L.Linear(3, 4)
+            self.h2h = L.Linear(4, 4, nobias=True)
+            self.out = L.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.x2h(x)
+        if self.h is not None:
+            h = h + self.h2h(self.h)
+        self.h = F.tanh(h)
+        return F.sum(self.out(self.h) ** 2)
+
+
+def _window(m, xs, cut=None):
+    loss = 0
+    for i, x in enumerate(xs):
+        loss += m(x)
+        if cut is not None and i == 1:
+            getattr(m.h, cut)()
+    loss.backward()
+    loss.unchain_backward()
+
+
+@pytest.mark.parametrize('cut', ['unchain', 'unchain_backward'])
+def test_cutting_the_state_inside_a_window_is_an_error(cut):
+    """``self.h.unchain()`` (or ``unchain_backward()``) between the calls
+    of a window, before its backward: define-by-run stops the gradient at
+    h; a replayed call (one node) went on through it into the parameters
+    (0.2 off), silently. Now an error; windows cut after their backward
+    stay exact."""
+    a = Elman()
+    b = type('S', (Elman,), {
+        'forward': static_graph.static_graph(Elman.forward)})()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for window in range(3):
+            xs = [rs.randn(5, 3).astype('f') for _ in range(3)]
+            for m in (a, b):
+                m.cleargrads()
+                _window(m, xs)
+            assert numpy.array_equal(a.x2h.W.grad, b.x2h.W.grad), window
+        xs = [rs.randn(5, 3).astype('f') for _ in range(3)]
+        _window(a, xs, cut)
+        with pytest.raises(RuntimeError, match='cut from the graph'):
+            _window(b, xs, cut)

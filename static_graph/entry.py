@@ -87,6 +87,10 @@ class Entry(object):
         # (link __dict__, name) of the recurrent state the call takes as
         # inputs after its arguments (capture.py).
         self.recurrent = ()
+        # A user's node whose backward runs again reads values its forward
+        # left on the node that no other call may overwrite first
+        # (user_nodes): a call while another waits runs define-by-run.
+        self.node_values_shared = False
         self.reason = None
         self.forward = None
         self.backward = None

@@ -212,12 +212,14 @@ class _Replayed(object):
 
     def unchain(self):
         """``h.unchain_backward()`` from an output that another output was
-        computed from, before the backward: define-by-run cuts what lies
+        computed from, before the call's backward (after it, the truncated
+        BPTT loop's cut, nothing is lost): define-by-run cuts what lies
         before ``h`` and keeps the other output's way to ``h``; cutting
         this node cuts that too (the other output's gradient was lost: 0.2
         off). An error instead."""
         entry = self.entry
-        if entry is not None and not self.done and self.outputs:
+        if entry is not None and not self.done and self.outputs and \
+                not self.__dict__.get('backward_ran'):
             f = sys._getframe(1)
             for _ in range(3):
                 if f is None or f.f_code is _UNCHAIN_BACKWARD:
@@ -239,6 +241,7 @@ class _Replayed(object):
         inputs held before, per index, or None)."""
         entry = self.entry
         _check_unchained(self, entry)
+        self.backward_ran = True
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(
@@ -516,6 +519,7 @@ class RecordNode(_Replayed, function_node.FunctionNode):
             entry.owner = weakref.ref(self)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
+        self.backward_ran = True
         if self.capture is not None:
             return self.backward(indexes, grad_outputs), ()
         if self.entry is not None:

@@ -463,9 +463,13 @@ class Recording(object):
             # (An index past the end, ``for v in variable`` ending, a type
             # check: the same at every call of a key; but not an index
             # array's values: F.get_item(x, idx) with idx from the data.)
-            if isinstance(e, IndexError) and any(
+            if isinstance(e, IndexError) and (any(
                     is_array(v) or type(v) is tuple and any(
-                        is_array(x) for x in v) for v in pre.values()):
+                        is_array(x) for x in v) for v in pre.values()) or
+                    any(getattr(getattr(a, 'dtype', None), 'kind', None)
+                        in ('i', 'u') for a in in_arrays)):
+                # (or an index among its inputs: EmbedID's ids past the
+                # vocabulary, select_item's)
                 self.add_reason('%s raised IndexError at %s; a method that '
                                 'catches it would take that branch at '
                                 'every replay' % (kind,

@@ -41,8 +41,8 @@ class TooManyValues(Unsupported):
 # 30x the call; such calls run define-by-run (the decorator remembers the
 # outline of such a call: decorator.py).
 MAX_KEY_VALUES = 4096
-# A replay is worth a key of at most this many container elements per op of
-# its schedules (a key costs about 0.8 us an element to build, a replay
+# A replay is worth a key of at most this many numbers, strings and other
+# scalars per op of its schedules (a key costs about 0.8 us one to build, a replay
 # saves some 15 us an op of define-by-run's; measured on a model of 7 ops
 # given a dict at each call: break-even at about 140 entries): past it,
 # the key's calls run define-by-run (decorator.py). That model given a
@@ -113,7 +113,7 @@ def flatten(arg_names, args, kwargs, limit=MAX_KEY_VALUES):
     # leaves, path parts, CuPy's ndarray, [container elements left], the
     # containers being walked (a list that holds itself)
     start = float('inf') if limit is None else limit
-    found = ([], [], _cupy_ndarray(), [start], set())
+    found = ([], [], _cupy_ndarray(), [start], set(), [0])
     pos = []
     for i, a in enumerate(args):
         name = arg_names[i] if i < len(arg_names) else 'args[%d]' % i
@@ -127,8 +127,7 @@ def flatten(arg_names, args, kwargs, limit=MAX_KEY_VALUES):
         if len(set(ids)) < len(ids):
             spec += (_same(ids),)
     paths = Paths(found[1])
-    if limit is not None:
-        paths.values = start - found[3][0]
+    paths.values = found[5][0]
     return spec, leaves, paths
 
 
@@ -168,7 +167,7 @@ class Paths(object):
     """The names of a call's leaves, from their parts: a name, or (parent
     parts, index or key); the text is made when read."""
 
-    values = 0      # container elements the key walked (flatten)
+    values = 0      # numbers, strings... the key walked (flatten)
 
     def __init__(self, parts):
         self._parts = parts
@@ -196,7 +195,7 @@ def path_text(part):
 # collector frees, on every call. A path is kept as its parts (see
 # path_text) and only made text for a message.
 def _walk(obj, path, found):
-    leaves, paths, cupy_nd, left, walking = found
+    leaves, paths, cupy_nd, left, walking, scalars = found
     if type(obj) is numpy.ndarray:          # the common leaf, first
         leaves.append(obj)
         paths.append(path)
@@ -228,6 +227,7 @@ def _walk(obj, path, found):
             spec = (type(obj), spec)
         return spec
     if isinstance(obj, _SCALARS):
+        scalars[0] += 1
         return scalar_key(obj)
     if isinstance(obj, (tuple, list)):
         if all([type(o) is numpy.ndarray for o in obj]):

@@ -362,9 +362,13 @@ class TracedArray(numpy.ndarray):
     # a number a value read). ``mean``, ``std`` and ``var`` divide their
     # sum in place, which would be a write into a traced array.
     for _name in ('argmax', 'argmin', 'searchsorted', 'take', 'dot',
-                  'mean', 'std', 'var', 'repeat', 'compress', 'nonzero'):
+                  'mean', 'std', 'var', 'repeat', 'nonzero'):
         locals()[_name] = _as_function(_name)
     del _name
+
+    def compress(self, condition, *args, **kwargs):
+        # (NumPy's function takes the condition first)
+        return numpy.compress(condition, self, *args, **kwargs)
 
     # Ways to the values that no NumPy function or ufunc sees: element
     # reads through ``.flat``, the memory behind ``.data`` and ``.ctypes``

@@ -6,6 +6,8 @@ and the shapes of their results may follow the values (``make_kernel``
 checks them)."""
 import types
 
+import numpy
+
 from static_graph import arrayutil
 from static_graph import recorder
 
@@ -24,11 +26,17 @@ def rerun_scalar_steps(rec, reruns_ok):
             continue
         d = recorder.attrs(op.node)
         shapes = set(rec.buffers[b].shape for b in op.inputs + op.outputs)
-        if not any(_may_follow_values(d.get(k), shapes)
-                   for k, _ in op.restore or ()):
+        varying = [d.get(k) for k, _ in op.restore or ()
+                   if _may_follow_values(d.get(k), shapes)]
+        if not varying:
             continue
         if reruns_ok(step):
             step.rerun = True
+            if not all(analysis_scalar(v) for v in varying):
+                # An int, a string...: not handed from call to call as a
+                # float is (analysis.scalar_state); the node holds the
+                # last forward's, which another call's backward would read.
+                rec.node_values_shared = True
         else:
             rec.add_reason(
                 'the forward of %s (defined outside Chainer) sets a value '
@@ -39,7 +47,14 @@ def rerun_scalar_steps(rec, reruns_ok):
 # What a forward may set on its node that is the same at every call of a
 # key: modules (``self.xp``), functions and classes.
 _CONSTANT_TYPES = (types.ModuleType, types.FunctionType,
-                   types.BuiltinFunctionType, type)
+                   types.BuiltinFunctionType, type, numpy.dtype)
+
+
+def analysis_scalar(v):
+    """A float or NumPy number (analysis.is_scalar_value: each call's
+    own, through the op's state)."""
+    return type(v) is float or (isinstance(v, numpy.generic) and
+                                not isinstance(v, numpy.bool_))
 
 
 def _may_follow_values(v, shapes):
@@ -47,14 +62,20 @@ def _may_follow_values(v, shapes):
     call to call of one key? A number, a bool, a string, an enum member,
     None (an array at other calls), a container of them, any other object
     may: the backward may branch on it (``self.mode = 'pos'``, ``self.k =
-    int(...)``). Arrays are the recording's state; a tuple of ints that is
-    the shape of one of the node's inputs or results (``self.shape =
-    x.shape``) is the key's."""
+    int(...)``). Arrays are the recording's state; a dtype, and a tuple of
+    ints that is the shape of one of the node's inputs or results
+    (``self.shape = x.shape``), or its start or end of two or more sizes,
+    are the key's."""
     if arrayutil.is_array(v) or isinstance(v, _CONSTANT_TYPES):
         return False
     if type(v) in (tuple, list):
         if v and all(type(x) is int for x in v):
-            return tuple(v) not in shapes
+            # A shape, or the start or the end of one of two or more
+            # sizes (x.shape[1:] of 3-d x; one number may be anything).
+            v = tuple(v)
+            n = len(v)
+            return not any(v == s or n > 1 and (v == s[:n] or v == s[-n:])
+                           for s in shapes)
         return any(_may_follow_values(x, shapes) for x in v)
     return True
 

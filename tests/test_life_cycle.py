@@ -153,3 +153,74 @@ def test_cutting_the_state_inside_a_window_is_an_error(cut):
         _window(a, xs, cut)
         with pytest.raises(RuntimeError, match='cut from the graph'):
             _window(b, xs, cut)
+
+
+class FunctionalRNN(chainer.Chain):
+    def __init__(self):
+        super(FunctionalRNN, self).__init__()
+        with self.init_scope():
+            self.x2h = L.Linear(4, 5)
+            self.h2h = L.Linear(5, 5, nobias=True)
+            self.out = L.Linear(5, 3)
+
+    def forward(self, x, h):
+        z = self.x2h(x)
+        if h is not None:
+            z = z + self.h2h(h)
+        h = F.tanh(z)
+        return h, self.out(h)
+
+
+def test_truncated_bptt_cutting_the_state_after_the_backward():
+    """``loss.backward(); h.unchain_backward()`` every third call, the
+    state passed in and returned: the check for a cut before the backward
+    raised here (the recording call's node never counted as done)."""
+    a = FunctionalRNN()
+    b = type('S', (FunctionalRNN,), {
+        'forward': static_graph.static_graph(FunctionalRNN.forward)})()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    xs = rs.randn(12, 2, 4).astype('f')
+    ts = rs.randint(0, 3, (12, 2)).astype('i')
+    grads = []
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for m in (a, b):
+            h, loss, gs = None, 0, []
+            for i in range(12):
+                h, y = m(xs[i], h)
+                loss += F.softmax_cross_entropy(y, ts[i])
+                if (i + 1) % 3 == 0:
+                    m.cleargrads()
+                    loss.backward()
+                    h.unchain_backward()
+                    loss = 0
+                    gs.append([p.grad.copy() for p in m.params()])
+            grads.append(gs)
+    for ga, gb in zip(*grads):
+        for u, v in zip(ga, gb):
+            assert numpy.array_equal(u, v)
+
+
+def test_a_list_of_variables_is_no_costly_key():
+    """The key's cost counted a list of 256 Variables as 256 values, past
+    the limit for a small model: it ran define-by-run (2.7x slower than
+    its replay). Only numbers, strings and the like count."""
+    class Stack(chainer.Chain):
+        def __init__(self):
+            super(Stack, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(8, 4)
+
+        @static_graph.static_graph
+        def forward(self, xs):
+            return F.sum(self.l(F.stack(xs)))
+
+    m = Stack()
+    rs = numpy.random.RandomState(0)
+    xs = [chainer.Variable(rs.randn(8).astype('f')) for _ in range(256)]
+    for _ in range(4):
+        m.cleargrads()
+        m(xs).backward()
+    assert 'runs define-by-run' not in static_graph.explain(m)
+    assert ' 3 replays' in static_graph.explain(m)

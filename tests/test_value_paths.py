@@ -219,3 +219,62 @@ def test_two_tree_lstm_calls_before_one_backward():
                              [m.l.W_h_aio.W.grad])
             for ga, gb in zip(*grads):
                 assert numpy.array_equal(ga, gb), step
+
+
+@pytest.mark.parametrize('kind', ['str', 'enum', 'ints', 'float'])
+def test_two_calls_of_a_users_node_before_one_backward(kind):
+    """The node's rerun backward read what the last forward left on the
+    one node all replays of a key share (5.7 off for a string, an int)."""
+    a = ScaleNet(kind)
+    b = type('S', (ScaleNet,), {
+        'forward': static_graph(ScaleNet.forward)})(kind)
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(6):
+            x1 = rs.randn(2, 4).astype('f')
+            x2 = -x1 * 1.5
+            if i % 2:
+                x1, x2 = x2, x1
+            for m in (a, b):
+                m.cleargrads()
+                (m(x1) + m(x2) * 2).backward()
+            assert numpy.array_equal(a.l.W.grad, b.l.W.grad), i
+
+
+def _compress_method(m, x):
+    h = m.l(x)
+    keep = x[0].compress([True, True, False, True])
+    return F.sum(h[:, :3] * keep)
+
+
+def _ids_past_the_vocabulary(m, x):
+    ids = (numpy.abs(x[:, 0]) * 3).astype(numpy.int32)
+    try:
+        return F.sum(F.embed_id(ids, m.l.W))
+    except IndexError:
+        return F.sum(m.l.W) * 0.0
+
+
+@pytest.mark.parametrize('body', [_compress_method, _ids_past_the_vocabulary])
+def test_more_paths_a_review_found(body):
+    """x.compress(...) as a method swapped the array and the condition
+    (-2.5 for -10.5); an IndexError from ids past an EmbedID's vocabulary
+    at the recording call replayed its except branch."""
+    a = Net(body)
+    b = type('S', (Net,), {'forward': static_graph(Net.forward)})(body)
+    b.copyparams(a)
+    rs = numpy.random.RandomState(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(5):
+            x = rs.randn(3, 4).astype('f') * (30 if i == 0 else 0.3)
+            ys = []
+            for m in (a, b):
+                m.cleargrads()
+                y = m(x)
+                y.backward()
+                ys.append(y.array)
+            assert numpy.array_equal(ys[0], ys[1]), i
+            assert numpy.array_equal(a.l.W.grad, b.l.W.grad), i

@@ -158,15 +158,6 @@ class TracedArray(numpy.ndarray):
             flag('reading an element, x[i, j]')
         return out
 
-    # Methods whose result's shape depends on the values.
-    def nonzero(self):
-        flag('.nonzero()')
-        return numpy.ndarray.nonzero(self)
-
-    def compress(self, *args, **kwargs):
-        flag('.compress()')
-        return numpy.ndarray.compress(self, *args, **kwargs)
-
     for _name, _symbol in (
             ('__iadd__', '+='), ('__isub__', '-='), ('__imul__', '*='),
             ('__itruediv__', '/='), ('__ifloordiv__', '//='),
@@ -361,6 +352,8 @@ class TracedArray(numpy.ndarray):
     # C code, so the same bits; an array result an op where it may be one,
     # a number a value read). ``mean``, ``std`` and ``var`` divide their
     # sum in place, which would be a write into a traced array.
+    # (``repeat``, ``nonzero`` and ``compress`` give a result whose shape
+    # may follow the values: the functions' check, numpy_rules.)
     for _name in ('argmax', 'argmin', 'searchsorted', 'take', 'dot',
                   'mean', 'std', 'var', 'repeat', 'nonzero'):
         locals()[_name] = _as_function(_name)

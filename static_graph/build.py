@@ -101,7 +101,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     e.structure, e.link_sets = link_structure(
         chain, [w[:2] for w in attr_writes])
     e.out_spec = out_spec
-    e.node_values_shared = getattr(rec, 'node_values_shared', False)
+    e.node_values = tuple(rec.node_values)
     e.out_kinds = out_kinds
     e.reports = reports
     e.attr_writes = attr_writes

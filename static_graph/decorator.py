@@ -223,16 +223,6 @@ def static_graph(method=None, **options):
                         (config, signature.types_of(args, kwargs)))
                     cache.fallback_calls += 1
                     return _define_by_run(method, self, args, kwargs)
-                if e.node_values_shared and e.pending:
-                    diagnostics.warn_once(
-                        (type(self), name, 'values shared'),
-                        '%s.%s runs define-by-run while an earlier call '
-                        'waits for its backward: a node of its own leaves '
-                        'values on itself (not numbers) that its backward '
-                        'reads, one node for all replays of a key'
-                        % (type(self).__name__, name))
-                    cache.fallback_calls += 1
-                    return _define_by_run(method, self, args, kwargs)
                 if e.recheck is None and e.matches(self):
                     cache.replays += 1
                     e.replays += 1

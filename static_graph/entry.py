@@ -87,10 +87,10 @@ class Entry(object):
         # (link __dict__, name) of the recurrent state the call takes as
         # inputs after its arguments (capture.py).
         self.recurrent = ()
-        # A user's node whose backward runs again reads values its forward
-        # left on the node that no other call may overwrite first
-        # (user_nodes): a call while another waits runs define-by-run.
-        self.node_values_shared = False
+        # [(node attributes, name)]: values a user's node's forward leaves
+        # on the node (not numbers) for its backward, which runs again
+        # (user_nodes): each call keeps its own (nodes.py).
+        self.node_values = ()
         self.reason = None
         self.forward = None
         self.backward = None

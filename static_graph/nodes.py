@@ -188,6 +188,12 @@ def _cut_message(entry):
             'chainer.config.use_static_graph = False' % entry.method_name)
 
 
+def _node_values(entry):
+    """This call's values of ``entry.node_values`` (user_nodes), put back
+    on the nodes for its backward."""
+    return tuple(d.get(k, arrayutil.MISSING) for d, k in entry.node_values)
+
+
 def _check_unchained(node, entry):
     """An output of the call that another output was computed from, cut
     from its creator since (``self.h.unchain()`` between the calls of a
@@ -212,14 +218,17 @@ class _Replayed(object):
 
     def unchain(self):
         """``h.unchain_backward()`` from an output that another output was
-        computed from, before the call's backward (after it, the truncated
-        BPTT loop's cut, nothing is lost): define-by-run cuts what lies
-        before ``h`` and keeps the other output's way to ``h``; cutting
-        this node cuts that too (the other output's gradient was lost: 0.2
-        off). An error instead."""
+        computed from (``y = out(h)``): define-by-run cuts what lies
+        before ``h`` and keeps ``y``'s way to it; cutting this node would
+        cut ``y`` too (a backward from ``y`` lost its gradient: 0.2 off,
+        also a second one after the cut). Only ``h`` is cut then, and a
+        backward that comes through the call after it raises
+        (``_check_unchained``): where none comes (the truncated BPTT
+        loop's cut after its backward), nothing differs. A cut from
+        anywhere else (``loss.unchain_backward()``) cuts the node as
+        Chainer cuts one."""
         entry = self.entry
-        if entry is not None and not self.done and self.outputs and \
-                not self.__dict__.get('backward_ran'):
+        if entry is not None and self.outputs:
             f = sys._getframe(1)
             for _ in range(3):
                 if f is None or f.f_code is _UNCHAIN_BACKWARD:
@@ -227,12 +236,13 @@ class _Replayed(object):
                 f = f.f_back
             src = f.f_locals.get('self') if f is not None and \
                 f.f_code is _UNCHAIN_BACKWARD else None
-            inside = _read_inside(entry)
-            alive = [i for i, ref in enumerate(self.outputs)
-                     if ref() is not None]
-            if src is not None and len(alive) > 1 and any(
-                    self.outputs[i]() is src.node for i in inside):
-                raise RuntimeError(_cut_message(entry))
+            if src is not None and any(
+                    self.outputs[i]() is src.node
+                    for i in _read_inside(entry)) and any(
+                    ref() is not None and ref() is not src.node
+                    for ref in self.outputs):
+                src.node.creator_node = None
+                return
         return function_node.FunctionNode.unchain(self)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
@@ -241,7 +251,6 @@ class _Replayed(object):
         inputs held before, per index, or None)."""
         entry = self.entry
         _check_unchained(self, entry)
-        self.backward_ran = True
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(
@@ -334,6 +343,13 @@ class _Replayed(object):
                 self.saved = None   # the schedule frees each at last use
             args.extend(p.array for p in entry.params)
             args.extend(held[k] for k in sorted(held))
+            values = self.__dict__.get('node_values')
+            if values is not None:
+                for (d, k), v in zip(entry.node_values, values):
+                    if v is arrayutil.MISSING:
+                        d.pop(k, None)
+                    else:
+                        d[k] = v
             grads = _on_device(entry, run, args)
             if not repeat:
                 entry.pending.discard(self)
@@ -444,6 +460,8 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
             entry.owner = weakref.ref(self)
             entry.quiet = not entry.pending
             result = entry.run_forward(inputs)
+            if entry.node_values:
+                self.node_values = _node_values(entry)
             n = len(entry.forward.outputs)
             # Copy what later calls rewrite while no other thread can.
             outs = tuple(arrayutil.copy_exact(o) if c else o
@@ -515,11 +533,12 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         call's values, its saved arrays are the recording's."""
         self.entry = entry
         self.saved, entry.recording_saved = entry.recording_saved, None
+        if entry.node_values:
+            self.node_values = _node_values(entry)
         with entry.lock:
             entry.owner = weakref.ref(self)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
-        self.backward_ran = True
         if self.capture is not None:
             return self.backward(indexes, grad_outputs), ()
         if self.entry is not None:

@@ -252,6 +252,7 @@ class Recording(object):
         self.pending_backward_consts = []   # checked once captures are known
         self.held = set()         # buffers some node attribute refers to
         self.steps = []           # BackwardStep per node backward() call
+        self.node_values = []     # (node attributes, name): user_nodes
         self.backward_label = None
         self.labels = {}          # id(forward node) -> its source
         # buffer id -> ids of the Variables that handed its array to ops
@@ -466,10 +467,12 @@ class Recording(object):
             if isinstance(e, IndexError) and (any(
                     is_array(v) or type(v) is tuple and any(
                         is_array(x) for x in v) for v in pre.values()) or
-                    any(getattr(getattr(a, 'dtype', None), 'kind', None)
+                    kind != 'GetItem' and any(
+                        getattr(getattr(a, 'dtype', None), 'kind', None)
                         in ('i', 'u') for a in in_arrays)):
                 # (or an index among its inputs: EmbedID's ids past the
-                # vocabulary, select_item's)
+                # vocabulary, select_item's; GetItem's input is the data,
+                # its index an attribute)
                 self.add_reason('%s raised IndexError at %s; a method that '
                                 'catches it would take that branch at '
                                 'every replay' % (kind,

@@ -167,7 +167,7 @@ class Paths(object):
     """The names of a call's leaves, from their parts: a name, or (parent
     parts, index or key); the text is made when read."""
 
-    values = 0      # numbers, strings... the key walked (flatten)
+    values = 0      # numbers, strings, arrays in tuples and dicts (flatten)
 
     def __init__(self, parts):
         self._parts = parts
@@ -199,6 +199,11 @@ def _walk(obj, path, found):
     if type(obj) is numpy.ndarray:          # the common leaf, first
         leaves.append(obj)
         paths.append(path)
+        if type(path) is tuple:
+            # (inside a tuple or a dict: each an input a replay binds, more
+            # than it saves where they are many; a list of arrays alone, an
+            # NStep RNN's sequences, is not walked here)
+            scalars[0] += 1
         return ('A', obj.shape, obj.dtype.str, -1, layout(obj))
     if isinstance(obj, chainer.Variable):
         array = obj.raw_array
@@ -235,6 +240,8 @@ def _walk(obj, path, found):
             # per element.
             leaves.extend(obj)
             paths.extend([(path, i) for i in range(len(obj))])
+            if type(path) is tuple:
+                scalars[0] += len(obj)     # (see above)
             return (type(obj), tuple([
                 ('A', o.shape, o.dtype.str, -1,
                  'C' if o.flags.c_contiguous else layout(o)) for o in obj]))

@@ -32,11 +32,15 @@ def rerun_scalar_steps(rec, reruns_ok):
             continue
         if reruns_ok(step):
             step.rerun = True
-            if not all(analysis_scalar(v) for v in varying):
-                # An int, a string...: not handed from call to call as a
-                # float is (analysis.scalar_state); the node holds the
-                # last forward's, which another call's backward would read.
-                rec.node_values_shared = True
+            # An int, a string...: not handed from call to call as a float
+            # is (analysis.scalar_state); the node holds the last forward's,
+            # which another call's backward would read. Each call keeps its
+            # own (nodes.py: node_values) and puts them back for its
+            # backward.
+            rec.node_values.extend(
+                (d, k) for k, _ in op.restore
+                if _may_follow_values(d.get(k), shapes) and
+                not analysis_scalar(d.get(k)))
         else:
             rec.add_reason(
                 'the forward of %s (defined outside Chainer) sets a value '

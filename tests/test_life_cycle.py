@@ -224,3 +224,70 @@ def test_a_list_of_variables_is_no_costly_key():
         m(xs).backward()
     assert 'runs define-by-run' not in static_graph.explain(m)
     assert ' 3 replays' in static_graph.explain(m)
+
+
+def test_a_second_backward_after_cutting_the_state_is_an_error():
+    """``F.sum(y * y).backward(); h.unchain_backward(); F.sum(y *
+    3).backward()``: cutting the node cut ``y`` too, and the second
+    backward's gradient never reached ``out`` (15 off), silently."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l1 = L.Linear(3, 4)
+                self.out = L.Linear(4, 2)
+
+        @static_graph.static_graph
+        def forward(self, x):
+            h = F.tanh(self.l1(x))
+            return h, self.out(h)
+
+    m = Net()
+    rs = numpy.random.RandomState(0)
+    for it in range(3):
+        h, y = m(rs.randn(5, 3).astype('f'))
+        F.sum(y * y).backward()
+        h.unchain_backward()
+        with pytest.raises(RuntimeError, match='cut from the graph'):
+            F.sum(y * 3).backward()
+
+
+def test_cutting_the_state_after_evaluation_calls_is_no_error():
+    """Evaluation calls with backprop enabled (no backward comes), then
+    ``m.h.unchain_backward()``: the cut raised at once."""
+    m = type('S', (Elman,), {
+        'forward': static_graph.static_graph(Elman.forward)})()
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for window in range(3):
+            _window(m, [rs.randn(5, 3).astype('f') for _ in range(3)])
+        kept = [m(rs.randn(5, 3).astype('f')) for _ in range(2)]
+        m.h.unchain_backward()
+        _window(m, [rs.randn(5, 3).astype('f') for _ in range(3)])
+    assert len(kept) == 2
+
+
+def test_iterating_over_an_integer_variable_replays():
+    """``for t_step in t`` over an int Variable ends with GetItem's
+    IndexError, which the shape decides: it fell back."""
+    class Steps(chainer.Chain):
+        def __init__(self):
+            super(Steps, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(4, 3)
+
+        @static_graph.static_graph
+        def forward(self, x, t):
+            loss = 0
+            for t_step in t:
+                loss += F.softmax_cross_entropy(self.l(x), t_step)
+            return loss
+
+    m = Steps()
+    rs = numpy.random.RandomState(0)
+    for _ in range(4):
+        m.cleargrads()
+        m(rs.randn(3, 4).astype('f'),
+          chainer.Variable(rs.randint(0, 3, (5, 3)).astype('i'))).backward()
+    assert ' 3 replays' in static_graph.explain(m)

@@ -16,6 +16,7 @@ import chainer.functions as F
 import chainer.links as L
 
 from static_graph import static_graph
+from static_graph.decorator import caches_of
 
 
 def _inv_or_zero(m, x):
@@ -278,3 +279,46 @@ def test_more_paths_a_review_found(body):
                 ys.append(y.array)
             assert numpy.array_equal(ys[0], ys[1]), i
             assert numpy.array_equal(a.l.W.grad, b.l.W.grad), i
+
+
+class _MeanSquare(chainer.FunctionNode):
+    """Leaves an int on itself that is the same at every call of a key."""
+
+    def forward(self, inputs):
+        x, = inputs
+        self.n = x.shape[0]
+        self.retain_inputs((0,))
+        return numpy.asarray((x * x).sum() / x.shape[0], dtype=x.dtype),
+
+    def backward(self, indexes, gy):
+        x, = self.get_retained_inputs()
+        return 2 * x * F.broadcast_to(gy[0], x.shape) / self.n,
+
+
+class MeanSquareNet(chainer.Chain):
+    def __init__(self):
+        super(MeanSquareNet, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 5)
+
+    def forward(self, x):
+        return _MeanSquare().apply((F.tanh(self.l(x)),))[0]
+
+
+def test_calls_of_a_users_node_before_one_backward_all_replay():
+    """Each call keeps the values its node's forward left for its
+    backward; calls while others waited ran define-by-run (the last bits
+    of every parameter's gradient off)."""
+    a = MeanSquareNet()
+    b = type('S', (MeanSquareNet,), {
+        'forward': static_graph(MeanSquareNet.forward)})()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    for it in range(4):
+        xs = [rs.randn(7, 6).astype('f') for _ in range(5)]
+        for m in (a, b):
+            m.cleargrads()
+            sum(m(x) for x in xs).backward()
+        assert numpy.array_equal(a.l.W.grad, b.l.W.grad), it
+    cache, = caches_of(b).values()
+    assert cache.fallback_calls == 0

@@ -11,7 +11,6 @@ Static buffers (see analysis.py) are shared by every call of an entry. When a
 chain is called again before the previous call's backward ran, the previous
 call's static values are copied aside and put back when its backward runs.
 """
-import sys
 import weakref
 
 import numpy
@@ -22,6 +21,7 @@ from chainer import configuration
 from chainer import function_node
 
 from static_graph import arrayutil
+from static_graph import cuts
 from static_graph import diagnostics
 from static_graph import signature
 from static_graph import splice
@@ -165,47 +165,26 @@ def _variable(array, requires_grad=True):
         array, requires_grad=requires_grad, is_chainerx_array=False)
 
 
-_UNCHAIN_BACKWARD = chainer.Variable.unchain_backward.__code__
-
-
-def _read_inside(entry):
-    """Positions of the call's outputs that other ops of its forward read
-    (``h``, where ``y = out(h)``)."""
-    inside = entry.__dict__.get('outputs_read_inside')
-    if inside is None:
-        read = set(b for op in entry.forward.ops for b in op.inputs)
-        inside = entry.outputs_read_inside = tuple(
-            i for i, b in enumerate(entry.forward.outputs) if b in read)
-    return inside
-
-
-def _cut_message(entry):
-    return ('an output of a replayed call of %s that another of its '
-            'outputs was computed from was cut from the graph (h.unchain(), '
-            'h.unchain_backward()) before the backward: define-by-run stops '
-            'the gradient there, the replayed call, one node, cannot. Cut '
-            'after the backward (loss.unchain_backward()), or run this with '
-            'chainer.config.use_static_graph = False' % entry.method_name)
+def _output_deps(node):
+    """cuts.deps_of for a call's node: of its entry's forward schedule,
+    or of the recording's ops while it records; None without either."""
+    entry = node.entry
+    if entry is not None:
+        deps = entry.__dict__.get('output_deps')
+        if deps is None:
+            deps = entry.output_deps = cuts.deps_of(
+                entry.forward.ops, entry.forward.outputs)
+        return deps
+    capture = getattr(node, 'capture', None)
+    if capture is not None:
+        return cuts.deps_of(capture.rec.forward_ops, capture.out_bids)
+    return None
 
 
 def _node_values(entry):
     """This call's values of ``entry.node_values`` (user_nodes), put back
     on the nodes for its backward."""
     return tuple(d.get(k, arrayutil.MISSING) for d, k in entry.node_values)
-
-
-def _check_unchained(node, entry):
-    """An output of the call that another output was computed from, cut
-    from its creator since (``self.h.unchain()`` between the calls of a
-    window, before their backward): define-by-run stops the gradient at
-    it; the replayed call is one node, whose backward would go on through
-    it into the parameters. An error, not other gradients."""
-    for i in _read_inside(entry):
-        ref = node.outputs[i] if node.outputs is not None and \
-            i < len(node.outputs) else None
-        vn = ref() if ref is not None else None
-        if vn is not None and vn.creator_node is None:
-            raise RuntimeError(_cut_message(entry))
 
 
 class _Replayed(object):
@@ -217,40 +196,18 @@ class _Replayed(object):
     any more."""
 
     def unchain(self):
-        """``h.unchain_backward()`` from an output that another output was
-        computed from (``y = out(h)``): define-by-run cuts what lies
-        before ``h`` and keeps ``y``'s way to it; cutting this node would
-        cut ``y`` too (a backward from ``y`` lost its gradient: 0.2 off,
-        also a second one after the cut). Only ``h`` is cut then, and a
-        backward that comes through the call after it raises
-        (``_check_unchained``): where none comes (the truncated BPTT
-        loop's cut after its backward), nothing differs. A cut from
-        anywhere else (``loss.unchain_backward()``) cuts the node as
-        Chainer cuts one."""
-        entry = self.entry
-        if entry is not None and self.outputs:
-            f = sys._getframe(1)
-            for _ in range(3):
-                if f is None or f.f_code is _UNCHAIN_BACKWARD:
-                    break
-                f = f.f_back
-            src = f.f_locals.get('self') if f is not None and \
-                f.f_code is _UNCHAIN_BACKWARD else None
-            if src is not None and any(
-                    self.outputs[i]() is src.node
-                    for i in _read_inside(entry)) and any(
-                    ref() is not None and ref() is not src.node
-                    for ref in self.outputs):
-                src.node.creator_node = None
-                return
-        return function_node.FunctionNode.unchain(self)
+        """A cut through this call (cuts.py): only its outputs on the
+        cut's path, where others live on."""
+        cuts.unchain(self, _output_deps(self),
+                     function_node.FunctionNode.unchain)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
         """The gradients for ``indexes``, and the indexes whose gradient
         already includes the one given in ``earlier`` (the gradients the
         inputs held before, per index, or None)."""
         entry = self.entry
-        _check_unchained(self, entry)
+        cuts.check(self, _output_deps(self),
+                   [g is not None for g in grad_outputs], entry.method_name)
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(
@@ -400,6 +357,8 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
         self.exposed = None
         self.snapshot = None
         self.done = False
+        self.cut = set()      # outputs cut from it (cuts.py)
+        cuts.LIVE.add(self)
 
     def _check_data_type_forward(self, in_data):
         pass   # checked by the cache key
@@ -514,6 +473,8 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         self.saved = None
         self.snapshot = None
         self.done = False
+        self.cut = set()      # outputs cut from it (cuts.py)
+        cuts.LIVE.add(self)
 
     def _check_data_type_forward(self, in_data):
         pass
@@ -540,6 +501,9 @@ class RecordNode(_Replayed, function_node.FunctionNode):
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
         if self.capture is not None:
+            cuts.check(self, _output_deps(self),
+                       [g is not None for g in grad_outputs],
+                       self.capture.name)
             return self.backward(indexes, grad_outputs), ()
         if self.entry is not None:
             _repeats_backward(self.entry)

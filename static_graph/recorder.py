@@ -446,6 +446,13 @@ class Recording(object):
         if user_defined and not pure:
             check = [(a, a.copy()) for a in in_arrays
                      if isinstance(a, numpy.ndarray)]
+        held = None
+        if user_defined:
+            # (What its forward writes into a list, dict or set it holds,
+            # ``self.st['k'] = k``, is no attribute set: its backward would
+            # read the last replay's, and the list grows at each.)
+            held = [(k, v, list(v.items()) if type(v) is dict else list(v))
+                    for k, v in d.items() if type(v) in (list, dict, set)]
         pre = d.copy()
         for k, v in pre.items():
             t = type(v)
@@ -489,6 +496,18 @@ class Recording(object):
             raise
         finally:
             self.depth -= 1
+        if held:
+            for k, v, before in held:
+                now = list(v.items()) if type(v) is dict else list(v)
+                if len(now) != len(before) or any(
+                        (x[0] is not y[0] or x[1] is not y[1])
+                        if type(v) is dict else x is not y
+                        for x, y in zip(now, before)):
+                    self.add_reason(
+                        '%s (defined outside Chainer) changes the %s it '
+                        'holds as %s in its forward; replay would not '
+                        'repeat that' % (kind, type(v).__name__, k))
+                    break
         if check:
             for a, before in check:
                 if arrayutil.changed(before, a):

@@ -71,19 +71,18 @@ def _inputs(body, i, rs):
     return x
 
 
-@pytest.mark.parametrize('body', [_inv_or_zero, _cholesky_branch,
-                                  _through_base, _repeat_method])
-def test_ops_that_follow_the_values_give_define_by_run_numbers(body):
+def _train_twins(body, make_x, n, zero_bias=False):
+    """Train Net(body) and its static twin n calls on make_x(i); every
+    output and W's gradient equal."""
     a = Net(body)
     b = type('S', (Net,), {'forward': static_graph(Net.forward)})(body)
-    if body is _inv_or_zero:
+    if zero_bias:
         a.l.b.array[:] = 0
     b.copyparams(a)
-    rs = numpy.random.RandomState(1)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        for i in range(6):
-            x = _inputs(body, i, rs)
+        for i in range(n):
+            x = make_x(i)
             ys = []
             for m in (a, b):
                 m.cleargrads()
@@ -92,6 +91,14 @@ def test_ops_that_follow_the_values_give_define_by_run_numbers(body):
                 ys.append(y.array)
             assert numpy.array_equal(ys[0], ys[1]), i
             assert numpy.array_equal(a.l.W.grad, b.l.W.grad), i
+
+
+@pytest.mark.parametrize('body', [_inv_or_zero, _cholesky_branch,
+                                  _through_base, _repeat_method])
+def test_ops_that_follow_the_values_give_define_by_run_numbers(body):
+    rs = numpy.random.RandomState(1)
+    _train_twins(body, lambda i: _inputs(body, i, rs), 6,
+                 zero_bias=body is _inv_or_zero)
 
 
 class Mode(enum.Enum):
@@ -263,22 +270,9 @@ def test_more_paths_a_review_found(body):
     """x.compress(...) as a method swapped the array and the condition
     (-2.5 for -10.5); an IndexError from ids past an EmbedID's vocabulary
     at the recording call replayed its except branch."""
-    a = Net(body)
-    b = type('S', (Net,), {'forward': static_graph(Net.forward)})(body)
-    b.copyparams(a)
     rs = numpy.random.RandomState(4)
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for i in range(5):
-            x = rs.randn(3, 4).astype('f') * (30 if i == 0 else 0.3)
-            ys = []
-            for m in (a, b):
-                m.cleargrads()
-                y = m(x)
-                y.backward()
-                ys.append(y.array)
-            assert numpy.array_equal(ys[0], ys[1]), i
-            assert numpy.array_equal(a.l.W.grad, b.l.W.grad), i
+    _train_twins(body, lambda i: rs.randn(3, 4).astype('f') * (
+        30 if i == 0 else 0.3), 5)
 
 
 class _MeanSquare(chainer.FunctionNode):

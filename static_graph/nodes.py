@@ -165,20 +165,23 @@ def _variable(array, requires_grad=True):
         array, requires_grad=requires_grad, is_chainerx_array=False)
 
 
-def _output_deps(node):
-    """cuts.deps_of for a call's node: of its entry's forward schedule,
-    or of the recording's ops while it records; None without either."""
+def _read_inside(node):
+    """Positions of a call's outputs that other ops of its forward read
+    (``h``, where ``y = out(h)``): of its entry's forward schedule, or of
+    the recording's ops while it records."""
     entry = node.entry
     if entry is not None:
-        deps = entry.__dict__.get('output_deps')
-        if deps is None:
-            deps = entry.output_deps = cuts.deps_of(
-                entry.forward.ops, entry.forward.outputs)
-        return deps
+        inside = entry.__dict__.get('outputs_read_inside')
+        if inside is None:
+            read = set(b for op in entry.forward.ops for b in op.inputs)
+            inside = entry.outputs_read_inside = tuple(
+                i for i, b in enumerate(entry.forward.outputs) if b in read)
+        return inside
     capture = getattr(node, 'capture', None)
-    if capture is not None:
-        return cuts.deps_of(capture.rec.forward_ops, capture.out_bids)
-    return None
+    if capture is None:
+        return ()
+    read = set(b for op in capture.rec.forward_ops for b in op.inputs)
+    return tuple(i for i, b in enumerate(capture.out_bids) if b in read)
 
 
 def _node_values(entry):
@@ -196,18 +199,25 @@ class _Replayed(object):
     any more."""
 
     def unchain(self):
-        """A cut through this call (cuts.py): only its outputs on the
-        cut's path, where others live on."""
-        cuts.unchain(self, _output_deps(self),
-                     function_node.FunctionNode.unchain)
+        """A cut through this call (cuts.py): Chainer's, or an error while
+        a backward may still come through it."""
+        entry = self.entry
+        if entry is not None:
+            may = not (self.done or self.__dict__.get('backward_ran')) or \
+                entry.repeat_backward
+            name = entry.method_name
+        else:      # (the recording call, until its backward)
+            capture = getattr(self, 'capture', None)
+            may = capture is not None
+            name = capture.name if may else ''
+        cuts.unchain(self, may, name, function_node.FunctionNode.unchain)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
         """The gradients for ``indexes``, and the indexes whose gradient
         already includes the one given in ``earlier`` (the gradients the
         inputs held before, per index, or None)."""
         entry = self.entry
-        cuts.check(self, _output_deps(self),
-                   [g is not None for g in grad_outputs], entry.method_name)
+        cuts.check(self, _read_inside(self), entry.method_name)
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(
@@ -358,7 +368,6 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
         self.snapshot = None
         self.done = False
         self.cut = set()      # outputs cut from it (cuts.py)
-        cuts.LIVE.add(self)
 
     def _check_data_type_forward(self, in_data):
         pass   # checked by the cache key
@@ -474,7 +483,6 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         self.snapshot = None
         self.done = False
         self.cut = set()      # outputs cut from it (cuts.py)
-        cuts.LIVE.add(self)
 
     def _check_data_type_forward(self, in_data):
         pass
@@ -500,10 +508,9 @@ class RecordNode(_Replayed, function_node.FunctionNode):
             entry.owner = weakref.ref(self)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
+        self.backward_ran = True
         if self.capture is not None:
-            cuts.check(self, _output_deps(self),
-                       [g is not None for g in grad_outputs],
-                       self.capture.name)
+            cuts.check(self, _read_inside(self), self.capture.name)
             return self.backward(indexes, grad_outputs), ()
         if self.entry is not None:
             _repeats_backward(self.entry)

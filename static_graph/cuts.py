@@ -6,14 +6,15 @@ that is one node has outputs computed from one another inside it (an RNN
 step's ``h`` and ``y = out(h)``), and replay cannot stop a gradient inside
 the call. So:
 
-* ``unchain_backward`` reaching such a call while a backward may still
-  come through it (before its backward, between two backward passes, an
-  evaluation call with backprop enabled) and while more than one of its
-  outputs lives is an error (``unchain``): cutting the node as Chainer
-  cuts one would cut all its outputs (a later backward through ``y`` lost
-  its gradient, silently), and cutting fewer would let one flow on past
-  ``h``. After the call's backward (the truncated BPTT loop's cut) the
-  node is cut as Chainer cuts one: nothing differs.
+* ``unchain_backward`` reaching such a call before any backward ran
+  through it (inside a BPTT window, an evaluation call with backprop
+  enabled) while more than one of its outputs lives is an error
+  (``unchain``): cutting the node as Chainer cuts one would cut all its
+  outputs (a later backward through ``y`` lost its gradient, silently),
+  and cutting fewer would let one flow on past ``h``. After a backward
+  ran through it (the truncated BPTT loop's cut) the node is cut as
+  Chainer cuts one: nothing differs, unless another backward comes
+  through it after the cut (not told apart: docs/fallbacks.md).
 * ``h.unchain()`` cuts ``h``'s edge alone, as in define-by-run; a backward
   that comes into the call afterwards raises where ``h`` is one of the
   outputs other ops of the call read (``check``). ``Variable.unchain`` is

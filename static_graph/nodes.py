@@ -184,6 +184,11 @@ def _read_inside(node):
     return tuple(i for i, b in enumerate(capture.out_bids) if b in read)
 
 
+def _count_backward(node):
+    """Count a backward pass through a call's node (cuts.py)."""
+    node.backward_ran = node.__dict__.get('backward_ran', 0) + 1
+
+
 def _node_values(entry):
     """This call's values of ``entry.node_values`` (user_nodes), put back
     on the nodes for its backward."""
@@ -203,8 +208,10 @@ class _Replayed(object):
         a backward may still come through it."""
         entry = self.entry
         if entry is not None:
-            may = not (self.done or self.__dict__.get('backward_ran')) or \
-                entry.repeat_backward
+            # (Once a backward ran through it, the cut is taken as the one
+            # after the backward; one between two backward passes is not
+            # told apart: docs/fallbacks.md.)
+            may = not (self.done or self.__dict__.get('backward_ran'))
             name = entry.method_name
         else:      # (the recording call, until its backward)
             capture = getattr(self, 'capture', None)
@@ -218,6 +225,7 @@ class _Replayed(object):
         inputs held before, per index, or None)."""
         entry = self.entry
         cuts.check(self, _read_inside(self), entry.method_name)
+        _count_backward(self)
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(
@@ -508,7 +516,7 @@ class RecordNode(_Replayed, function_node.FunctionNode):
             entry.owner = weakref.ref(self)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
-        self.backward_ran = True
+        _count_backward(self)
         if self.capture is not None:
             cuts.check(self, _read_inside(self), self.capture.name)
             return self.backward(indexes, grad_outputs), ()

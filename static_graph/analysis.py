@@ -21,6 +21,7 @@ from chainer import function_node
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import device_reads
+from static_graph import node_attrs
 from static_graph import recorder
 from static_graph import user_nodes
 
@@ -244,25 +245,11 @@ def _rebindable(rec, op, v):
         rec.buffers[bid].role in _PER_CALL_ROLES
 
 
-def is_scalar_value(v):
-    """A number that a forward may compute from the data and hand to the
-    backward node it builds (SoftmaxCrossEntropy's ``1 / count`` of valid
-    labels): a NumPy scalar or a Python float, tracked by identity. Not
-    Python ints and bools or NumPy bools: those objects are shared (small
-    ints, ``numpy.True_``), so identity would not say where one came
-    from."""
-    return type(v) is float or _numpy_number(v)
-
-
-def _numpy_number(v):
-    return isinstance(v, numpy.generic) and not isinstance(v, numpy.bool_)
-
-
 def _scalar_keys(op):
     """The attributes op's forward set to a scalar (``self._coeff``)."""
-    d = recorder.attrs(op.node)
+    d = node_attrs.attrs(op.node)
     return [k for k, _ in op.restore
-            if is_scalar_value(d.get(k, arrayutil.MISSING))]
+            if arrayutil.is_scalar_value(d.get(k, arrayutil.MISSING))]
 
 
 def forward_scalars(rec):
@@ -273,7 +260,7 @@ def forward_scalars(rec):
     for op in rec.forward_ops:
         if not op.restore:      # (it set nothing)
             continue
-        d = recorder.attrs(op.node)
+        d = node_attrs.attrs(op.node)
         for k in _scalar_keys(op):
             out.setdefault(id(d[k]), (op, k))
     return out
@@ -286,7 +273,7 @@ def scalar_state(rec, fop, key):
     for k, b in fop.state:
         if k == key:
             return b
-    bid = rec.new_buffer(recorder.attrs(fop.node)[key], ir.STATE,
+    bid = rec.new_buffer(node_attrs.attrs(fop.node)[key], ir.STATE,
                          name='%s.%s' % (fop.kind, key))
     n_results = len(fop.outputs) - len(fop.state)
     fop.state.append((key, bid))
@@ -342,7 +329,7 @@ def mark_captured(rec, chain_map):
         set_by_forward = {k for k, _ in op.restore} if op.restore else \
             _NOTHING
         arrays, nodes = [], []
-        d = recorder.attrs(op.node)
+        d = node_attrs.attrs(op.node)
         for k, pre in list(op.restore) if op.restore else ():
             # What the node was built with and its forward replaced
             # (GroupNormalization's _XHatGrad takes ``x_hat`` and sets it
@@ -372,7 +359,7 @@ def mark_captured(rec, chain_map):
                 op.rebind.append((k, rec.by_id[id(v)]))
                 continue
             if i >= n_forward and k not in set_by_forward and \
-                    id(v) in scalars and is_scalar_value(v):
+                    id(v) in scalars and arrayutil.is_scalar_value(v):
                 # Built with a number the forward computed this call
                 # (SoftmaxCrossEntropyGrad's ``coeff``): the same, for the
                 # forward's current value.
@@ -380,7 +367,7 @@ def mark_captured(rec, chain_map):
                 op.rebind.append((k, scalar_state(rec, fop, key)))
                 continue
             if i >= n_forward and k not in set_by_forward and \
-                    _numpy_number(v) and id(v) not in forward_numbers:
+                    arrayutil.numpy_number(v) and id(v) not in forward_numbers:
                 # A NumPy number made in a backward() (``1 / self.std``):
                 # like a mask built in Python.
                 python_array(

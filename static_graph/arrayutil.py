@@ -210,3 +210,18 @@ def detached_copy(v):
     if is_array(v):
         return copy_exact(traced.untraced(v))
     return v
+
+
+def is_scalar_value(v):
+    """A number that a forward may compute from the data and hand to the
+    backward node it builds (SoftmaxCrossEntropy's ``1 / count`` of valid
+    labels), or leave on its node (user_nodes): a NumPy scalar or a Python
+    float, tracked by identity and handed from call to call
+    (analysis.scalar_state). Not Python ints and bools or NumPy bools:
+    those objects are shared (small ints, ``numpy.True_``), so identity
+    would not say where one came from."""
+    return type(v) is float or numpy_number(v)
+
+
+def numpy_number(v):
+    return isinstance(v, numpy.generic) and not isinstance(v, numpy.bool_)

@@ -26,6 +26,7 @@ from static_graph import graphs
 from static_graph import kernels
 from static_graph import lower_pass
 from static_graph import lowering
+from static_graph import node_attrs
 from static_graph import recompute_rules
 from static_graph import recorder
 from static_graph import reports as report_codes
@@ -416,7 +417,7 @@ def release_recording(rec):
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
         if rop.rebind:
-            d = recorder.attrs(node)
+            d = node_attrs.attrs(node)
             for k, _ in rop.rebind:
                 d[k] = None
         if node.__dict__.get('_retained_output_data') is not None:

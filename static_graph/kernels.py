@@ -8,6 +8,7 @@ import chainer
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import lower_pass
+from static_graph import node_attrs
 from static_graph import recorder
 from static_graph import user_nodes
 
@@ -25,7 +26,7 @@ def make_kernel(rop, static_attrs, shapes=None):
         kernel = none_filling_kernel(kernel, rop.nones,
                                       len(rop.inputs) + len(rop.nones))
     if rop.rebind:
-        kernel = _rebinding_kernel(kernel, recorder.attrs(rop.node),
+        kernel = _rebinding_kernel(kernel, node_attrs.attrs(rop.node),
                                    len(rop.inputs),
                                    tuple(k for k, _ in rop.rebind))
     return kernel
@@ -37,7 +38,7 @@ def _state_kernel(rop, static_attrs):
         return forward
     restore = tuple(rop.restore)
     state_keys = tuple([k for k, _ in rop.state])
-    d = recorder.attrs(rop.node)
+    d = node_attrs.attrs(rop.node)
     missing = arrayutil.MISSING
 
     def kernel(inputs):
@@ -98,7 +99,7 @@ def _rerun_kernel(step, fop):
     n_out = len(step.retained_out)
     state_keys = tuple(k for k, _ in fop.state)
     want = tuple(b is not None for b in step.gx)
-    d = recorder.attrs(node)
+    d = node_attrs.attrs(node)
     n_inputs = len(node.inputs)
     Variable = chainer.Variable
 

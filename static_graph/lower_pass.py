@@ -37,7 +37,7 @@ from static_graph import arrayutil
 from static_graph import describe
 from static_graph import kernel_checks
 from static_graph import lowering
-from static_graph import recorder
+from static_graph import node_attrs
 
 _DEFER_LOWERING_BYTES = 1 << 16
 # Roles whose memory belongs to someone else (the caller, the chain,
@@ -269,7 +269,7 @@ def _probe(op, rop, fast, donated, fallback=None):
             _choose(op, rop, kernel)
             # The state the node's own kernel left on it (statistics of the
             # probed call): nothing reads it, the new kernel never sets it.
-            d = recorder.attrs(rop.node)
+            d = node_attrs.attrs(rop.node)
             for k, _ in rop.state:
                 d[k] = None
         else:

@@ -14,15 +14,16 @@ import weakref
 import numpy
 
 import chainer
-from chainer.utils import type_check
 
 from schedules import ir
+from static_graph import apply_reasons
 from static_graph import arrayutil
 from static_graph import device_reads
 from static_graph import patches
 from static_graph import reports
 from static_graph import traced
 from static_graph.arrayutil import MISSING, is_array, root_of
+from static_graph.node_attrs import AdapterAttrs
 from static_graph.patches import current  # NOQA  (recorder.current())
 
 # Attributes FunctionNode.apply manages itself; never state, never restored.
@@ -33,80 +34,6 @@ APPLY_KEYS = frozenset((
     '_is_chainerx_fallback_mode', 'lazy_grad_sum', '_n_local_function_hooks',
     '_local_function_hooks', '_output_count',
 ))
-
-
-_FUNCTION = '_function.'
-# Exceptions of a Chainer function that its inputs' shapes and dtypes decide
-# (part of the key), not their values.
-_BY_SHAPE = (IndexError, TypeError, type_check.InvalidType)
-
-
-class AdapterAttrs(object):
-    """The attributes of an old-style ``chainer.Function``'s adapter node
-    and of the Function it wraps, as one mapping: the Function's under
-    ``'_function.' + name``. An old-style Function keeps its hidden state
-    (F.hinge's ``bottom_diff``) on itself, not on the node; this lets that
-    state be recorded, restored and handed back like a node's."""
-
-    __slots__ = ('node', 'fn')
-
-    def __init__(self, node):
-        self.node = node.__dict__
-        self.fn = node._function.__dict__
-
-    def _where(self, k):
-        if k.startswith(_FUNCTION):
-            return self.fn, k[len(_FUNCTION):]
-        return self.node, k
-
-    def __getitem__(self, k):
-        d, k = self._where(k)
-        return d[k]
-
-    def __setitem__(self, k, v):
-        d, k = self._where(k)
-        d[k] = v
-
-    def __contains__(self, k):
-        d, k = self._where(k)
-        return k in d
-
-    def get(self, k, default=None):
-        d, k = self._where(k)
-        return d.get(k, default)
-
-    def pop(self, k, default=None):
-        d, k = self._where(k)
-        return d.pop(k, default)
-
-    def update(self, pairs):
-        for k, v in (pairs.items() if isinstance(pairs, dict) else pairs):
-            self[k] = v
-
-    def items(self):
-        out = [(k, v) for k, v in self.node.items() if k != '_function']
-        out.extend((_FUNCTION + k, v) for k, v in self.fn.items())
-        return out
-
-    def keys(self):
-        return dict(self.items()).keys()
-
-    def __iter__(self):
-        return iter(self.keys())
-
-    def __len__(self):
-        return len(self.items())
-
-    def copy(self):
-        return dict(self.items())
-
-
-def attrs(node):
-    """A node's attributes as a mapping: its ``__dict__``, or for an
-    old-style Function's adapter, ``AdapterAttrs``."""
-    if getattr(node, '_function', None) is not None:
-        return AdapterAttrs(node)
-    return node.__dict__
 
 
 _Variable = chainer.Variable
@@ -446,13 +373,7 @@ class Recording(object):
         if user_defined and not pure:
             check = [(a, a.copy()) for a in in_arrays
                      if isinstance(a, numpy.ndarray)]
-        held = None
-        if user_defined:
-            # (What its forward writes into a list, dict or set it holds,
-            # ``self.st['k'] = k``, is no attribute set: its backward would
-            # read the last replay's, and the list grows at each.)
-            held = [(k, v, list(v.items()) if type(v) is dict else list(v))
-                    for k, v in d.items() if type(v) in (list, dict, set)]
+        held = apply_reasons.held_contents(d) if user_defined else None
         pre = d.copy()
         for k, v in pre.items():
             t = type(v)
@@ -467,47 +388,19 @@ class Recording(object):
         self.depth += 1
         try:
             outs = patches.orig_apply(node, inputs)
-        except _BY_SHAPE as e:
-            # (An index past the end, ``for v in variable`` ending, a type
-            # check: the same at every call of a key; but not an index
-            # array's values: F.get_item(x, idx) with idx from the data.)
-            if isinstance(e, IndexError) and (any(
-                    is_array(v) or type(v) is tuple and any(
-                        is_array(x) for x in v) for v in pre.values()) or
-                    kind != 'GetItem' and any(
-                        getattr(getattr(a, 'dtype', None), 'kind', None)
-                        in ('i', 'u') for a in in_arrays)):
-                # (or an index among its inputs: EmbedID's ids past the
-                # vocabulary, select_item's; GetItem's input is the data,
-                # its index an attribute)
-                self.add_reason('%s raised IndexError at %s; a method that '
-                                'catches it would take that branch at '
-                                'every replay' % (kind,
-                                                  traced.user_location(2)))
-            raise
         except BaseException as e:
-            # Whether it raises can depend on the values (F.inv of a
-            # singular matrix): a method that catches it would take that
-            # branch at every replay.
-            self.add_reason('%s raised %s at %s; a method that catches it '
-                            'would take that branch at every replay'
-                            % (kind, type(e).__name__,
-                               traced.user_location(2)))
+            reason = apply_reasons.raised(e, kind, pre, in_arrays)
+            if reason is not None:
+                self.add_reason('%s at %s; a method that catches it would '
+                                'take that branch at every replay'
+                                % (reason, traced.user_location(2)))
             raise
         finally:
             self.depth -= 1
         if held:
-            for k, v, before in held:
-                now = list(v.items()) if type(v) is dict else list(v)
-                if len(now) != len(before) or any(
-                        (x[0] is not y[0] or x[1] is not y[1])
-                        if type(v) is dict else x is not y
-                        for x, y in zip(now, before)):
-                    self.add_reason(
-                        '%s (defined outside Chainer) changes the %s it '
-                        'holds as %s in its forward; replay would not '
-                        'repeat that' % (kind, type(v).__name__, k))
-                    break
+            reason = apply_reasons.held_changed(held, kind)
+            if reason is not None:
+                self.add_reason(reason)
         if check:
             for a, before in check:
                 if arrayutil.changed(before, a):
@@ -578,17 +471,9 @@ class Recording(object):
                 v = post[k]
                 restore.append((k, pre.get(k, MISSING)))
                 if not is_array(v):
-                    if type(v) in (list, tuple) and any(
-                            is_array(x) for x in v):
-                        # (TreeLSTM's forget gates, ``self.fs``: the node's
-                        # own, one for all calls; a second call's forward
-                        # before the first's backward would hand the first
-                        # the second's.)
-                        self.add_reason(
-                            '%s keeps a %s of arrays on its node (%s) for '
-                            'its backward, which replay cannot keep per '
-                            'call' % (kind, type(v).__name__,
-                                      k.rpartition('.')[2]))
+                    reason = apply_reasons.kept_arrays(kind, k, v)
+                    if reason is not None:
+                        self.add_reason(reason)
                     continue
                 if seen is None:
                     seen = {id(a) for a in in_arrays}

@@ -9,6 +9,7 @@ import types
 import numpy
 
 from static_graph import arrayutil
+from static_graph import node_attrs
 from static_graph import recorder
 
 
@@ -24,7 +25,7 @@ def rerun_scalar_steps(rec, reruns_ok):
         op = ops.get(id(step.node))
         if step.rerun or op is None or not recorder.user_defined(step.node):
             continue
-        d = recorder.attrs(op.node)
+        d = node_attrs.attrs(op.node)
         shapes = set(rec.buffers[b].shape for b in op.inputs + op.outputs)
         varying = [d.get(k) for k, _ in op.restore or ()
                    if _may_follow_values(d.get(k), shapes)]
@@ -40,7 +41,7 @@ def rerun_scalar_steps(rec, reruns_ok):
             rec.node_values.extend(
                 (d, k) for k, _ in op.restore
                 if _may_follow_values(d.get(k), shapes) and
-                not analysis_scalar(d.get(k)))
+                not arrayutil.is_scalar_value(d.get(k)))
         else:
             rec.add_reason(
                 'the forward of %s (defined outside Chainer) sets a value '
@@ -52,13 +53,6 @@ def rerun_scalar_steps(rec, reruns_ok):
 # key: modules (``self.xp``), functions and classes.
 _CONSTANT_TYPES = (types.ModuleType, types.FunctionType,
                    types.BuiltinFunctionType, type, numpy.dtype)
-
-
-def analysis_scalar(v):
-    """A float or NumPy number (analysis.is_scalar_value: each call's
-    own, through the op's state)."""
-    return type(v) is float or (isinstance(v, numpy.generic) and
-                                not isinstance(v, numpy.bool_))
 
 
 def _may_follow_values(v, shapes):

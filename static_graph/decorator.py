@@ -144,16 +144,8 @@ def static_graph(method=None, **options):
                 spec, leaves, paths = signature.flatten(arg_names, args,
                                                         kwargs, None)
         except signature.TooManyValues as e:
-            diagnostics.warn_once(
-                (type(self), name, 'too many values'),
-                '%s.%s runs define-by-run: %s' % (type(self).__name__, name,
-                                                  e))
-            # The next calls with arguments of these types skip the walk
-            # that found it (a vocabulary passed at each call, a log that
-            # grows), for a while: then one walks again.
-            cache.note_too_many((config, signature.types_of(args, kwargs)))
-            cache.fallback_calls += 1
-            return _define_by_run(method, self, args, kwargs)
+            return _key_too_costly(method, self, name, cache, config, args,
+                                   kwargs, 'too many values', str(e))
         except signature.Unsupported as e:
             diagnostics.warn_once(
                 (type(self), name, str(e)),
@@ -211,18 +203,13 @@ def static_graph(method=None, **options):
             if e.state == entry_module.COMPLETE:
                 if paths.values and _key_costs_more(e, paths.values) and \
                         not cache.calls_waiting():
-                    diagnostics.warn_once(
-                        (type(self), name, 'key costs more'),
-                        '%s.%s runs define-by-run: the key of its '
-                        'arguments walks %d values in lists, tuples and '
-                        'dicts, which costs more than a replay of its %d '
-                        'ops saves (pass them as an array, or keep them on '
-                        'the chain)' % (type(self).__name__, name,
-                                        paths.values, _ops(e)))
-                    cache.note_too_many(
-                        (config, signature.types_of(args, kwargs)))
-                    cache.fallback_calls += 1
-                    return _define_by_run(method, self, args, kwargs)
+                    return _key_too_costly(
+                        method, self, name, cache, config, args, kwargs,
+                        'key costs more',
+                        'the key of its arguments walks %d values in lists, '
+                        'tuples and dicts, which costs more than a replay '
+                        'of its %d ops saves (pass them as an array, or '
+                        'keep them on the chain)' % (paths.values, _ops(e)))
                 if e.recheck is None and e.matches(self):
                     cache.replays += 1
                     e.replays += 1
@@ -322,9 +309,25 @@ def _ops(e):
 
 
 def _key_costs_more(e, values):
-    """Does a key of ``values`` container elements cost more than a
-    replay of entry ``e`` saves? (signature.VALUES_PER_OP)"""
+    """Does a key of ``values`` scalars and nested arrays
+    (``Paths.values``) cost more than a replay of entry ``e`` saves?
+    (signature.VALUES_PER_OP)"""
     return values > signature.VALUES_PER_OP * _ops(e)
+
+
+def _key_too_costly(method, self, name, cache, config, args, kwargs, what,
+                    why):
+    """A call whose key costs more than it is worth runs define-by-run,
+    warned once (``what``: which cost; ``why``: the text); the next calls
+    with arguments of these types skip the walk that found it (a
+    vocabulary passed at each call, a log that grows), for a while: then
+    one walks again."""
+    diagnostics.warn_once(
+        (type(self), name, what),
+        '%s.%s runs define-by-run: %s' % (type(self).__name__, name, why))
+    cache.note_too_many((config, signature.types_of(args, kwargs)))
+    cache.fallback_calls += 1
+    return _define_by_run(method, self, args, kwargs)
 
 
 def _define_by_run(method, self, args, kwargs):

@@ -133,11 +133,15 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
     mine = dict((id(new), old) for new, old in made)
     if made:
         tuples = {}
+
+        def caller_container(x):
+            return mine.get(id(x), x)
         for link in chain.links():
             d = link.__dict__
             for k, v in list(d.items()):
                 if isinstance(v, _CONTAINERS):
-                    back = _callers(v, mine, 3, tuples)
+                    back = _to_callers(caller_container(v), caller_container,
+                                       3, tuples)
                     if back is not v:
                         d[k] = back
     changed = [at for at, v, frozen in before if frozen is not None and
@@ -177,11 +181,13 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
         _to_callers(old, caller, 3)
 
 
-def _to_callers(v, caller, depth):
+def _to_callers(v, caller, depth, tuples=None):
     """``v`` with the recording's copies in it (``caller``: the caller's
     object for one) replaced by the caller's, ``depth`` levels of lists,
-    dicts and tuples down: lists and dicts changed in place, only where an
-    item changes; a tuple made anew."""
+    dicts (their subclasses too: an OrderedDict) and plain tuples down
+    (``self.kept = {'cfg': cfg}``, ``box['pair'] = (box['a'], x)``): lists
+    and dicts changed in place, only where an item changes; a tuple made
+    anew (once: ``tuples``, id -> the new one, for a tuple held twice)."""
     if isinstance(v, (list, dict)):
         if not depth:
             return v
@@ -189,41 +195,15 @@ def _to_callers(v, caller, depth):
                          v.items()):
             y = caller(x)
             if isinstance(y, _CONTAINERS):
-                y = _to_callers(y, caller, depth - 1)
+                y = _to_callers(y, caller, depth - 1, tuples)
             if y is not x:
                 v[k] = y
         return v
     if type(v) is tuple and depth:
-        items = [_to_callers(caller(x), caller, depth - 1) for x in v]
-        if any(a is not b for a, b in zip(items, v)):
-            return tuple(items)
-    return v
-
-
-def _callers(v, mine, depth, tuples=None):
-    """``v`` with the recording's copies of container arguments (``mine``:
-    id(copy) -> the caller's) replaced by the caller's own, to ``depth``
-    levels of lists, dicts (their subclasses too) and plain tuples
-    (``self.kept = {'cfg': cfg}``):
-    a list or dict changed in place where it held one, a tuple made anew
-    (once: ``tuples``, id -> the new one, for a tuple held twice)."""
-    if id(v) in mine:
-        return mine[id(v)]
-    if not depth:
-        return v
-    t = type(v)
-    if isinstance(v, (list, dict)):     # (an OrderedDict too)
-        for k, x in list(enumerate(v) if isinstance(v, list) else
-                         v.items()):
-            if isinstance(x, _CONTAINERS):
-                y = _callers(x, mine, depth - 1, tuples)
-                if y is not x:
-                    v[k] = y
-    elif t is tuple:
         if tuples is not None and id(v) in tuples:
             return tuples[id(v)]
-        items = [_callers(x, mine, depth - 1, tuples)
-                 if isinstance(x, _CONTAINERS) else x for x in v]
+        items = [_to_callers(caller(x), caller, depth - 1, tuples)
+                 for x in v]
         if any(a is not b for a, b in zip(items, v)):
             new = tuple(items)
             if tuples is not None:

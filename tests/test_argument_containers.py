@@ -393,29 +393,6 @@ def test_a_container_that_holds_itself_runs_define_by_run(make):
     assert len(said) == 1 and 'holds itself' in said[0], said
 
 
-def _kept_in_ordered_dict(m, x, box):
-    if getattr(m, 'kept', None) is None:
-        m.kept = collections.OrderedDict(cfg=box)     # a memo, filled once
-    return F.sum(m.l(x)) * m.kept['cfg']['s']
-
-
-def test_a_kept_container_inside_an_ordered_dict_is_the_callers():
-    """A memo of the argument inside an OrderedDict on the chain stayed the
-    recording's copy: the caller's later change never reached it."""
-    a, b = _twins(_kept_in_ordered_dict)
-    boxes = [{'s': 2.0}, {'s': 2.0}]
-    x = numpy.ones((2, 3), 'f')
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for step in range(4):
-            if step == 2:
-                for box in boxes:
-                    box['s'] = 3.0
-            ys = [m(x, box) for m, box in zip((a, b), boxes)]
-            assert ys[0].array == ys[1].array, step
-            assert b.kept['cfg'] is boxes[1]
-
-
 def _normalizes(m, x, cfg):
     cfg['k'] = int(cfg['k'])             # 2.0 -> 2
     cfg['z'] = cfg['z'] * -1.0           # 0.0 -> -0.0
@@ -485,6 +462,10 @@ def _memo(where):
         elif where == 'global':
             _KEPT.setdefault(id(m), box)         # a module global's memo
             s = _KEPT[id(m)]['s']
+        elif where == 'ordered dict':            # (a regression of bb9881e)
+            if getattr(m, 'kept', None) is None:
+                m.kept = collections.OrderedDict(cfg=box)
+            s = m.kept['cfg']['s']
         else:                                    # deep in a link attribute
             if getattr(m, 'kept', None) is None:
                 m.kept = {'a': {'b': {'c': {'d': box}}}}
@@ -493,7 +474,8 @@ def _memo(where):
     return body
 
 
-@pytest.mark.parametrize('where', ['helper', 'global', 'deep'])
+@pytest.mark.parametrize('where', ['helper', 'global', 'ordered dict',
+                                   'deep'])
 def test_a_config_argument_kept_anywhere_is_the_callers(where):
     """The method keeps the caller's config (no arrays in it) where the
     put-back of kept copies did not look: it stayed the recording's copy,
@@ -516,6 +498,8 @@ def test_a_config_argument_kept_anywhere_is_the_callers(where):
                 ys[-1].backward()
             assert ys[0].array == ys[1].array, step
             assert numpy.array_equal(a.l.W.grad, b.l.W.grad), step
+    if where == 'ordered dict':
+        assert b.kept['cfg'] is boxes[1]
 
 
 def test_a_config_argument_the_method_reaches_another_way_is_one_object():

@@ -5,7 +5,7 @@
 # GPU benchmark and the main job on @cupy:0. Logs and results go to $OUT
 # (or ./device_out). Each step has its own time limit, so one that hangs
 # leaves the others their time; the limits of the default steps add up to
-# 595 s (on an H200, 2026-11-27, they took about 150 s; 190 s with the
+# 590 s (on an H200, 2026-11-27, they took about 150 s; 190 s with the
 # steady update fuzzer and the main job's phases), under the device
 # tool's 600 s a command (run it with timeout_s=600;
 # a machine's start is not counted there but is in the session's budget).
@@ -92,7 +92,7 @@ EOF
         tests/test_captured_update_gpu.py tests/test_captured_update_cuda.py \
         tests/test_captured_update_fake_gpu.py 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
-    timeout 80 $PY -m pytest -q -p no:cacheprovider \
+    timeout 70 $PY -m pytest -q -p no:cacheprovider \
         tests/test_cuda_graph.py tests/test_cupy.py tests/test_outputs.py \
         tests/test_real_code.py tests/test_chainer_examples.py 2>&1 \
         | tee -a "$OUT/tests.txt" | tail -25
@@ -101,10 +101,10 @@ EOF
     log fuzz_update
     # The captured update against Chainer's CuPy update, random set-ups;
     # then with steps like the one before (the steady path).
-    timeout 40 $PY benchmarks/fuzz_update.py --device @cupy:0 --minutes 0.4 \
+    timeout 35 $PY benchmarks/fuzz_update.py --device @cupy:0 --minutes 0.4 \
         --seed 1 --quiet > "$OUT/fuzz_update.txt" 2>&1
     echo "exit status $?" >> "$OUT/fuzz_update.txt"
-    timeout 40 $PY benchmarks/fuzz_update.py --device @cupy:0 --minutes 0.4 \
+    timeout 35 $PY benchmarks/fuzz_update.py --device @cupy:0 --minutes 0.4 \
         --steady --seed 2 --quiet >> "$OUT/fuzz_update.txt" 2>&1
     echo "exit status $?" >> "$OUT/fuzz_update.txt"
     grep -E "DIVERGED|cases,|steady path|exit status" "$OUT/fuzz_update.txt"
@@ -117,21 +117,28 @@ EOF
     ;;
   main)
     log main job
-    timeout 70 $PY examples/mnist/train_mnist.py --compare \
+    timeout 45 $PY examples/mnist/train_mnist.py --compare \
         --device @cupy:0 2>&1 | tee "$OUT/main.txt" | tail -8
+    # L.Classifier's loss and accuracy in the static graph too.
+    log main job, --static-loss
+    timeout 35 $PY examples/mnist/train_mnist.py --compare --static-loss \
+        --device @cupy:0 2>&1 | tee "$OUT/main_static_loss.txt" | tail -3
     ;;
   profile)
     log profile
-    timeout 45 $PY benchmarks/gpu_profile.py --device @cupy:0 \
+    timeout 35 $PY benchmarks/gpu_profile.py --device @cupy:0 \
         --case mlp-b8-adam-capture --steps 1000 --top 40 \
         > "$OUT/profile.txt" 2>&1
     grep -E "^(dbr|graph) " "$OUT/profile.txt"
     # The main job's iteration, phase by phase (what stays outside).
-    timeout 45 $PY benchmarks/main_job_phases.py --device @cupy:0 \
+    timeout 35 $PY benchmarks/main_job_phases.py --device @cupy:0 \
         --steps 500 >> "$OUT/profile.txt" 2>&1
     grep -E "^(define-by-run|static|round) " "$OUT/profile.txt"
+    timeout 35 $PY benchmarks/main_job_phases.py --device @cupy:0 \
+        --steps 500 --static-loss > "$OUT/phases_static_loss.txt" 2>&1
+    grep -E "^(define-by-run|static|round) " "$OUT/phases_static_loss.txt"
     # What a capture costs, in a fresh process and a warm one.
-    timeout 45 $PY benchmarks/capture_time.py --device @cupy:0 --twins 2 \
+    timeout 35 $PY benchmarks/capture_time.py --device @cupy:0 --twins 2 \
         >> "$OUT/profile.txt" 2>&1
     grep -E "^twin " "$OUT/profile.txt"
     ;;

@@ -99,6 +99,29 @@ def test_train_mnist_capture_update(train_mnist, tmp_path):
         assert results['static'][key] == results['define_by_run'][key]
 
 
+def test_train_mnist_static_loss(train_mnist, tmp_path):
+    """--static-loss: L.Classifier's forward (loss, accuracy, reports) is
+    recorded and replayed with the predictor inside it, and trains bit for
+    bit like define-by-run; without the flag the classifier is Chainer's."""
+    from static_graph.cache import caches_of
+    results = train_mnist.main([
+        '--model', 'mlp', '--compare', '--static-loss', '--iterations', '6',
+        '--batchsize', '8', '--out', str(tmp_path)])
+    for key in ('main/loss', 'validation/main/loss',
+                'validation/main/accuracy'):
+        assert results['static'][key] == results['define_by_run'][key]
+    for a, b in zip(results['static']['model'].params(),
+                    results['define_by_run']['model'].params()):
+        assert numpy.array_equal(a.array, b.array)
+    static = results['static']['model']
+    assert isinstance(static, train_mnist.Classifier)
+    assert caches_of(static)['forward'].replays >= 3
+    plain = train_mnist.main([
+        '--model', 'mlp', '--iterations', '2', '--batchsize', '8',
+        '--out', str(tmp_path)])
+    assert type(plain['model']) is L.Classifier
+
+
 @pytest.mark.parametrize('static_flag, label', [
     ('--static', 'static graph'), ('--no-static', 'define-by-run')])
 def test_train_mnist_label_is_truthful(train_mnist, tmp_path, capsys,

@@ -492,7 +492,11 @@ class Capture(object):
         now.update(link_state.foreign_parameters(rec, now)
                    if self.foreign else ())
         replaced = set(now) != set(self.chain_map)
-        if replaced and self.cache.replaced_midway(self.key):
+        # (A stand-in backward runs at the method's next call, not where a
+        # backward of the user's would: arrays replaced before it are not
+        # replaced midway; the entry is let go and the key records again.)
+        if replaced and not self.stand_in and \
+                self.cache.replaced_midway(self.key):
             # The second recording of this key to see it: its calls do
             # this every time, and recording each would cost more than
             # define-by-run.

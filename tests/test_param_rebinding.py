@@ -155,3 +155,51 @@ def test_exporter_and_printout_see_the_replaced_array():
     e = list(caches_of(b)['forward'].entries.values())[0]
     storages = [e.forward.buffers[bid].storage for bid in e.param_bids]
     assert set(map(id, storages)) == set(id(p.array) for p in b.params())
+
+
+class WithBN(chainer.Chain):
+
+    def __init__(self, dtype=numpy.float32):
+        super(WithBN, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(6, 4)
+            self.bn = L.BatchNormalization(4)
+
+    def forward(self, x, t):
+        return F.softmax_cross_entropy(F.relu(self.bn(self.l1(x))), t)
+
+
+def test_persistent_replaced_between_calls_that_get_no_backward():
+    """Evaluation calls with backprop enabled (their backward recorded from
+    a stand-in gradient at the next call) and a persistent replaced
+    between them (``bn.avg_var = ...``): not replaced midway, since no
+    backward of the user's was due; the key records again and replays,
+    as often as it happens."""
+    a, b = _twins(WithBN)
+    _train(a, b, 3, lambda m: None)
+    rs = numpy.random.RandomState(3)
+
+    def evaluate(n):
+        for _ in range(n):
+            x = rs.randn(5, 6).astype('f')
+            t = rs.randint(0, 4, 5).astype('i')
+            with chainer.using_config('train', False):
+                ya, yb = a(x.copy(), t.copy()), b(x.copy(), t.copy())
+            assert_close(ya.array, yb.array, 'loss', rtol=0, atol=0)
+
+    key = [k for k, e in caches_of(b)['forward'].entries.items()][0]
+    # Three calls: two recordings let go, then a stand-in one, whose
+    # backward the next call records: the replacement comes before it.
+    evaluate(3)
+    for value in (2.0, 3.0, 4.0):
+        for m in (a, b):
+            m.bn.avg_var = numpy.full(4, value, 'f')
+        evaluate(3)
+    evaluate(2)
+    c = caches_of(b)['forward']
+    evals = [e for k, e in c.entries.items() if k != key]
+    assert [e.state for e in evals] == ['complete']
+    replays = c.replays
+    evaluate(2)
+    assert c.replays == replays + 2
+    compare_chains(a, b, rtol=0, atol=0, grads=False)

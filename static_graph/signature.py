@@ -234,6 +234,15 @@ def _walk(obj, path, found):
     if isinstance(obj, _SCALARS):
         scalars[0] += 1
         return scalar_key(obj)
+    if isinstance(obj, (tuple, list, dict)) and \
+            getattr(obj, '__dict__', None):
+        # (A dict or list subclass with attributes set on it, read by the
+        # method: neither in the key nor in the copy the method gets.)
+        raise Unsupported(
+            'argument %s is a %s with attributes of its own (%s), which '
+            'cannot be part of a cache key' % (
+                path_text(path), type(obj).__name__,
+                ', '.join(sorted(map(str, obj.__dict__))[:3])))
     if isinstance(obj, (tuple, list)):
         if all([type(o) is numpy.ndarray for o in obj]):
             # A list of NumPy arrays (sequences of an NStep RNN): no call

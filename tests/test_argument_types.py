@@ -110,3 +110,44 @@ def test_a_nan_fill_value_replays():
         F.sum(ya * 0).backward()
         F.sum(yb * 0).backward()
     assert caches_of(b)['forward'].replays == 3
+
+
+class Batch(dict):
+    """A batch dict that carries a setting as an attribute."""
+
+
+class Seq(list):
+    pass
+
+
+class ScaledNet(chainer.Chain):
+    def __init__(self):
+        super(ScaledNet, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(4, 5)
+
+    def forward(self, batch):
+        x = batch['x'] if isinstance(batch, dict) else batch[0]
+        return F.sum(self.l1(x) * batch.scale)
+
+
+@pytest.mark.parametrize('kind', [Batch, Seq])
+def test_a_container_with_attributes_of_its_own_runs_define_by_run(kind):
+    """A dict subclass with ``b.scale`` the method reads: the key held
+    only its items, and the copy the method got carried the recording
+    call's attribute (loss 11.0 for 14.7); a list subclass lost it
+    (AttributeError at every call)."""
+    a = ScaledNet()
+    b = type('S', (ScaledNet,), {'forward': static(ScaledNet.forward)})()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    x = rs.randn(3, 4).astype('f')
+    with pytest.warns(static_graph.StaticGraphWarning,
+                      match='attributes of its own'):
+        for scale in (1.0, 2.0, 3.0):
+            losses = []
+            for m in (a, b):
+                arg = kind({'x': x}) if kind is Batch else kind([x])
+                arg.scale = scale
+                losses.append(float(m(arg).array))
+            assert losses[0] == losses[1], scale

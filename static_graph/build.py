@@ -73,7 +73,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
           params, persists, grad_in=None, grad_targets=None,
           grad_out_bids=None, attr_writes=(), reports=(),
           link_values=None, recompute=True, plan_memory=True,
-          cuda_graph=True, threads=None):
+          cuda_graph=True, threads=None, keep_nodes=False):
     """Turn a finished recording into compiled schedules. recompute:
     let the backward compute cheap activations again instead of saving
     them (recompute_rules.py); plan_memory=False: no memory reuse at
@@ -173,7 +173,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     # The recording call's own saved arrays, for a second backward
     # through it (RecordNode.bind takes them at once).
     e.recording_saved = recorded_values(e.forward, e.saved)
-    release_recording(rec)
+    release_recording(rec, keep_nodes)
     e.move(COMPLETE)
 
 
@@ -408,12 +408,19 @@ def release_arrays(rec, keep_stable=False):
     rec.steps = []
 
 
-def release_recording(rec):
+def release_recording(rec, keep_nodes=False):
     """Let go of what only the recording needed: the arrays of buffers
-    replay rebinds every call (activations, gradients), and the data that
+    replay rebinds every call (activations, gradients), and (unless
+    ``keep_nodes``: a backward may run through them again) the data that
     recorded nodes retained for a backward that replay never runs through
     them. Static buffers, parameters, persistents and constants stay."""
     release_arrays(rec, keep_stable=True)
+    if not keep_nodes:
+        release_nodes(rec)
+
+
+def release_nodes(rec):
+    """What the recorded nodes retained (``release_recording``)."""
     for rop in rec.forward_ops + rec.backward_ops:
         node = rop.node
         if rop.rebind:

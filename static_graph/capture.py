@@ -67,6 +67,9 @@ class Capture(object):
         self.repeat = prev is not None and \
             prev.state == entry_module.RECORDING
         self.served_by = None   # the entry that serves this key, if not ours
+        # The recorded nodes keep what they retained after the build: another
+        # output may still get a backward of its own (RecordNode.backward).
+        self.keep_graph = False
 
     # -- the forward ----------------------------------------------------------
     @with_gc_paused
@@ -207,6 +210,10 @@ class Capture(object):
         e.n_outs = n_outs   # the method's outputs; hidden ones follow
         e.no_grad_outs = tuple(i for i, v in enumerate(inner_outs)
                                if not v.requires_grad)
+        e.sibling_outputs = frozenset(
+            i for i, v in enumerate(inner_outs)
+            if v.creator_node is not None and
+            len(v.creator_node.outputs) > 1)
         self.leaves, self.inner, self.leaf_bids = leaves, inner, leaf_bids
         self.inner_outs, self.out_bids, self.out_kinds = \
             inner_outs, out_bids, out_kinds
@@ -309,6 +316,8 @@ class Capture(object):
         rec = self.rec
         try:
             analysis.mark_captured(rec, self.chain_map)
+            for reason in rec.late_reasons:
+                rec.add_reason(reason)
             if rec.reasons:
                 raise Unreplayable(rec.reasons[0])
             build.build(
@@ -319,7 +328,8 @@ class Capture(object):
                 recompute=self.cache.recompute,
                 plan_memory=self.cache.plan_memory,
                 cuda_graph=self.cache.cuda_graph,
-                threads=self.cache.threads, **backward)
+                threads=self.cache.threads, keep_nodes=self.keep_graph,
+                **backward)
             self.entry.verify()
         except Unreplayable as err:
             self.fall_back(str(err))

@@ -84,6 +84,10 @@ class Entry(object):
         # changes them at every call (then it falls back).
         self.recheck = None
         self.no_grad_outs = ()
+        # Outputs an inner node made together with others (F.split_axis):
+        # define-by-run may use a gradient Chainer takes from their .grad
+        # (reloads.py).
+        self.sibling_outputs = frozenset()
         # (link __dict__, name) of the recurrent state the call takes as
         # inputs after its arguments (capture.py).
         self.recurrent = ()

@@ -12,8 +12,14 @@ the same way, where each consumer of a missing gradient is one of those;
 anything else leaves the backward as it is (and the call raises as
 before). The rewrite works on the ops as recorded (the nodes' own
 kernels), so no kernel writes into a buffer that now stands for another.
+
+A backward that gives gradients to other outputs than the recorded one
+did (``not_recorded``) is an error, and its key runs define-by-run from
+its next call; the recording call itself runs such a backward through its
+own recorded nodes (nodes.RecordNode).
 """
 from schedules import ir
+from static_graph import diagnostics
 from static_graph import kernels
 
 # Ops whose kernel is a node that takes None for a missing gradient, as
@@ -55,3 +61,36 @@ def mask_ops(ops, sums, missing, outputs):
     if any(b in none for b in outs):
         return None
     return out, outs
+
+
+class NotRecordedBackward(RuntimeError):
+    """A backward gives gradients to other outputs of a call than its
+    recorded backward did: replay does not know it."""
+
+
+def not_recorded(entry, i, had):
+    """The error for a backward that gives output ``i`` a gradient where
+    the recorded one gave none (or none where it gave one: ``had``); the
+    key runs define-by-run from its next call (its calls get backward
+    passes the schedules do not know: feature matching backpropagates
+    ``y`` and then ``h`` of one call)."""
+    from static_graph import entry as entry_module
+    if entry.state == entry_module.COMPLETE:
+        reason = ('a backward through its calls gave output %d %s gradient '
+                  'where the recorded backward gave it %s (backward passes '
+                  'through different outputs of one call), which replay does '
+                  'not know' % (i, 'no' if had else 'a',
+                                'one' if had else 'none'))
+        entry.move(entry_module.FALLBACK, reason)
+        diagnostics.warn_once(
+            ('not recorded backward', entry.method_name),
+            '%s falls back to define-by-run for this call signature from '
+            'its next call: %s' % (entry.method_name, reason))
+    return NotRecordedBackward(
+        'the static graph of %s was recorded with%s a gradient for its '
+        'output %d, and this backward gives %s; replay only knows the '
+        'recorded backward, and this key runs define-by-run from its next '
+        'call. For this call, run the pattern with '
+        'chainer.config.use_static_graph = False'
+        % (entry.method_name, '' if had else 'out', i,
+           'none' if had else 'one'))

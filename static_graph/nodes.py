@@ -23,6 +23,8 @@ from chainer import function_node
 from static_graph import arrayutil
 from static_graph import cuts
 from static_graph import diagnostics
+from static_graph import masked
+from static_graph import reloads
 from static_graph import signature
 from static_graph import splice
 
@@ -125,7 +127,14 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     accumulated so far out of the input variables before calling it; if our
     backward fails (an exception, KeyboardInterrupt) they are put back, so
     parameters keep their gradients. A replay adds such a gradient where
-    define-by-run does (``ReplayNode.backward``'s ``earlier``)."""
+    define-by-run does (``ReplayNode.backward``'s ``earlier``). A
+    gradient Chainer took from an output's ``.grad`` is left out
+    (reloads.py)."""
+    taken = reloads.take(node, grad_outputs)
+    if taken:
+        grad_outputs = _without_reloads(node, grad_outputs, taken)
+        if all(g is None for g in grad_outputs):
+            return tuple(grad_inputs)
     try:
         gxs, included = node.backward_from(
             target_input_indexes, grad_outputs, grad_inputs)
@@ -140,6 +149,28 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     return tuple(gx if g is None or i in included else
                  g if gx is None else g + gx
                  for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
+
+
+def _without_reloads(node, grad_outputs, taken):
+    """``grad_outputs`` without the gradients at ``taken`` (reloads.py):
+    define-by-run does not run the node that made such an output, unless
+    that node made other outputs too (then it is an error)."""
+    entry = node.entry if node.entry is not None else getattr(
+        node, 'built', None)
+    siblings = entry.sibling_outputs if entry is not None else ()
+    for i in taken:
+        if i in siblings:
+            raise RuntimeError(
+                'a backward took the gradient of output %d of a call of %s '
+                'from its .grad (left by backward(retain_grad=True), or set '
+                'by hand) while it gives other outputs their own: '
+                'define-by-run uses it where the function that made that '
+                'output made others too, which the call, run as one node, '
+                'cannot tell apart. Clear it first (y.grad = None), or run '
+                'this with chainer.config.use_static_graph = False'
+                % (i, entry.method_name))
+    return tuple(None if i in taken else g
+                 for i, g in enumerate(grad_outputs))
 
 
 def _snapshot(entry):
@@ -167,21 +198,26 @@ def _variable(array, requires_grad=True):
 
 def _read_inside(node):
     """Positions of a call's outputs that other ops of its forward read
-    (``h``, where ``y = out(h)``): of its entry's forward schedule, or of
+    (``h``, where ``y = out(h)``), or that another output is (``h,
+    F.identity(h)``: one array): of its entry's forward schedule, or of
     the recording's ops while it records."""
     entry = node.entry
     if entry is not None:
         inside = entry.__dict__.get('outputs_read_inside')
         if inside is None:
-            read = set(b for op in entry.forward.ops for b in op.inputs)
-            inside = entry.outputs_read_inside = tuple(
-                i for i, b in enumerate(entry.forward.outputs) if b in read)
+            inside = entry.outputs_read_inside = _inside(
+                entry.forward.ops, entry.forward.outputs)
         return inside
     capture = getattr(node, 'capture', None)
     if capture is None:
         return ()
-    read = set(b for op in capture.rec.forward_ops for b in op.inputs)
-    return tuple(i for i, b in enumerate(capture.out_bids) if b in read)
+    return _inside(capture.rec.forward_ops, capture.out_bids)
+
+
+def _inside(ops, outputs):
+    read = set(b for op in ops for b in op.inputs)
+    twice = set(b for b in outputs if outputs.count(b) > 1)
+    return tuple(i for i, b in enumerate(outputs) if b in read or b in twice)
 
 
 def _count_backward(node):
@@ -253,14 +289,7 @@ class _Replayed(object):
             if has:
                 absent.append(i)
                 continue
-            raise RuntimeError(
-                'the static graph of %s was recorded with%s a gradient for '
-                'its output %d, and this backward gives %s; replay only '
-                'knows the recorded backward. Backpropagate the same outputs '
-                'as in the recording iteration, or run this pattern with '
-                'chainer.config.use_static_graph = False'
-                % (entry.method_name, '' if has else 'out', i,
-                   'none' if has else 'one'))
+            raise masked.not_recorded(entry, i, has)
         with entry.lock:
             if entry.static_storages:
                 owner = entry.owner() if entry.owner is not None else None
@@ -289,14 +318,7 @@ class _Replayed(object):
                 run = entry.accumulating_backward(
                     frozenset(held), True, frozenset(absent))
                 if run is None:
-                    raise RuntimeError(
-                        'the static graph of %s was recorded with a gradient '
-                        'for its output %d, and this backward gives none; '
-                        'replay only knows the recorded backward. '
-                        'Backpropagate the same outputs as in the recording '
-                        'iteration, or run this pattern with '
-                        'chainer.config.use_static_graph = False'
-                        % (entry.method_name, absent[0]))
+                    raise masked.not_recorded(entry, absent[0], True)
             elif held:
                 run = entry.accumulating_backward(frozenset(held), repeat)
             if not absent and any(
@@ -522,8 +544,13 @@ class RecordNode(_Replayed, function_node.FunctionNode):
             return self.backward(indexes, grad_outputs), ()
         if self.entry is not None:
             _repeats_backward(self.entry)
-            return _Replayed.backward_from(self, indexes, grad_outputs,
-                                           earlier)
+            try:
+                return _Replayed.backward_from(self, indexes, grad_outputs,
+                                               earlier)
+            except masked.NotRecordedBackward:
+                if self.again is None:
+                    raise
+                # (The key falls back; this call's inner graph is kept.)
         if self.again.served_by is not None:
             # (The entry built from another call of this key.)
             _repeats_backward(self.again.served_by)
@@ -553,6 +580,13 @@ class RecordNode(_Replayed, function_node.FunctionNode):
                 # define-by-run, and in replay (the same array).
                 arrayutil.copyto_for((out,))(out, mine)
         self.handed = None
+        # With more than one output alive, another backward may come
+        # through other outputs than this one's (feature matching: ``y``,
+        # then ``h``), which the schedules built from this one would not
+        # know: the recorded nodes keep what they retained while this node
+        # lives, as define-by-run's would.
+        capture.keep_graph = sum(
+            ref() is not None for ref in self.outputs or ()) > 1
         grads = capture.backward(grad_outputs)
         if capture.spliced:
             # Its recorded nodes are the caller's: define-by-run's graph
@@ -561,6 +595,10 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         e, self.built = self.built, None
         if e.recording_saved is not None:
             self.bind(e)
+            if capture.keep_graph:
+                self.again = capture
+                from static_graph import build
+                weakref.finalize(self, build.release_nodes, capture.rec)
         else:
             self.again = capture
         return tuple(grads[i] for i in indexes)

@@ -172,13 +172,13 @@ def _traced_getter(orig, gradient=False):
         if rec is None or rec.depth:
             return a
         argument = gradient and id(self) in rec.argument_paths
-        if type(a) is not numpy.ndarray and not argument and not (
-                gradient and a is None):
-            return a
-        if a is None and not argument:
+        if gradient and not argument:
             f = _direct_user_caller()
             if f is not None:
                 _no_gradient_read(rec, '.grad', f)
+            if a is None:
+                return a
+        if type(a) is not numpy.ndarray and not argument:
             return a
         f = _user_caller()
         if f is None:
@@ -198,13 +198,17 @@ _patched_get_grad = _traced_getter(_orig_get_grad, gradient=True)
 
 
 def _no_gradient_read(rec, what, frame):
-    """The method reads a gradient that is None (``W.grad is None``, the
-    first call of an accumulation): a reason, as replay would take the
-    branch it took at every call."""
+    """The method reads a gradient (``W.grad is None``, the first call of
+    an accumulation; ``if W.grad is not None``, where a fresh Parameter's
+    is a NaN-filled array and ``cleargrads()`` makes it None): a reason,
+    as replay would take the branch it took at every call."""
     if rec.phase == 'forward':
-        rec.add_reason('it reads a gradient that is None (%s) at %s:%d; '
-                       'replay would not see whether there is one'
-                       % (what, frame.f_code.co_filename, frame.f_lineno))
+        # (Late: where the method computes with the gradient too, the
+        # reason that names its parameter comes first, analysis.py.)
+        rec.late_reasons.append(
+            'it reads a gradient (%s) at %s:%d; replay would not see '
+            'whether there is one, or what it holds'
+            % (what, frame.f_code.co_filename, frame.f_lineno))
 
 
 def _grad_var_getter(orig):
@@ -220,7 +224,7 @@ def _grad_var_getter(orig):
             f = _user_caller()
             if f is not None:
                 _argument_gradient_used(rec, self, '.grad_var', f)
-        elif g is None:
+        else:
             f = _direct_user_caller()
             if f is not None:
                 _no_gradient_read(rec, '.grad_var', f)
@@ -235,9 +239,11 @@ def _direct_user_caller():
     code (not Chainer's own, a ``Variable.backward`` reading it on the
     caller's behalf), or None."""
     f = sys._getframe(2)
-    if f.f_code.co_filename == _VARIABLE_FILE and \
-            f.f_code.co_name == 'grad':
-        f = f.f_back      # (the ``grad`` property, calling _get_grad)
+    while f is not None and f.f_code.co_filename == _VARIABLE_FILE and \
+            f.f_code.co_name in ('grad', 'grad_var'):
+        # (The ``grad`` property, calling _get_grad; ``W.node.grad`` and
+        # ``W.node.grad_var``, VariableNode's, calling the Variable's.)
+        f = f.f_back
     if f is None or traced.internal_file(f.f_code.co_filename):
         return None
     return f
@@ -455,14 +461,21 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
         return gxs
 
     d['backward'] = backward
+    from static_graph import user_nodes
+    held = user_nodes.held_arrays(rec, func)
+    if held:
+        rec.reading_held = func
     try:
         _orig_backprop_step(func, target_input_indexes, grad_outputs,
                             grad_inputs, is_debug)
     finally:
+        rec.reading_held = None
         if had is MISSING:
             d.pop('backward', None)
         else:
             d['backward'] = had
+        for attrs, k, a in held:
+            attrs[k] = a
     rec.on_backward_step(func, target_input_indexes, grad_outputs, returned,
                          start)
 

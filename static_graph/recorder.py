@@ -180,6 +180,13 @@ class Recording(object):
         self.held = set()         # buffers some node attribute refers to
         self.steps = []           # BackwardStep per node backward() call
         self.node_values = []     # (node attributes, name): user_nodes
+        # Nodes defined outside Chainer whose backward read in Python the
+        # values of an array they hold (patches._traced_attributes): their
+        # (ids); the node whose backward runs now.
+        self.held_reads = set()
+        # Reasons taken after the analysis's own (capture._try_build).
+        self.late_reasons = []
+        self.reading_held = None
         self.backward_label = None
         self.labels = {}          # id(forward node) -> its source
         # buffer id -> ids of the Variables that handed its array to ops
@@ -239,10 +246,11 @@ class Recording(object):
         return self.backward_label
 
     # -- tracing of raw arrays handed to user code ----------------------------
-    def trace(self, array, check=True):
+    def trace(self, array, check=True, kind=traced.TracedArray):
         """A traced view of ``array`` for user code; ``check``: compare its
-        values after the call (check_writes)."""
-        view = array.view(traced.TracedArray)
+        values after the call (check_writes); ``kind``: TracedArray or a
+        subclass."""
+        view = array.view(kind)
         self.traced_views[id(view)] = array
         self.arrays.append(view)
         if check and id(array) not in self.handed_out:

@@ -103,6 +103,12 @@ def user_location(depth=2):
 def flag(what):
     rec = active_recording()
     if rec is not None:
+        if rec.reading_held is not None and isinstance(
+                sys._getframe(1).f_locals.get('self'), HeldArray):
+            # A user node's backward reads an array its forward left on
+            # it: that backward runs again at every replay (user_nodes).
+            rec.held_reads.add(id(rec.reading_held))
+            return
         rec.add_reason('user code reads array values (%s) at %s; replay '
                        'would freeze them' % (what, user_location(2)))
 
@@ -438,6 +444,49 @@ class TracedArray(numpy.ndarray):
     def __reduce__(self):
         flag('pickling')
         return numpy.ndarray.__reduce__(self)
+
+
+class HeldArray(TracedArray):
+    """An array a node defined outside Chainer left on itself
+    (``self.mask = x > 0``), as its backward sees it while that records:
+    values read in Python are noted (``flag``: the backward then runs again
+    at every replay); what is computed from it is a plain array, as from
+    the array itself."""
+
+    def __getitem__(self, key):
+        if _has_traced_mask(key):
+            flag('indexing with a boolean mask (the result\'s shape '
+                 'depends on the values)')
+        out = numpy.ndarray.__getitem__(plain(self), key)
+        if not isinstance(out, numpy.ndarray):
+            flag('reading an element, x[i, j]')
+        return out
+
+    def __array_wrap__(self, obj, context=None, return_scalar=False):
+        return self._plain_result(numpy.asarray(obj), 'a reduction to one '
+                                  'value, x.sum()')
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        result = getattr(ufunc, method)(*[untraced(x) for x in inputs],
+                                        **_plain_kwargs(kwargs))
+        return self._plain_result(result, 'a reduction to one value, %s'
+                                  % ufunc.__name__)
+
+    def __array_function__(self, func, types, args, kwargs):
+        result = func(*_plain_all(args), **_plain_kwargs(kwargs))
+        return self._plain_result(result, 'numpy.%s()' % func.__name__)
+
+    def astype(self, *args, **kwargs):
+        return numpy.ndarray.astype(plain(self), *args, **kwargs)
+
+    def copy(self, order='C'):
+        return numpy.ndarray.copy(plain(self), order)
+
+    def _plain_result(self, result, what):
+        if numpy_rules.holds_values(result) or self.ndim > 0 and \
+                isinstance(result, numpy.ndarray) and result.ndim == 0:
+            flag(what)
+        return result
 
 
 def _check_destinations(into, what):

@@ -11,6 +11,7 @@ import numpy
 from static_graph import arrayutil
 from static_graph import node_attrs
 from static_graph import recorder
+from static_graph import traced
 
 
 def rerun_scalar_steps(rec, reruns_ok):
@@ -29,7 +30,7 @@ def rerun_scalar_steps(rec, reruns_ok):
         shapes = set(rec.buffers[b].shape for b in op.inputs + op.outputs)
         varying = [d.get(k) for k, _ in op.restore or ()
                    if _may_follow_values(d.get(k), shapes)]
-        if not varying:
+        if not varying and id(step.node) not in rec.held_reads:
             continue
         if reruns_ok(step):
             step.rerun = True
@@ -97,3 +98,20 @@ def shape_checking_kernel(inner, kind, shapes):
         return out
 
     return kernel
+
+
+def held_arrays(rec, func):
+    """A node defined outside Chainer reads the NumPy arrays its forward
+    left on it (``self.mask = x > 0``) through views (traced.HeldArray)
+    for its backward: values read in Python there (``if self.mask.sum() >
+    3``, ``gy * float(self.n)``) make that backward run again at every
+    replay (user_nodes), where it would otherwise repeat the recording's
+    branch. Returns (attributes, name, array) to put back."""
+    if not recorder.user_defined(func):
+        return ()
+    attrs = node_attrs.attrs(func)
+    held = [(attrs, k, a) for k, a in list(attrs.items())
+            if type(a) is numpy.ndarray]
+    for _, k, a in held:
+        attrs[k] = rec.trace(a, check=False, kind=traced.HeldArray)
+    return held

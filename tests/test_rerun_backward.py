@@ -386,3 +386,47 @@ def test_batch_renormalization_replays_and_trains_alike():
                                              getattr(b.bn, k))
     cache, = caches_of(b).values()
     assert [e.state for e in cache.entries.values()] == ['complete']
+
+
+class _HeldMask(chainer.FunctionNode):
+    """Keeps arrays computed in forward on itself, and its backward reads
+    their values in Python: a branch, a float."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def forward(self, inputs):
+        x, = inputs
+        self.mask = x > 0
+        self.n = numpy.asarray(float(self.mask.sum()) + 1, x.dtype)
+        return x * 2,
+
+    def backward(self, indexes, grad_outputs):
+        gy, = grad_outputs
+        if self.read == 'branch':
+            return (gy * 3 if self.mask.sum() > 3 else gy * -1),
+        if self.read == 'float':
+            return gy * float(self.n),
+        return gy * self.mask.astype(gy.dtype),    # arithmetic only
+
+
+@pytest.mark.parametrize('read', ['branch', 'float', 'arithmetic'])
+def test_a_users_backward_reading_arrays_it_holds(read):
+    """A user FunctionNode's backward read the values of an array its
+    forward left on it (``if self.mask.sum() > 3``, ``float(self.n)``):
+    replay repeated the recording's branch (19-44 off in l.W.grad),
+    silently. That backward now runs again at every replay."""
+    def fn(h, p):
+        return _HeldMask(read).apply((h + p,))[0]
+
+    a, b = twins(fn)
+    rs = numpy.random.RandomState(0)
+    for it in range(6):
+        x = rs.randn(4, 3).astype(numpy.float32) * (1 + it % 3)
+        for m in (a, b):
+            m.cleargrads()
+            m(x.copy()).backward()
+        same_bits(a, b)
+    cache, entry = entry_of(b)
+    assert entry.state == 'complete' and cache.replays == 5
+    assert 'rerun_backward' in str(entry.backward)

@@ -1,0 +1,143 @@
+"""Backward passes through different outputs of one call: feature
+matching (``y, h = D(x)``; a loss of ``y``, then one of ``h``), and
+gradients Chainer takes from an output's ``.grad`` (left by
+``backward(retain_grad=True)``) that define-by-run never uses
+(static_graph/reloads.py)."""
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from static_graph import StaticGraphWarning
+from static_graph import static_graph
+from static_graph.decorator import caches_of
+
+
+class D(chainer.Chain):
+    def __init__(self):
+        super(D, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(6, 10)
+            self.l2 = L.Linear(10, 1)
+
+    def forward(self, x):
+        h = F.leaky_relu(self.l1(x))
+        return self.l2(h), h
+
+
+class Split(chainer.Chain):
+    def __init__(self):
+        super(Split, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(6, 4)
+
+    def forward(self, x):
+        return F.split_axis(self.l1(x), 2, 1)
+
+
+def _twins(cls):
+    numpy.random.seed(0)
+    a = cls()
+    numpy.random.seed(0)
+    b = type(cls.__name__, (cls,), {'forward': static_graph(cls.forward)})()
+    return a, b
+
+
+def _train(step, cls=D, steps=4):
+    """Each twin runs ``step(model, x)`` (its backward passes) and an
+    update; everything compared bit for bit after each step."""
+    a, b = _twins(cls)
+    opts = []
+    for m in (a, b):
+        o = chainer.optimizers.SGD(0.1)
+        o.setup(m)
+        opts.append(o)
+    rs = numpy.random.RandomState(1)
+    for _ in range(steps):
+        x = rs.randn(5, 6).astype('f')
+        got = []
+        for m, o in zip((a, b), opts):
+            xv = chainer.Variable(x.copy())
+            m.cleargrads()
+            step(m, xv)
+            got.append([None if p.grad is None else p.grad.copy()
+                        for p in m.params()] + [xv.grad])
+            o.update()
+        for ga, gb in zip(*got):
+            assert (ga is None) == (gb is None)
+            if ga is not None:
+                numpy.testing.assert_array_equal(ga, gb)
+        for pa, pb in zip(a.params(), b.params()):
+            numpy.testing.assert_array_equal(pa.array, pb.array)
+    return caches_of(b)['forward']
+
+
+def _feature_matching(m, x):
+    y, h = m(x)
+    F.sum(y).backward()
+    F.sum(h * h).backward()
+
+
+def _both_then_h(m, x):
+    y, h = m(x)
+    (F.sum(y) + F.sum(h)).backward()
+    F.sum(h * h).backward()
+
+
+@pytest.mark.parametrize('step', [_feature_matching, _both_then_h])
+def test_a_second_backward_through_other_outputs(step):
+    # The recording call runs its second backward through its own
+    # recorded nodes; the key's later calls run define-by-run, since
+    # replay knows only the recorded backward.
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        c = _train(step)
+    assert [e.state for e in c.entries.values()] == ['fallback']
+    assert 'backward passes through different outputs' in \
+        list(c.entries.values())[0].reason
+    assert any(issubclass(x.category, StaticGraphWarning) for x in w)
+
+
+def _retained(m, x):
+    y, h = m(x)
+    (F.sum(y * y) + F.sum(h)).backward(retain_grad=True)
+    m.cleargrads()
+    x.cleargrad()
+    # Chainer hands the call y's retained gradient too; define-by-run
+    # never runs l2 in this backward, so it uses none of it.
+    F.sum(h * h).backward()
+
+
+def test_a_retained_output_gradient_is_not_used_again():
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        _train(_retained)
+
+
+def test_a_retained_gradient_is_left_on_its_variable():
+    for cls in _twins(D):
+        y, h = cls(chainer.Variable(numpy.ones((5, 6), 'f')))
+        (F.sum(y * y) + F.sum(h)).backward(retain_grad=True)
+        kept = y.grad_var
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            F.sum(h * h).backward()
+        assert y.grad_var is kept
+
+
+def test_a_retained_gradient_of_a_split_output_is_an_error():
+    # Define-by-run runs split_axis's backward (y1 reaches it) and takes
+    # y2's retained gradient there: the call cannot tell that apart.
+    a, b = _twins(Split)
+    for m in (a, b):
+        y1, y2 = m(numpy.ones((5, 6), 'f'))
+        (F.sum(y1 * y1) + F.sum(y2)).backward(retain_grad=True)
+        if m is a:
+            F.sum(y1).backward()
+        else:
+            with pytest.raises(RuntimeError, match='retain_grad'):
+                F.sum(y1).backward()

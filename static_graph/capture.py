@@ -262,8 +262,13 @@ class Capture(object):
         outs = nodes.retain_outputs(nodes.deepen(
             node, node.apply(list(leaves) + self.param_objs), e.rank_depth))
         outs = nodes.detach_outputs(outs, e.no_grad_outs)
-        vals = [v if k == 'V' else v.raw_array
-                for v, k in zip(outs, out_kinds)]
+        # An argument's array returned (``return loss, z``): the caller's
+        # own, as define-by-run and replay hand it back, not the copy the
+        # recording ran on.
+        callers = dict((b, a.raw_array if isinstance(a, chainer.Variable)
+                        else a) for b, a in zip(leaf_bids, leaves))
+        vals = [v if k == 'V' else callers.get(b, v.raw_array)
+                for v, k, b in zip(outs, out_kinds, out_bids)]
         link_state.keep_attrs(
             attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},
             rec.buffers)

@@ -377,3 +377,30 @@ def test_results_the_call_did_not_make_are_themselves(which):
             assert all(o[-1] is want for o in outs), which
     (cache,) = caches_of(b).values()
     assert cache.replays == 4
+
+
+class PassesOn(chainer.Chain):
+    def __init__(self):
+        super(PassesOn, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(2, 3)
+
+    def forward(self, x, z, v):
+        return F.sum(self.l(x)), z, v.array
+
+
+def test_an_array_argument_returned_is_the_callers_at_every_call():
+    """``return loss, z``: the recording call handed back a copy of ``z``
+    (a write through it missed the caller's array), replays ``z``
+    itself, as define-by-run does; so for a Variable argument's array."""
+    a, b = static_twins(PassesOn)
+    x = numpy.ones((4, 2), 'f')
+    for m in (a, b):
+        for i in range(3):
+            z = numpy.arange(2, dtype='f')
+            v = chainer.Variable(numpy.ones(3, 'f'))
+            loss, zz, va = m(x, z, v)
+            loss.backward()
+            assert zz is z and va is v.array, (m, i)
+    (cache,) = caches_of(b).values()
+    assert cache.replays == 2

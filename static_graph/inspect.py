@@ -39,6 +39,15 @@ def _layout_text(layout):
     return ' strides=(%s)' % ','.join(map(str, layout))
 
 
+def _byte_order_text(dtype):
+    """`` big-endian`` for a byte order other than the machine's (another
+    key), else nothing."""
+    dtype = numpy.dtype(dtype)
+    if dtype.isnative:
+        return ''
+    return ' big-endian' if dtype.byteorder == '>' else ' little-endian'
+
+
 def _spec_text(spec):
     tag = spec[0]
     if isinstance(tag, type) and issubclass(tag, numpy.ndarray):
@@ -46,17 +55,19 @@ def _spec_text(spec):
         return '%s %s' % (tag.__name__, _spec_text(spec[1]))
     if tag == 'V':
         _, shape, dtype, dev, rg, name, layout = spec
-        return 'Variable %s[%s]%s%s%s%s' % (
+        return 'Variable %s[%s]%s%s%s%s%s' % (
             ir.dtype_short(numpy.dtype(dtype)), ','.join(map(str, shape)),
-            _layout_text(layout), '' if dev == -1 else ' @gpu%s' % dev,
+            _byte_order_text(dtype), _layout_text(layout),
+            '' if dev == -1 else ' @gpu%s' % dev,
             '' if rg else ' requires_grad=False',
             '' if name is None else ' name=%r' % (name,))
     if tag == 'A':
         _, shape, dtype, dev, layout = spec
-        return '%s[%s]%s%s' % (ir.dtype_short(numpy.dtype(dtype)),
-                               ','.join(map(str, shape)),
-                               _layout_text(layout),
-                               '' if dev == -1 else ' @gpu%s' % dev)
+        return '%s[%s]%s%s%s' % (ir.dtype_short(numpy.dtype(dtype)),
+                                 ','.join(map(str, shape)),
+                                 _byte_order_text(dtype),
+                                 _layout_text(layout),
+                                 '' if dev == -1 else ' @gpu%s' % dev)
     if tag in (tuple, list):
         inner = ', '.join(_spec_text(s) for s in spec[1])
         return '(%s)' % inner if tag is tuple else '[%s]' % inner
@@ -84,21 +95,42 @@ def spec_text(spec):
     return '(%s)' % ', '.join(parts)
 
 
-def key_text(key):
-    """A cache key as text: ``(f32[8,784], t=i32[8]) | train=True ...``."""
+def key_text(key, extra=()):
+    """A cache key as text: ``(f32[8,784], t=i32[8]) | train=True ...``;
+    ``extra``: more config flags to show."""
     spec, flags = key
-    return '%s | %s' % (spec_text(spec), flags_text(flags))
+    return '%s | %s' % (spec_text(spec), flags_text(flags, extra))
 
 
-def flags_text(flags):
-    """The config flags a reader cares about: ``train=True ...``."""
+def _flag_value(v):   # (a key holds a value as (type, value): scalar_key)
+    return v[1] if type(v) is tuple and len(v) >= 2 and \
+        isinstance(v[0], type) else v
+
+
+def flags_text(flags, extra=()):
+    """The config flags a reader cares about: ``train=True ...``, and
+    those named in ``extra``."""
     flags = dict(flags)
+    names = ('train', 'enable_backprop') + tuple(
+        n for n in extra if n not in ('train', 'enable_backprop'))
+    return ' '.join('%s=%s' % (n, getattr(_flag_value(flags.get(n)),
+                                          '__name__',
+                                          _flag_value(flags.get(n))))
+                    for n in names)
 
-    def value(v):      # (a key holds a value as (type, value): scalar_key)
-        return v[1] if type(v) is tuple and len(v) >= 2 and \
-            isinstance(v[0], type) else v
-    return ' '.join('%s=%s' % (n, value(flags.get(n)))
-                    for n in ('train', 'enable_backprop'))
+
+def _varying_flags(keys):
+    """Names of the config flags whose values differ among ``keys``
+    (``dtype`` of keys recorded under float16 and float32): shown, or
+    such keys would print alike."""
+    seen = {}
+    for _, flags in keys:
+        for n, v in flags:
+            seen.setdefault(n, set()).add(repr(v))
+    n_keys = len(keys)
+    return tuple(sorted(n for n, vs in seen.items()
+                        if len(vs) > 1 or n_keys > 1 and
+                        sum(1 for _, f in keys if n in dict(f)) < n_keys))
 
 
 def outline_text(outline):
@@ -174,21 +206,23 @@ def explain(chain):
                                        for t in types),
                              flags_text(config),
                              signature.MAX_KEY_VALUES))
+        extra = _varying_flags(list(cache.entries) +
+                               list(cache.forward_only) + list(cache.backoff))
         for key, reason in cache.forward_only.items():
             lines.append(
-                '  %s runs define-by-run: %s' % (key_text(key), reason)
+                '  %s runs define-by-run: %s' % (key_text(key, extra), reason)
                 if reason is not None else
                 '  %s: its calls get no backward; its backward was recorded '
-                'from a stand-in gradient' % key_text(key))
+                'from a stand-in gradient' % key_text(key, extra))
         for key, (left, wait) in cache.backoff.items():
             if left > 0:
                 lines.append(
                     '  %s runs define-by-run for %d more calls (of %d), then '
                     'records again: its recordings went stale before they '
                     'replayed (the value they read changes at every call)'
-                    % (key_text(key), left, wait))
+                    % (key_text(key, extra), left, wait))
         for key, e in cache.entries.items():
-            line = '  %s: %s' % (key_text(key), e.state)
+            line = '  %s: %s' % (key_text(key, extra), e.state)
             if e.state == 'complete':
                 line += ' (forward %d ops%s)' % (
                     len(e.forward.ops),

@@ -100,6 +100,27 @@ def test_explain_shows_config_flags_as_values():
     assert 'train=True enable_backprop=False' in text, text
 
 
+def test_explain_tells_apart_keys_that_differ_in_dtype_or_byte_order():
+    """Keys recorded under config dtypes float32 and float16, and for
+    arguments of either byte order, printed alike."""
+    class Twice(chainer.Chain):
+        @static_graph.static_graph
+        def forward(self, x):
+            return x * 2
+
+    m = Twice()
+    x = numpy.ones((2, 8), 'f')
+    with chainer.no_backprop_mode():
+        for dt in (numpy.float32, numpy.float16):
+            with chainer.using_config('dtype', dt):
+                m(x)
+        m(x.astype('>f4'))
+    lines = static_graph.explain(m).splitlines()[1:]
+    assert len(lines) == len(set(lines)) == 3, lines
+    assert any('dtype=float16' in l for l in lines), lines
+    assert any('f32[2,8] big-endian' in l for l in lines), lines
+
+
 def test_the_command_line_help():
     run = subprocess.run([sys.executable, '-m', 'static_graph', '--help'],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,

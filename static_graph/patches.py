@@ -319,6 +319,9 @@ def _keeps_traced(name):
 
     def constructor(a, *args, **kwargs):
         out = orig(a, *args, **kwargs)
+        if type(a) is traced.HeldArray:
+            a._used()      # (its backward runs again at every replay)
+            return out
         if type(a) is not TracedArray or type(out) is not numpy.ndarray:
             if type(a) in (list, tuple) and type(out) is numpy.ndarray and \
                     traced.holds_traced(a):
@@ -348,7 +351,9 @@ def _checks_values(name):
     orig = _orig_numpy[name]
 
     def checked(a, *args, **kwargs):
-        if type(a) is traced.TracedArray:
+        if type(a) is traced.HeldArray:
+            a._used()
+        elif type(a) is traced.TracedArray:
             traced.flag('numpy.%s(), which checks them' % name)
         return orig(a, *args, **kwargs)
 

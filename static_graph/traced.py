@@ -449,44 +449,40 @@ class TracedArray(numpy.ndarray):
 class HeldArray(TracedArray):
     """An array a node defined outside Chainer left on itself
     (``self.mask = x > 0``), as its backward sees it while that records:
-    values read in Python are noted (``flag``: the backward then runs again
-    at every replay); what is computed from it is a plain array, as from
-    the array itself."""
+    any use of it in Python there (a value read, or an array computed from
+    it, whose values may be read next: ``(self.x > 4).any()``) makes that
+    backward run again at every replay (``flag``, ``_used``); what is
+    computed from it is a plain array, as from the array itself."""
+
+    def _used(self):
+        rec = active_recording()
+        if rec is not None and rec.reading_held is not None:
+            rec.held_reads.add(id(rec.reading_held))
 
     def __getitem__(self, key):
-        if _has_traced_mask(key):
-            flag('indexing with a boolean mask (the result\'s shape '
-                 'depends on the values)')
-        out = numpy.ndarray.__getitem__(plain(self), key)
-        if not isinstance(out, numpy.ndarray):
-            flag('reading an element, x[i, j]')
-        return out
+        self._used()
+        return numpy.ndarray.__getitem__(plain(self), key)
 
     def __array_wrap__(self, obj, context=None, return_scalar=False):
-        return self._plain_result(numpy.asarray(obj), 'a reduction to one '
-                                  'value, x.sum()')
+        self._used()
+        return numpy.asarray(obj)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        result = getattr(ufunc, method)(*[untraced(x) for x in inputs],
-                                        **_plain_kwargs(kwargs))
-        return self._plain_result(result, 'a reduction to one value, %s'
-                                  % ufunc.__name__)
+        self._used()
+        return getattr(ufunc, method)(*[untraced(x) for x in inputs],
+                                      **_plain_kwargs(kwargs))
 
     def __array_function__(self, func, types, args, kwargs):
-        result = func(*_plain_all(args), **_plain_kwargs(kwargs))
-        return self._plain_result(result, 'numpy.%s()' % func.__name__)
+        self._used()
+        return func(*_plain_all(args), **_plain_kwargs(kwargs))
 
     def astype(self, *args, **kwargs):
+        self._used()
         return numpy.ndarray.astype(plain(self), *args, **kwargs)
 
     def copy(self, order='C'):
+        self._used()
         return numpy.ndarray.copy(plain(self), order)
-
-    def _plain_result(self, result, what):
-        if numpy_rules.holds_values(result) or self.ndim > 0 and \
-                isinstance(result, numpy.ndarray) and result.ndim == 0:
-            flag(what)
-        return result
 
 
 def _check_destinations(into, what):

@@ -404,13 +404,19 @@ class _HeldMask(chainer.FunctionNode):
     def backward(self, indexes, grad_outputs):
         gy, = grad_outputs
         if self.read == 'branch':
-            return (gy * 3 if self.mask.sum() > 3 else gy * -1),
+            return (gy * 3 if self.mask.sum() > 6 else gy * -1),
         if self.read == 'float':
             return gy * float(self.n),
+        if self.read == 'derived':
+            return (gy * 3 if (self.mask * 1).sum() > 6 else gy * -1),
+        if self.read == 'asarray':
+            return (gy * 3 if numpy.asarray(self.mask).sum() > 6
+                    else gy * -1),
         return gy * self.mask.astype(gy.dtype),    # arithmetic only
 
 
-@pytest.mark.parametrize('read', ['branch', 'float', 'arithmetic'])
+@pytest.mark.parametrize('read', ['branch', 'float', 'arithmetic',
+                                  'derived', 'asarray'])
 def test_a_users_backward_reading_arrays_it_holds(read):
     """A user FunctionNode's backward read the values of an array its
     forward left on it (``if self.mask.sum() > 3``, ``float(self.n)``):

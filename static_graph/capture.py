@@ -34,6 +34,7 @@ from static_graph import patches
 from static_graph import reach
 from static_graph import recorder
 from static_graph import recurrent
+from static_graph import reloads
 from static_graph.recurrent import order_tie, state_sum_tie
 from static_graph import signature
 from static_graph import splice
@@ -99,8 +100,13 @@ class Capture(object):
         snapshot = link_state.snapshot_links(chain)
         classes = set(type(link) for link in chain.links())
         functions = reach.reachable_functions(self.method, classes)
-        watch = link_values.Watch(snapshot, functions, classes,
-                                  root_hooks=self.name != 'forward')
+        # (The chain's own link hooks run around the method Link.__call__
+        # calls, ``forward``: inside a call of any other.)
+        forward = getattr(type(chain), 'forward', None)
+        watch = link_values.Watch(
+            snapshot, functions, classes,
+            root_hooks=getattr(forward, '__wrapped__', forward)
+            is not self.method, held=link_state.held_links(chain))
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)
@@ -210,10 +216,8 @@ class Capture(object):
         e.n_outs = n_outs   # the method's outputs; hidden ones follow
         e.no_grad_outs = tuple(i for i, v in enumerate(inner_outs)
                                if not v.requires_grad)
-        e.sibling_outputs = frozenset(
-            i for i, v in enumerate(inner_outs)
-            if v.creator_node is not None and
-            len(v.creator_node.outputs) > 1)
+        e.sibling_outputs = reloads.sibling_outputs(rec, inner_outs,
+                                                    out_bids)
         self.leaves, self.inner, self.leaf_bids = leaves, inner, leaf_bids
         self.inner_outs, self.out_bids, self.out_kinds = \
             inner_outs, out_bids, out_kinds
@@ -414,7 +418,7 @@ class Capture(object):
         the results include."""
         self.seen[0] = True
         if chainer.config.enable_backprop:
-            return self._double_backprop(grad_outputs)
+            return splice.double_backprop(self, grad_outputs)
         rec, e, targets = self.rec, self.entry, self.targets
         recording = e.state == entry_module.RECORDING
         given = grad_outputs
@@ -510,6 +514,11 @@ class Capture(object):
         # (A stand-in backward runs at the method's next call, not where a
         # backward of the user's would: arrays replaced before it are not
         # replaced midway; the entry is let go and the key records again.)
+        if replaced and self.stand_in and \
+                self.cache.replaced_between(self.key) >= 2:
+            # (Before each call: recording each would cost more than
+            # define-by-run.)
+            rec.add_reason(cache_module.REPLACED_BETWEEN)
         if replaced and not self.stand_in and \
                 self.cache.replaced_midway(self.key):
             # The second recording of this key to see it: its calls do
@@ -565,40 +574,4 @@ class Capture(object):
                                   entry_module.ESCAPE_ROLES):
                 a = arrayutil.copy_exact(a)
             result[pos] = a
-        return result
-
-    def _double_backprop(self, grad_outputs):
-        """A backward asked for double backpropagation (an input-gradient
-        penalty): the gradients keep their graph, through the recorded
-        call's own nodes, moved onto the caller's Variables (splice.py),
-        to the parameters and the inputs. Replay cannot give either, so
-        the key runs define-by-run from now on."""
-        e = self.entry
-        reason = ('its backward was asked for double backpropagation '
-                  '(enable_double_backprop=True), which replay cannot give')
-        if e.state in (entry_module.RECORDING, entry_module.COMPLETE):
-            self.fall_back(reason)
-        n = len(self.leaves)
-        movable = splice.movable(self.inner_outs)
-        outs, gys, more, _ = self._outputs_and_gradients(grad_outputs,
-                                                         keep=False)
-        made = splice.Made()
-        if movable or not any(t < n for t in self.targets):
-            with made:
-                grads = self._backprop(outs, gys, more,
-                                       enable_double_backprop=True)
-        # (RecordNode.backward then makes the call's outputs theirs.)
-        self.made = [op.node for op in self.rec.forward_ops] + made.nodes
-        self.spliced = movable and splice.into_caller(
-            self.made, list(zip(self.inner, self.leaves)), self.inner_outs)
-        if not self.spliced and any(t < n for t in self.targets):
-            raise NotImplementedError(
-                'double backpropagation through the recording call of a '
-                'static graph to its input Variables is not supported '
-                'here: %s falls back to define-by-run from its next call; '
-                'run this call with chainer.config.use_static_graph = False'
-                % self.name)
-        result = [None] * (len(self.leaves) + len(self.param_objs))
-        for pos, g in zip(self.targets, grads):
-            result[pos] = g
         return result

@@ -55,7 +55,9 @@ def link_structure(chain, written=()):
     each link's sets of parameter and child names."""
     same, sets = [], []
     skip = set((id(d), k) for d, k in written)
-    for link in chain.links():
+    from static_graph import link_state
+    held = [link for _, link in link_state.held_links(chain)]
+    for link in list(chain.links()) + held:
         d = link.__dict__
         persistent = getattr(link, '_persistent', ())
         children = getattr(link, '_children', None)
@@ -86,8 +88,8 @@ class Entry(object):
         self.no_grad_outs = ()
         # Outputs an inner node made together with others (F.split_axis):
         # define-by-run may use a gradient Chainer takes from their .grad
-        # (reloads.py).
-        self.sibling_outputs = frozenset()
+        # (reloads.sibling_outputs).
+        self.sibling_outputs = {}
         # (link __dict__, name) of the recurrent state the call takes as
         # inputs after its arguments (capture.py).
         self.recurrent = ()

@@ -132,7 +132,11 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     (reloads.py)."""
     taken = reloads.take(node, grad_outputs)
     if taken:
-        grad_outputs = _without_reloads(node, grad_outputs, taken)
+        entry = node.entry if node.entry is not None else getattr(
+            node, 'built', None)
+        grad_outputs = reloads.left_out(
+            node, grad_outputs, taken,
+            entry.sibling_outputs if entry is not None else {})
         if all(g is None for g in grad_outputs):
             return tuple(grad_inputs)
     try:
@@ -149,28 +153,6 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     return tuple(gx if g is None or i in included else
                  g if gx is None else g + gx
                  for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
-
-
-def _without_reloads(node, grad_outputs, taken):
-    """``grad_outputs`` without the gradients at ``taken`` (reloads.py):
-    define-by-run does not run the node that made such an output, unless
-    that node made other outputs too (then it is an error)."""
-    entry = node.entry if node.entry is not None else getattr(
-        node, 'built', None)
-    siblings = entry.sibling_outputs if entry is not None else ()
-    for i in taken:
-        if i in siblings:
-            raise RuntimeError(
-                'a backward took the gradient of output %d of a call of %s '
-                'from its .grad (left by backward(retain_grad=True), or set '
-                'by hand) while it gives other outputs their own: '
-                'define-by-run uses it where the function that made that '
-                'output made others too, which the call, run as one node, '
-                'cannot tell apart. Clear it first (y.grad = None), or run '
-                'this with chainer.config.use_static_graph = False'
-                % (i, entry.method_name))
-    return tuple(None if i in taken else g
-                 for i, g in enumerate(grad_outputs))
 
 
 def _snapshot(entry):
@@ -531,6 +513,7 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         """The entry built from this call: the static buffers hold this
         call's values, its saved arrays are the recording's."""
         self.entry = entry
+        self.bound_replays = entry.replays
         self.saved, entry.recording_saved = entry.recording_saved, None
         if entry.node_values:
             self.node_values = _node_values(entry)
@@ -548,7 +531,10 @@ class RecordNode(_Replayed, function_node.FunctionNode):
                 return _Replayed.backward_from(self, indexes, grad_outputs,
                                                earlier)
             except masked.NotRecordedBackward:
-                if self.again is None:
+                if self.again is None or \
+                        self.entry.replays != self.bound_replays:
+                    # (A replay since rebinds what the recorded nodes
+                    # hold: a dropout's mask, a user node's values.)
                     raise
                 # (The key falls back; this call's inner graph is kept.)
         if self.again.served_by is not None:

@@ -10,8 +10,10 @@ from ``y.grad`` of ``y, h = call(x)``, in a backward from a loss of ``h``
 alone, is never used there (``l2`` of ``y = l2(h)`` is not reached). The
 call, one node, is reached through ``h``, and Chainer hands it ``y.grad``
 too. ``take`` finds such gradients (``_grad_var_from_alive_node`` is
-wrapped to mark the outputs it read), so that the call leaves them out,
-and puts them back on their Variables, where define-by-run leaves them.
+wrapped to mark the outputs it read), so that the call leaves them out
+and puts them back on their Variables, where define-by-run leaves them
+(``left_out``); but one of an output whose node made others too
+(``F.split_axis``) is used where define-by-run runs that node.
 """
 import weakref
 
@@ -34,8 +36,7 @@ if _orig is not None:
 
 def take(node, grad_outputs):
     """Positions of ``grad_outputs`` (of our ``node``'s outputs) that
-    Chainer took from the output Variables' ``grad``; each Variable gets
-    its gradient back."""
+    Chainer took from the output Variables' ``grad``."""
     out = []
     for i, ref in enumerate(node.outputs or ()):
         vn = ref()
@@ -43,11 +44,61 @@ def take(node, grad_outputs):
             continue
         ref = vn.__dict__.pop(_FLAG, None)
         gv = ref() if ref is not None else None
-        if gv is None or i >= len(grad_outputs) or \
-                grad_outputs[i] is not gv:
-            continue
-        out.append(i)
-        var = vn.get_variable_or_none()
-        if var is not None and var.grad_var is None:
-            var.grad_var = gv
+        if gv is not None and i < len(grad_outputs) and \
+                grad_outputs[i] is gv:
+            out.append(i)
     return out
+
+
+def left_out(node, grad_outputs, taken, siblings):
+    """``grad_outputs`` without those at ``taken`` that define-by-run
+    would not use, which go back on their Variables (where define-by-run
+    leaves them). It uses one where the node that made that output made
+    others too, and runs (``siblings``: ``sibling_outputs``'s), and the
+    output's value reaches no output given a gradient of this backward."""
+    given = set(j for j, g in enumerate(grad_outputs)
+                if g is not None and j not in taken)
+    out = list(grad_outputs)
+    for i in taken:
+        own, others = siblings.get(i, ((), ()))
+        if given.intersection(others) and not given.intersection(own):
+            continue
+        out[i] = None
+        vn = node.outputs[i]()
+        var = vn.get_variable_or_none() if vn is not None else None
+        if var is not None and var.grad_var is None:
+            var.grad_var = grad_outputs[i]
+    return tuple(out)
+
+
+def sibling_outputs(rec, inner_outs, out_bids):
+    """{output i: (outputs that i's value reaches inside the call, outputs
+    that the other outputs of the node that made i reach)} for each output
+    made by a node with several (``F.split_axis``); that node runs in a
+    define-by-run backward if an output of the second kind gets a
+    gradient, and takes i's ``.grad`` there unless one of the first kind
+    got one (then i's gradient is of this backward)."""
+    by_node = dict((id(op.node), op) for op in rec.forward_ops)
+    everything = frozenset(range(len(out_bids)))
+    out = {}
+    for i, v in enumerate(inner_outs):
+        node = v.creator_node
+        if node is None or len(node.outputs) < 2:
+            continue
+        op = by_node.get(id(node))
+        mine = out_bids[i]
+        if op is None or mine not in op.outputs:
+            out[i] = (frozenset(), everything - {i})    # (unknown: any)
+            continue
+        out[i] = (_reached(rec, (mine,), out_bids) - {i},
+                  _reached(rec, [b for b in op.outputs if b != mine],
+                           out_bids) - {i})
+    return out
+
+
+def _reached(rec, bids, out_bids):
+    reach = set(bids)
+    for op in rec.forward_ops:       # (in the order they ran)
+        if reach.intersection(op.inputs):
+            reach.update(op.outputs)
+    return frozenset(j for j, b in enumerate(out_bids) if b in reach)

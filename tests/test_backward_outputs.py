@@ -102,6 +102,28 @@ def test_a_second_backward_through_other_outputs(step):
     assert any(issubclass(x.category, StaticGraphWarning) for x in w)
 
 
+class Dropped(D):
+    def forward(self, x):
+        h = F.dropout(F.leaky_relu(self.l1(x)), 0.5)
+        return self.l2(h), h
+
+
+def test_other_outputs_after_a_replay_of_the_key_is_an_error():
+    """The recording call's second backward, through other outputs, after
+    another call of its key replayed: that replay rebound what the
+    recorded nodes hold (the dropout's mask), so the recorded nodes
+    cannot serve it (28-50 off, silently, before this was checked)."""
+    numpy.random.seed(0)
+    b = type('S', (Dropped,), {'forward': static_graph(Dropped.forward)})()
+    x = numpy.ones((5, 6), 'f')
+    y1, h1 = b(x)
+    F.sum(y1).backward()
+    y2, h2 = b(x * 2)
+    F.sum(y2).backward()
+    with pytest.raises(RuntimeError, match='recorded without a gradient'):
+        F.sum(h1 * h1).backward()
+
+
 def _retained(m, x):
     y, h = m(x)
     (F.sum(y * y) + F.sum(h)).backward(retain_grad=True)
@@ -129,15 +151,43 @@ def test_a_retained_gradient_is_left_on_its_variable():
         assert y.grad_var is kept
 
 
-def test_a_retained_gradient_of_a_split_output_is_an_error():
-    # Define-by-run runs split_axis's backward (y1 reaches it) and takes
-    # y2's retained gradient there: the call cannot tell that apart.
-    a, b = _twins(Split)
-    for m in (a, b):
-        y1, y2 = m(numpy.ones((5, 6), 'f'))
-        (F.sum(y1 * y1) + F.sum(y2)).backward(retain_grad=True)
-        if m is a:
-            F.sum(y1).backward()
-        else:
-            with pytest.raises(RuntimeError, match='retain_grad'):
-                F.sum(y1).backward()
+class SplitAndMore(chainer.Chain):
+    def __init__(self):
+        super(SplitAndMore, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(6, 4)
+            self.l2 = L.Linear(4, 1)
+
+    def forward(self, x):
+        h = self.l1(x)
+        a, b = F.split_axis(h, 2, 1)
+        return a, b, self.l2(h)
+
+
+@pytest.mark.parametrize('cls, second', [
+    (Split, lambda outs: F.sum(outs[0])),
+    (SplitAndMore, lambda outs: F.sum(outs[2])),
+    (SplitAndMore, lambda outs: F.sum(outs[0] * 2)),
+])
+def test_a_retained_gradient_of_a_split_output(cls, second):
+    """Define-by-run runs split_axis's backward where another of its
+    outputs reaches this backward's loss, and takes the retained gradient
+    of the one that does not there: the call uses it too; where split_axis
+    does not run (a loss of l2(h) alone) it does not (this raised)."""
+    grads = []
+    for m in _twins(cls):
+        x = chainer.Variable(numpy.linspace(-1, 1, 30, dtype='f').reshape(
+            5, 6))
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            for step in range(3):
+                outs = m(x)
+                sum(F.sum(o * o) for o in outs).backward(retain_grad=True)
+                m.cleargrads()
+                x.cleargrad()
+                second(outs).backward()
+        grads.append([p.grad for p in m.params()] + [x.grad])
+    for ga, gb in zip(*grads):
+        assert (ga is None) == (gb is None)
+        if ga is not None:
+            numpy.testing.assert_array_equal(ga, gb)

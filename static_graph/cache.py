@@ -69,6 +69,14 @@ REPLACED_MIDWAY = (
     'a parameter or persistent array is replaced (W.array = ...) between '
     'its calls and their backward, so no recording sees one consistent '
     'call')
+# Why a key whose calls get no backward, with a parameter or persistent
+# array replaced before the stand-in backward of two recordings in a row,
+# runs define-by-run (capture.py; each such recording is let go).
+REPLACED_BETWEEN = (
+    'a parameter or persistent array is replaced (bn.avg_var = ..., '
+    'W.array = ...) between its calls, which get no backward: the backward '
+    'of each recording, recorded at the next call from a stand-in '
+    'gradient, would read the new one')
 REPLAYS_PER_RECORDING = 3
 SIGHTINGS = 3
 # Calls whose arguments held too many values for a key skip the walk that
@@ -177,6 +185,7 @@ class Cache(object):
         # Keys a recording of which saw a parameter array replaced between
         # its call and its backward (replaced_midway).
         self._replaced_midway = collections.OrderedDict()
+        self._replaced_between = collections.OrderedDict()
 
     def get(self, key):
         with self.lock:
@@ -389,6 +398,17 @@ class Cache(object):
         with self.lock:
             if self.entries.get(key) is e:
                 del self.entries[key]
+
+    def replaced_between(self, key, again=True):
+        """A stand-in recording of ``key`` saw an array replaced before its
+        backward (``again``; else one was built): how many in a row."""
+        with self.lock:
+            n = self._replaced_between.pop(key, 0) + 1 if again else 0
+            if n:
+                self._replaced_between[key] = n
+                while len(self._replaced_between) > 1024:
+                    self._replaced_between.popitem(last=False)
+            return n
 
     def replaced_midway(self, key):
         """A recording of ``key`` saw a parameter array replaced between

@@ -86,6 +86,7 @@ def _backward(capture):
     with chainer.using_config('enable_backprop', False):
         capture.backward((chainer.Variable(g),))
     if capture.entry.state == entry_module.COMPLETE:
+        capture.cache.replaced_between(capture.key, again=False)
         diagnostics.logger.info(
             '%s.%s: calls of a key got no backward; its backward was '
             'recorded from a stand-in gradient',

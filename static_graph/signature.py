@@ -234,15 +234,17 @@ def _walk(obj, path, found):
     if isinstance(obj, _SCALARS):
         scalars[0] += 1
         return scalar_key(obj)
-    if isinstance(obj, (tuple, list, dict)) and \
-            getattr(obj, '__dict__', None):
-        # (A dict or list subclass with attributes set on it, read by the
-        # method: neither in the key nor in the copy the method gets.)
-        raise Unsupported(
-            'argument %s is a %s with attributes of its own (%s), which '
-            'cannot be part of a cache key' % (
-                path_text(path), type(obj).__name__,
-                ', '.join(sorted(map(str, obj.__dict__))[:3])))
+    if type(obj) not in _PLAIN_CONTAINERS and \
+            isinstance(obj, (tuple, list, dict)):
+        own = _own_attributes(obj)
+        if own:
+            # (A dict or list subclass with attributes set on it, read by
+            # the method: neither in the key nor in the copy it gets.)
+            raise Unsupported(
+                'argument %s is a %s with attributes of its own (%s), '
+                'which cannot be part of a cache key' % (
+                    path_text(path), type(obj).__name__,
+                    ', '.join(own[:3])))
     if isinstance(obj, (tuple, list)):
         if all([type(o) is numpy.ndarray for o in obj]):
             # A list of NumPy arrays (sequences of an NStep RNN): no call
@@ -278,6 +280,23 @@ def _walk(obj, path, found):
                       'a cache key (use arrays, Variables, None, bool, '
                       'int, float, str, or tuples/lists/dicts of them)'
                       % (path_text(path), type(obj).__name__))
+
+
+_PLAIN_CONTAINERS = frozenset((tuple, list, dict))
+
+
+def _own_attributes(obj):
+    """The names of the attributes an instance of a container subclass
+    holds (in its ``__dict__`` or its ``__slots__``; a namedtuple's
+    fields are its items)."""
+    names = sorted(map(str, getattr(obj, '__dict__', None) or ()))
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get('__slots__', ())
+        for name in ((slots,) if isinstance(slots, str) else slots):
+            if name not in ('__dict__', '__weakref__') and \
+                    hasattr(obj, name):
+                names.append(name)
+    return names
 
 
 def _enter(obj, path, walking):
@@ -375,13 +394,40 @@ def scalar_key(v):
     return (type(v), v)
 
 
+# A NumPy array held by a config flag is keyed by its bytes up to this
+# many elements (one changed in place is another key), larger ones by
+# identity.
+CONFIG_ARRAY_ELEMENTS = 4096
+
+
+def _settings_object(v):
+    """An object that holds settings (an ``argparse.Namespace``, an
+    instance of the user's own class) whose attributes are all scalars, or
+    tuples and lists of them: keyed by them, like a namespace."""
+    d = getattr(v, '__dict__', None)
+    if type(d) is not dict or len(d) > 64 or isinstance(
+            v, (type, types.ModuleType, types.FunctionType,
+                types.MethodType, types.BuiltinFunctionType)):
+        return False
+    for x in d.values():
+        if not isinstance(x, _SCALARS) and not (
+                type(x) in (tuple, list) and
+                all(isinstance(y, _SCALARS) for y in x)):
+            return False
+    return True
+
+
 def _hashable(v, depth=2):
     """A config value as part of a key: a scalar by scalar_key; a dict, a
-    list or a namespace by its contents (two levels, 64 items: one changed
-    in place is another key), else by identity."""
+    list, a namespace or a settings object by its contents (two levels,
+    64 items: one changed in place is another key), a small NumPy array by
+    its bytes, else by identity."""
     if isinstance(v, _SCALARS):
         return scalar_key(v)
-    contents = v.__dict__ if isinstance(v, types.SimpleNamespace) else v
+    if type(v) is numpy.ndarray and v.size <= CONFIG_ARRAY_ELEMENTS:
+        return ('A', v.shape, v.dtype.str, v.tobytes())
+    contents = v.__dict__ if isinstance(v, types.SimpleNamespace) or \
+        depth and _settings_object(v) else v
     if depth and type(contents) in (dict, list, tuple) and \
             len(contents) <= 64:
         if type(contents) is dict:
@@ -442,7 +488,7 @@ def config_key():
     except TypeError:   # an unhashable value: not remembered
         hit = raw = None
     if hit is not None:
-        if hit[0] == _types(gi + li):
+        if hit[0] == _types(gi + li) and not _objects_changed(hit[3]):
             return hit[1]
         raw = None     # equal values of other types
     merged = dict(gi)
@@ -453,14 +499,25 @@ def config_key():
         # other object takes one of those ids meanwhile).
         raw = (tuple(merged), tuple(map(id, values)))
         hit = _config_keys.get(raw)
-        if hit is not None:
+        if hit is not None and not _objects_changed(hit[3]):
             return hit[1]
     key = tuple(sorted((k, _hashable(v)) for k, v in merged.items()))
     if raw is not None:
         if len(_config_keys) >= 64:
             _config_keys.clear()
-        _config_keys[raw] = (_types(gi + li), key, values)
+        # (Settings objects are keyed by their attributes, which the
+        # configuration's identity does not show: looked at again at
+        # every hit.)
+        _config_keys[raw] = (_types(gi + li), key, values, tuple(
+            (v, _hashable(v)) for v in values if _settings_object(v)))
     return key
+
+
+def _objects_changed(objects):
+    for v, k in objects:
+        if _hashable(v) != k:
+            return True
+    return False
 
 
 def _types(items):

@@ -586,6 +586,43 @@ def test_a_config_value_changed_in_place_records_again():
             train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
 
 
+class _Settings(object):
+    def __init__(self):
+        self.scale = 2.0
+
+
+@pytest.mark.parametrize('holder', ['argparse', 'object', 'array'])
+def test_a_settings_object_in_the_config_changed_between_calls(holder):
+    """``chainer.global_config.hp = argparse.Namespace(scale=...)`` (or an
+    instance of the user's own class, or a small NumPy array read with
+    float()), changed in place between calls: keyed by identity, replay
+    kept the first value (13.1 for 52.5 ... 209.9, silently)."""
+    import argparse
+    if holder == 'array':
+        hp = numpy.array([2.0], 'f')
+
+        def body(self, x):
+            return F.sum(self.l1(x) * float(chainer.config.sg_hp[0]))
+    else:
+        hp = argparse.Namespace(scale=2.0) if holder == 'argparse' \
+            else _Settings()
+
+        def body(self, x):
+            return F.sum(self.l1(x) * chainer.config.sg_hp.scale)
+
+    models = make_twins(body)
+    chainer.global_config.sg_hp = hp
+    try:
+        for i in range(5):
+            if holder == 'array':
+                hp[0] = 1.0 + i
+            else:
+                hp.scale = 1.0 + i
+            train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+    finally:
+        del chainer.global_config.sg_hp
+
+
 def test_arguments_reach_the_recording_as_they_are():
     """The recording call got rebuilt arguments: an OrderedDict as a plain
     dict (an isinstance branch taken otherwise), a namedtuple rebuilt

@@ -16,7 +16,7 @@ from static_graph import traced
 MISSING = object()
 
 
-_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+PROXIES = _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
 
 def dead_proxy(v):

@@ -99,8 +99,10 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     e.param_bufs = tuple(bufs[b] for b in param_bids)
     e.param_rebindable = _rebindable_params(
         bufs, params, rec.held, rec.input_sources)
+    # (Not what the method writes, nor the state it reads as an input of
+    # each replay: ``self.h`` another method or the caller left.)
     e.structure, e.link_sets = link_structure(
-        chain, [w[:2] for w in attr_writes])
+        chain, [w[:2] for w in attr_writes] + list(e.recurrent))
     e.out_spec = out_spec
     e.node_values = tuple(rec.node_values)
     e.out_kinds = out_kinds

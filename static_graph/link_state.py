@@ -26,6 +26,38 @@ def snapshot_links(chain):
             for path, link in chain.namedlinks()]
 
 
+def held_links(chain):
+    """[(path, link)] for the links that the chain's links hold as plain
+    attributes (not as children: a back-reference to an owner, a link
+    kept outside ``init_scope``, also through a ``weakref.proxy``), with
+    the links under them. The method may read them as its own: their
+    attributes are watched (link_values.Watch's ``held``), their arrays,
+    Variables and links checked (entry.link_structure)."""
+    seen = set(id(link.__dict__) for link in chain.links())
+    out = []
+    todo = list(chain.namedlinks())
+    while todo:
+        path, link = todo.pop()
+        for k, v in list(link.__dict__.items()):
+            if k in link_values.MANAGED or not (
+                    arrayutil.is_link(v) or
+                    type(v) in arrayutil.PROXIES and
+                    not arrayutil.dead_proxy(v) and
+                    isinstance(v, chainer.Link)):
+                continue
+            if id(v.__dict__) in seen:
+                continue
+            for sub_path, sub in v.namedlinks():
+                if id(sub.__dict__) in seen:
+                    continue
+                seen.add(id(sub.__dict__))
+                p = '%s/%s%s' % (path.rstrip('/'), k,
+                                 '' if sub_path == '/' else sub_path)
+                out.append((p, sub))
+                todo.append((p, sub))
+    return out
+
+
 def dead_proxy_attribute(chain):
     """The path of a link attribute that is a ``weakref.proxy`` whose
     object is gone (a back-reference to an owner), which the recording's

@@ -268,7 +268,8 @@ class Watch(object):
     """The values the recording saw on the links and in the globals the
     method names (see the module)."""
 
-    def __init__(self, snapshot, functions=(), classes=(), root_hooks=False):
+    def __init__(self, snapshot, functions=(), classes=(), root_hooks=False,
+                 held=()):
         """``snapshot``: [(link __dict__, copy of it, path)] before the
         call; ``functions``: the undecorated method and the functions it
         reaches (``reachable_functions``: a helper function or method, a
@@ -278,7 +279,10 @@ class Watch(object):
         classes, whose scalar and container class attributes are too
         (those of Chainer's own classes excepted); ``root_hooks``: the
         chain's own link hooks run inside the call too (a decorated
-        ``loss`` that calls ``self(x)``), not only its links'."""
+        ``loss`` that calls ``self(x)``), not only its links'; ``held``:
+        [(path, link)] of link_state.held_links, whose attributes are
+        watched as a helper object's (a change the call makes is one
+        replay would not repeat), and their hooks."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -305,6 +309,18 @@ class Watch(object):
                 # records again, and one the call changes (a counter, a
                 # timer's history, an activation kept) is a change replay
                 # would not repeat.
+                self.prefix[id(hooks)] = 'self%s link hook ' % (
+                    path.rstrip('/').replace('/', '.'))
+                for name, hook in hooks.items():
+                    self._add(hooks, name, hook)
+        for path, link in held:
+            d = link.__dict__
+            self.prefix[id(d)] = path
+            for k, v in list(d.items()):
+                if k not in MANAGED and not structural(v):
+                    self._add(d, k, v)
+            hooks = d.get('_local_link_hooks')
+            if hooks:
                 self.prefix[id(hooks)] = 'self%s link hook ' % (
                     path.rstrip('/').replace('/', '.'))
                 for name, hook in hooks.items():

@@ -160,3 +160,42 @@ class Made(chainer.FunctionHook):
 
     def forward_postprocess(self, function, in_data):
         self.nodes.append(function)
+
+
+def double_backprop(capture, grad_outputs):
+    """The backward of recording ``capture`` (capture.Capture) asked for
+    double backpropagation (an input-gradient penalty): the gradients
+    keep their graph, through the recorded call's own nodes, moved onto
+    the caller's Variables (``into_caller``), to the parameters and the
+    inputs. Replay cannot give either, so the key runs define-by-run from
+    now on."""
+    from static_graph import entry as entry_module
+    e = capture.entry
+    reason = ('its backward was asked for double backpropagation '
+              '(enable_double_backprop=True), which replay cannot give')
+    if e.state in (entry_module.RECORDING, entry_module.COMPLETE):
+        capture.fall_back(reason)
+    n = len(capture.leaves)
+    can_move = movable(capture.inner_outs)
+    outs, gys, more, _ = capture._outputs_and_gradients(grad_outputs,
+                                                     keep=False)
+    made = Made()
+    if can_move or not any(t < n for t in capture.targets):
+        with made:
+            grads = capture._backprop(outs, gys, more,
+                                   enable_double_backprop=True)
+    # (RecordNode.backward then makes the call's outputs theirs.)
+    capture.made = [op.node for op in capture.rec.forward_ops] + made.nodes
+    capture.spliced = can_move and into_caller(
+        capture.made, list(zip(capture.inner, capture.leaves)), capture.inner_outs)
+    if not capture.spliced and any(t < n for t in capture.targets):
+        raise NotImplementedError(
+            'double backpropagation through the recording call of a '
+            'static graph to its input Variables is not supported '
+            'here: %s falls back to define-by-run from its next call; '
+            'run this call with chainer.config.use_static_graph = False'
+            % capture.name)
+    result = [None] * (len(capture.leaves) + len(capture.param_objs))
+    for pos, g in zip(capture.targets, grads):
+        result[pos] = g
+    return result

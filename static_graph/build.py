@@ -102,7 +102,8 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     # (Not what the method writes, nor the state it reads as an input of
     # each replay: ``self.h`` another method or the caller left.)
     e.structure, e.link_sets = link_structure(
-        chain, [w[:2] for w in attr_writes] + list(e.recurrent))
+        chain, [w[:2] for w in attr_writes] + list(e.recurrent),
+        getattr(link_values, 'held', ()))
     e.out_spec = out_spec
     e.node_values = tuple(rec.node_values)
     e.out_kinds = out_kinds

@@ -13,6 +13,7 @@ reads the recorder, the analysis and the entry, and they never call back.
     RecordNode.backward -> Capture.backward -> recorder (the backward runs)
                                             -> Capture.build -> Entry.build
 """
+import sys
 import weakref
 
 import chainer
@@ -43,6 +44,23 @@ from static_graph.gc_pause import with_gc_paused
 
 class Unreplayable(Exception):
     """Found while building: the recording cannot be replayed faithfully."""
+
+
+def _in_call_of(chain):
+    """Is this call inside ``chain``'s ``Link.__call__`` (its own link hooks
+    run around it), rather than called by another way (a decorated
+    ``loss`` that calls ``self(x)``: they run inside)?"""
+    f = sys._getframe(2)
+    for _ in range(64):
+        if f is None:
+            return False
+        if f.f_code is _LINK_CALL and f.f_locals.get('self') is chain:
+            return True
+        f = f.f_back
+    return False
+
+
+_LINK_CALL = chainer.Link.__call__.__code__
 
 
 class Capture(object):
@@ -98,15 +116,13 @@ class Capture(object):
         detached = link_state.detach_link_variables(
             chain, rec, self.cache.written + self.cache.state_slots)
         snapshot = link_state.snapshot_links(chain)
+        held = link_state.held_links(chain)
         classes = set(type(link) for link in chain.links())
-        functions = reach.reachable_functions(self.method, classes)
-        # (The chain's own link hooks run around the method Link.__call__
-        # calls, ``forward``: inside a call of any other.)
-        forward = getattr(type(chain), 'forward', None)
+        functions = reach.reachable_functions(
+            self.method, classes, set(link.__class__ for _, link in held))
         watch = link_values.Watch(
-            snapshot, functions, classes,
-            root_hooks=getattr(forward, '__wrapped__', forward)
-            is not self.method, held=link_state.held_links(chain))
+            snapshot, functions, classes, root_hooks=not _in_call_of(chain),
+            held=link_state.held_keys(held, functions))
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)

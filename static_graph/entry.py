@@ -46,18 +46,25 @@ def link_hooks(d):
     return tuple(hooks.values()) if hooks else ()
 
 
-def link_structure(chain, written=()):
+def link_structure(chain, written=(), held=()):
     """What replay assumes of the chain's structure: (dict, name, object)
     for every child link, Parameter, persistent array (nodes may hold it by
     reference: BatchNorm's running statistics) and other array or Variable
     attribute of its links (except those the method itself writes; a
     Variable that is no Parameter with its array), and
-    each link's sets of parameter and child names."""
+    each link's sets of parameter and child names; and of ``held``
+    (link_state.held_keys), the attributes named."""
     same, sets = [], []
     skip = set((id(d), k) for d, k in written)
-    from static_graph import link_state
-    held = [link for _, link in link_state.held_links(chain)]
-    for link in list(chain.links()) + held:
+    for _, link, names in held:
+        # (A link held other than as a child: the attributes the method
+        # may read, link_state.held_keys.)
+        d = link.__dict__
+        for k in names:
+            v = d.get(k)
+            if (id(d), k) not in skip and link_values.structural(v):
+                same.append((d, k, v, link_values.variable_array(v)))
+    for link in chain.links():
         d = link.__dict__
         persistent = getattr(link, '_persistent', ())
         children = getattr(link, '_children', None)

@@ -7,6 +7,8 @@ After: the attributes the method assigned become the entry's attribute
 writes (``attr_changes``), the leaves and arrays are put back, and what
 the method wrote into its argument arrays reaches the caller's.
 """
+import weakref
+
 import numpy
 
 import chainer
@@ -17,6 +19,7 @@ from static_graph import arrayutil
 from static_graph import analysis
 from static_graph import entry as entry_module
 from static_graph import link_values
+from static_graph import reach
 from static_graph import traced
 
 
@@ -27,35 +30,59 @@ def snapshot_links(chain):
 
 
 def held_links(chain):
-    """[(path, link)] for the links that the chain's links hold as plain
-    attributes (not as children: a back-reference to an owner, a link
-    kept outside ``init_scope``, also through a ``weakref.proxy``), with
-    the links under them. The method may read them as its own: their
-    attributes are watched (link_values.Watch's ``held``), their arrays,
-    Variables and links checked (entry.link_structure)."""
+    """[(path, link)] for the links that the chain's links hold other than
+    as children: a back-reference to an owner (also through a
+    ``weakref.proxy`` or a ``weakref.ref``), a link kept outside
+    ``init_scope``, one in a list, tuple, dict or namespace attribute. A
+    proxy stands for its link. The method may read them as its own; which
+    of their attributes are watched is ``held_keys``'s."""
     seen = set(id(link.__dict__) for link in chain.links())
     out = []
-    todo = list(chain.namedlinks())
-    while todo:
-        path, link = todo.pop()
+    for path, link in chain.namedlinks():
         for k, v in list(link.__dict__.items()):
-            if k in link_values.MANAGED or not (
-                    arrayutil.is_link(v) or
-                    type(v) in arrayutil.PROXIES and
-                    not arrayutil.dead_proxy(v) and
-                    isinstance(v, chainer.Link)):
+            if k in link_values.MANAGED or isinstance(v, link_values.SCALARS):
                 continue
-            if id(v.__dict__) in seen:
-                continue
-            for sub_path, sub in v.namedlinks():
-                if id(sub.__dict__) in seen:
-                    continue
-                seen.add(id(sub.__dict__))
-                p = '%s/%s%s' % (path.rstrip('/'), k,
-                                 '' if sub_path == '/' else sub_path)
-                out.append((p, sub))
-                todo.append((p, sub))
+            for found in _links_in(v):
+                d = found.__dict__
+                if id(d) not in seen:
+                    seen.add(id(d))
+                    out.append(('%s/%s' % (path.rstrip('/'), k), found))
     return out
+
+
+def _links_in(v, depth=1):
+    """The links ``v`` is or refers to (a proxy, a ``weakref.ref``), or
+    that a list, tuple, dict or namespace ``v`` holds, one level down."""
+    if type(v) is weakref.ref:
+        v = v()
+    if arrayutil.is_link(v) or type(v) in arrayutil.PROXIES and \
+            not arrayutil.dead_proxy(v) and isinstance(v, chainer.Link):
+        return [v]
+    if not depth:
+        return []
+    items = v.values() if type(v) is dict else v.__dict__.values() \
+        if type(v) in link_values.NAMESPACES else v \
+        if type(v) in (list, tuple) else ()
+    if len(items) > link_values.MAX_ITEMS:
+        return []
+    return [x for item in items for x in _links_in(item, depth - 1)]
+
+
+def held_keys(held, functions):
+    """[(path, link, names)]: of each held link (``held_links``), the
+    attributes the method's code may read by name (the names the
+    reachable ``functions`` look up as attributes): only those are
+    watched, so that what an owner keeps for itself (its counter, its
+    last activations) does not make every call record again."""
+    names = set()
+    for fn in functions:
+        code = getattr(fn, '__code__', None)
+        if code is not None:
+            names.update(reach.global_names(fn))
+    return [(path, link, tuple(k for k in link.__dict__
+                               if k in names and
+                               k not in link_values.MANAGED))
+            for path, link in held]
 
 
 def dead_proxy_attribute(chain):

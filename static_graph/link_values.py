@@ -46,7 +46,7 @@ _CONTAINERS = (tuple, list, dict, set, frozenset)
 MAX_ITEMS = 64
 HELPER_DEPTH = 3     # self.a.b.c: helper attributes watched to this depth
 MAX_FIELDS = 256     # helper-object attributes watched in all
-_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+NAMESPACES = _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 
 # What Link, Chain and ChainList put in every link's __dict__, the link
 # hooks and the device (a new Device object at every ``to_device``, even to
@@ -280,9 +280,10 @@ class Watch(object):
         (those of Chainer's own classes excepted); ``root_hooks``: the
         chain's own link hooks run inside the call too (a decorated
         ``loss`` that calls ``self(x)``), not only its links'; ``held``:
-        [(path, link)] of link_state.held_links, whose attributes are
-        watched as a helper object's (a change the call makes is one
-        replay would not repeat), and their hooks."""
+        [(path, link, names)] of link_state.held_keys, whose attributes
+        of those names are watched as a helper object's (a change the call
+        makes is one replay would not repeat; their arrays, Variables and
+        links are entry.link_structure's), and their hooks."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -313,11 +314,13 @@ class Watch(object):
                     path.rstrip('/').replace('/', '.'))
                 for name, hook in hooks.items():
                     self._add(hooks, name, hook)
-        for path, link in held:
+        self.held = held
+        for path, link, names in held:
             d = link.__dict__
             self.prefix[id(d)] = path
-            for k, v in list(d.items()):
-                if k not in MANAGED and not structural(v):
+            for k in names:
+                v = d.get(k)
+                if not structural(v):
                     self._add(d, k, v)
             hooks = d.get('_local_link_hooks')
             if hooks:

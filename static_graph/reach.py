@@ -122,19 +122,22 @@ def user_class(cls):
     return known
 
 
-def reachable_functions(method, classes=()):
+def reachable_functions(method, classes=(), named_only=()):
     """``method`` and the user functions its call can reach by name, at
     most ``_MAX_FUNCTIONS``: functions its code names as globals, methods
     of the user classes among ``classes`` (the links' classes) its code
     names as attributes (``self.helper(h)``), those classes' own
     ``forward`` and ``__call__`` (a child link's), and so on from each.
     Found by the names the code mentions, not by running it: a function
-    named on a branch not taken counts too."""
+    named on a branch not taken counts too. The methods of ``named_only``
+    (the classes of links held other than as children) count only where
+    the code names them."""
     user = user_classes(classes)
     todo = [method]
     for cls in user:
         for k in ('forward', '__call__'):
             todo.append(_user_function(cls.__dict__.get(k)))
+    user = user + [c for c in user_classes(named_only) if c not in user]
     seen, out = set(), []
     i = 0
     while i < len(todo) and len(out) < _MAX_FUNCTIONS:

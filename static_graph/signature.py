@@ -490,11 +490,17 @@ def config_key():
     if hit is not None:
         if hit[0] == _types(gi + li) and not _objects_changed(hit[3]):
             return hit[1]
-        raw = None     # equal values of other types
+        raw = None     # equal values of other types, or objects changed
     merged = dict(gi)
     merged.update(li)
     values = tuple(merged.values())
-    if raw is not None and any(map(_unremembered, values)):
+    objects = _settings_objects(values, 2)
+    if raw is None and objects and not any(
+            type(v) in (list, dict, set) for v in values):
+        # (Unhashable only for a namespace held: remembered by identity,
+        # its attributes looked at again at every hit.)
+        raw = ()
+    if raw is not None and (raw == () or any(map(_unremembered, values))):
         # By the values' identity instead (kept with the key, so that no
         # other object takes one of those ids meanwhile).
         raw = (tuple(merged), tuple(map(id, values)))
@@ -509,13 +515,32 @@ def config_key():
         # configuration's identity does not show: looked at again at
         # every hit.)
         _config_keys[raw] = (_types(gi + li), key, values, tuple(
-            (v, _hashable(v)) for v in values if _settings_object(v)))
+            (v, dict(v.__dict__), tuple(map(type, v.__dict__.values())))
+            for v in objects))
     return key
 
 
+def _settings_objects(values, depth):
+    """The settings objects and namespaces among ``values`` and in the
+    tuples among them (``depth`` levels), which a key holds by their
+    attributes (``_hashable``)."""
+    out = []
+    for v in values:
+        if isinstance(v, _SCALARS):
+            continue
+        if isinstance(v, types.SimpleNamespace) or _settings_object(v):
+            out.append(v)
+        elif depth > 1 and type(v) is tuple:
+            out.extend(_settings_objects(v, depth - 1))
+    return out
+
+
 def _objects_changed(objects):
-    for v, k in objects:
-        if _hashable(v) != k:
+    """Has one of these objects (``_settings_objects``, with a copy of
+    its attributes and their types) changed since?"""
+    for v, attrs, kinds in objects:
+        d = v.__dict__
+        if d != attrs or tuple(map(type, d.values())) != kinds:
             return True
     return False
 

@@ -591,7 +591,8 @@ class _Settings(object):
         self.scale = 2.0
 
 
-@pytest.mark.parametrize('holder', ['argparse', 'object', 'array'])
+@pytest.mark.parametrize('holder', ['argparse', 'object', 'array',
+                                    'in a tuple'])
 def test_a_settings_object_in_the_config_changed_between_calls(holder):
     """``chainer.global_config.hp = argparse.Namespace(scale=...)`` (or an
     instance of the user's own class, or a small NumPy array read with
@@ -603,6 +604,11 @@ def test_a_settings_object_in_the_config_changed_between_calls(holder):
 
         def body(self, x):
             return F.sum(self.l1(x) * float(chainer.config.sg_hp[0]))
+    elif holder == 'in a tuple':
+        hp = _Settings()
+
+        def body(self, x):
+            return F.sum(self.l1(x) * chainer.config.sg_hp[0].scale)
     else:
         hp = argparse.Namespace(scale=2.0) if holder == 'argparse' \
             else _Settings()
@@ -611,7 +617,7 @@ def test_a_settings_object_in_the_config_changed_between_calls(holder):
             return F.sum(self.l1(x) * chainer.config.sg_hp.scale)
 
     models = make_twins(body)
-    chainer.global_config.sg_hp = hp
+    chainer.global_config.sg_hp = (hp,) if holder == 'in a tuple' else hp
     try:
         for i in range(5):
             if holder == 'array':

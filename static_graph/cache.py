@@ -117,6 +117,7 @@ class Cache(object):
                  plan_memory=True, cuda_graph=True, threads=None):
         self.owner_name = owner_name
         self.method = None      # the decorated function it serves
+        self.wrapper = None     # the decorator's wrapper of it
         self.threads = threads
         self.size = size
         self.warn_retrace = warn_retrace
@@ -468,10 +469,13 @@ def cache_for(chain, name, options, method, wrapper):
     with _caches_lock:
         per_chain = _holder(chain, True)
         cache = per_chain.get(name)
-        if cache is not None and cache.method is method:
+        if cache is not None and cache.method is method and \
+                cache.wrapper is wrapper:
             return cache
         for cache in per_chain.values():
-            if cache.method is method:
+            # (One function decorated twice, with other options: a cache
+            # per decoration.)
+            if cache.method is method and cache.wrapper is wrapper:
                 return cache
         key = name
         if name in per_chain and \
@@ -487,7 +491,7 @@ def cache_for(chain, name, options, method, wrapper):
                       options['cache_size'], options['warn_retrace'],
                       options['recompute'], options['plan_memory'],
                       options['cuda_graph'], options.get('threads'))
-        cache.method = method
+        cache.method, cache.wrapper = method, wrapper
         per_chain[key] = cache
         return cache
 

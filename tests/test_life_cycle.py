@@ -441,3 +441,32 @@ def test_a_users_node_writing_into_its_own_dict_falls_back():
                 m.cleargrads()
                 m(x).backward()
             assert numpy.array_equal(a.l.W.grad, b.l.W.grad), i
+
+
+def test_one_function_decorated_twice_keeps_each_decorations_options():
+    """``forward = static_graph(cache_size=1)(f)`` and ``fwd2 =
+    static_graph(cache_size=8)(f)`` on one class shared one cache: the
+    second's options were ignored, silently."""
+    class Twice(chainer.Chain):
+        def __init__(self):
+            super(Twice, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        def f(self, x):
+            return F.sum(self.l(x))
+
+        forward = static_graph.static_graph(cache_size=1)(f)
+        fwd2 = static_graph.static_graph(cache_size=8)(f)
+
+    m = Twice()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for n in (2, 3, 2, 3):
+            m.cleargrads()
+            m(numpy.ones((n, 3), 'f')).backward()
+            m.cleargrads()
+            m.fwd2(numpy.ones((n, 3), 'f')).backward()
+    from static_graph.decorator import caches_of
+    sizes = sorted((c.size, c.replays) for c in caches_of(m).values())
+    assert sizes == [(1, 0), (8, 2)], sizes

@@ -120,9 +120,17 @@ class Capture(object):
         classes = set(type(link) for link in chain.links())
         functions = reach.reachable_functions(
             self.method, classes, set(link.__class__ for _, link in held))
+        # (The chain's own link hooks run around the method its
+        # ``Link.__call__`` runs: ``forward``, or the function the class's
+        # forward is. Inside a call of any other: a decorated ``loss`` that
+        # calls ``self(x)``, called from ``forward`` or not.)
+        forward = getattr(type(chain), 'forward', None)
         watch = link_values.Watch(
-            snapshot, functions, classes, root_hooks=not _in_call_of(chain),
-            held=link_state.held_keys(held, functions))
+            snapshot, functions, classes, root_hooks=not (
+                _in_call_of(chain) and (
+                    self.name == 'forward' or
+                    getattr(forward, '__wrapped__', None) is self.method)),
+            held=held)
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)

@@ -220,8 +220,9 @@ def static_graph(method=None, **options):
                     why = ('its recording changed %s; recorded again to see '
                            'whether every call does' % ', '.join(e.recheck))
                 else:
-                    changed = e.link_values.first_change() \
-                        if e.link_values is not None else None
+                    changed = (e.link_values.first_change()
+                               if e.link_values is not None else None) or \
+                        e.first_structure_change()
                     why = ('%s changed' % changed if changed else
                            'parameters or persistent arrays were replaced, '
                            'or the links changed')

@@ -52,19 +52,11 @@ def link_structure(chain, written=(), held=()):
     reference: BatchNorm's running statistics) and other array or Variable
     attribute of its links (except those the method itself writes; a
     Variable that is no Parameter with its array), and
-    each link's sets of parameter and child names; and of ``held``
-    (link_state.held_keys), the attributes named."""
+    each link's sets of parameter and child names; of ``held``
+    (link_state.held_links) too."""
     same, sets = [], []
     skip = set((id(d), k) for d, k in written)
-    for _, link, names in held:
-        # (A link held other than as a child: the attributes the method
-        # may read, link_state.held_keys.)
-        d = link.__dict__
-        for k in names:
-            v = d.get(k)
-            if (id(d), k) not in skip and link_values.structural(v):
-                same.append((d, k, v, link_values.variable_array(v)))
-    for link in chain.links():
+    for link in list(chain.links()) + [link for _, link in held]:
         d = link.__dict__
         persistent = getattr(link, '_persistent', ())
         children = getattr(link, '_children', None)
@@ -338,6 +330,17 @@ class Entry(object):
         diagnostics.logger.debug(
             '%s: replaced parameter arrays taken without a new recording',
             self.method_name)
+
+    def first_structure_change(self):
+        """How a message names the first array, Variable or link
+        attribute that holds another object than at recording (``self.h``
+        of an owner that keeps its last activations), or None."""
+        for d, name, v, a in self.structure:
+            if d.get(name) is not v or (
+                    a is not None and v.raw_array is not a):
+                watch = self.link_values
+                return watch._name(d, name) if watch is not None else name
+        return None
 
     def _matches_links(self):
         # The same child links, Parameter objects, persistent and other

@@ -19,7 +19,6 @@ from static_graph import arrayutil
 from static_graph import analysis
 from static_graph import entry as entry_module
 from static_graph import link_values
-from static_graph import reach
 from static_graph import traced
 
 
@@ -31,22 +30,35 @@ def snapshot_links(chain):
 
 def held_links(chain):
     """[(path, link)] for the links that the chain's links hold other than
-    as children: a back-reference to an owner (also through a
-    ``weakref.proxy`` or a ``weakref.ref``), a link kept outside
-    ``init_scope``, one in a list, tuple, dict or namespace attribute. A
-    proxy stands for its link. The method may read them as its own; which
-    of their attributes are watched is ``held_keys``'s."""
+    as children, with the links under them: a back-reference to an owner
+    (also through a ``weakref.proxy`` or a ``weakref.ref``), a link kept
+    outside ``init_scope``, one in a list, tuple, dict or namespace
+    attribute (a proxy stands for its link). The method may read them as
+    its own, by any way (``getattr``, Chainer's own code when it calls
+    one): they are watched whole, as the chain's links are (link_values.
+    Watch's ``held``, entry.link_structure). So an owner that changes its
+    own state at every call (a counter, its last activations) makes every
+    call of the method record again, and a large one costs each replay
+    its check (docs/fallbacks.md)."""
     seen = set(id(link.__dict__) for link in chain.links())
     out = []
-    for path, link in chain.namedlinks():
+    todo = list(chain.namedlinks())
+    while todo:
+        path, link = todo.pop()
         for k, v in list(link.__dict__.items()):
             if k in link_values.MANAGED or isinstance(v, link_values.SCALARS):
                 continue
             for found in _links_in(v):
-                d = found.__dict__
-                if id(d) not in seen:
-                    seen.add(id(d))
-                    out.append(('%s/%s' % (path.rstrip('/'), k), found))
+                if id(found.__dict__) in seen:
+                    continue
+                for sub_path, sub in found.namedlinks():
+                    if id(sub.__dict__) in seen:
+                        continue
+                    seen.add(id(sub.__dict__))
+                    p = '%s/%s%s' % (path.rstrip('/'), k,
+                                     '' if sub_path == '/' else sub_path)
+                    out.append((p, sub))
+                    todo.append((p, sub))
     return out
 
 
@@ -66,23 +78,6 @@ def _links_in(v, depth=1):
     if len(items) > link_values.MAX_ITEMS:
         return []
     return [x for item in items for x in _links_in(item, depth - 1)]
-
-
-def held_keys(held, functions):
-    """[(path, link, names)]: of each held link (``held_links``), the
-    attributes the method's code may read by name (the names the
-    reachable ``functions`` look up as attributes): only those are
-    watched, so that what an owner keeps for itself (its counter, its
-    last activations) does not make every call record again."""
-    names = set()
-    for fn in functions:
-        code = getattr(fn, '__code__', None)
-        if code is not None:
-            names.update(reach.global_names(fn))
-    return [(path, link, tuple(k for k in link.__dict__
-                               if k in names and
-                               k not in link_values.MANAGED))
-            for path, link in held]
 
 
 def dead_proxy_attribute(chain):

@@ -190,6 +190,19 @@ def _same_kinds(now, then):
     return True
 
 
+_NUMBERS = (int, float, complex, numpy.generic)
+
+
+def _numbers_inside(v):
+    """Could a value equal to ``v`` differ from it in a way ``==`` and the
+    types of the watched values do not see: a zero (its sign), a tuple
+    holding a number at any depth (2.0 for 2, True for 1)?"""
+    if type(v) is tuple:
+        return any(isinstance(x, _NUMBERS) or
+                   type(x) is tuple and _numbers_inside(x) for x in v)
+    return isinstance(v, (float, complex, numpy.inexact)) and v == 0
+
+
 def structural(v):
     """Is ``v`` a link, a Variable or an array: an attribute value that
     ``entry.link_structure`` checks (by identity) rather than the watch?"""
@@ -280,10 +293,12 @@ class Watch(object):
         (those of Chainer's own classes excepted); ``root_hooks``: the
         chain's own link hooks run inside the call too (a decorated
         ``loss`` that calls ``self(x)``), not only its links'; ``held``:
-        [(path, link, names)] of link_state.held_keys, whose attributes
-        of those names are watched as a helper object's (a change the call
-        makes is one replay would not repeat; their arrays, Variables and
-        links are entry.link_structure's), and their hooks."""
+        [(path, link)] of link_state.held_links, whose attributes are
+        watched as a helper object's (a change the call makes is one
+        replay would not repeat; their arrays, Variables and links are
+        entry.link_structure's), with the names they hold (one added,
+        shadowing a class attribute), their classes' attributes and their
+        hooks."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -315,12 +330,16 @@ class Watch(object):
                 for name, hook in hooks.items():
                     self._add(hooks, name, hook)
         self.held = held
-        for path, link, names in held:
+        for path, link in held:
             d = link.__dict__
             self.prefix[id(d)] = path
-            for k in names:
-                v = d.get(k)
-                if not structural(v):
+            names = _Names(d)
+            self.prefix[id(names)] = ''
+            self.pairs.append((names, 'the attribute names of self%s'
+                               % path.rstrip('/').replace('/', '.')))
+            self.values.append(tuple(d))
+            for k, v in list(d.items()):
+                if k not in MANAGED and not structural(v):
                     self._add(d, k, v)
             hooks = d.get('_local_link_hooks')
             if hooks:
@@ -329,7 +348,8 @@ class Watch(object):
                 for name, hook in hooks.items():
                     self._add(hooks, name, hook)
         self._classes_seen = set()
-        self._add_class_attributes(classes)
+        self._add_class_attributes(
+            list(classes) + [link.__class__ for _, link in held])
         self.named_globals = reach.named_globals(functions)
         for glob, k in self.named_globals:
             self._add(glob, k, glob[k])
@@ -351,6 +371,7 @@ class Watch(object):
                     self._add(env, k, env.get(k))
         self._add_helper_fields()
         self.values = tuple(self.values)
+        self._kinds()
 
     def trace_arrays(self, rec):
         """Hand the call the NumPy arrays of the watched globals, helper
@@ -395,6 +416,15 @@ class Watch(object):
                 if not k.startswith('__') and \
                         isinstance(v, SCALARS + _CONTAINERS):
                     self._add(d, k, v)
+
+    def _kinds(self):
+        """What ``holds`` compares beyond ``==``: the values' types (one
+        C-level pass), and ``_same_kinds`` only where equal values can
+        differ inside (a tuple holding numbers: 2.0 and 2; a zero's
+        sign): strings and names need no second look."""
+        self.value_types = tuple(map(type, self.values))
+        self.deep = tuple(i for i, v in enumerate(self.values)
+                          if _numbers_inside(v))
 
     def _add_helper_fields(self):
         """Watch the attributes of the helper objects watched so far (by
@@ -490,7 +520,14 @@ class Watch(object):
                 return False
         now = tuple([d.get(k) for d, k in self.pairs])
         try:
-            return now == self.values and _same_kinds(now, self.values)
+            if now != self.values or \
+                    tuple(map(type, now)) != self.value_types:
+                return False
+            then = self.values
+            for i in self.deep:    # (tuples holding numbers, zeros)
+                if not _same_kinds((now[i],), (then[i],)):
+                    return False
+            return True
         except Exception:
             # One now holds what cannot be compared with ==: a Variable
             # (whose == raises) or an array where None was recorded

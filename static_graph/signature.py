@@ -515,8 +515,7 @@ def config_key():
         # configuration's identity does not show: looked at again at
         # every hit.)
         _config_keys[raw] = (_types(gi + li), key, values, tuple(
-            (v, dict(v.__dict__), tuple(map(type, v.__dict__.values())))
-            for v in objects))
+            (v, _hashable(v)) for v in objects))
     return key
 
 
@@ -536,11 +535,11 @@ def _settings_objects(values, depth):
 
 
 def _objects_changed(objects):
-    """Has one of these objects (``_settings_objects``, with a copy of
-    its attributes and their types) changed since?"""
-    for v, attrs, kinds in objects:
-        d = v.__dict__
-        if d != attrs or tuple(map(type, d.values())) != kinds:
+    """Has one of these objects (``_settings_objects``, with its key) a
+    key of its own other than then (an attribute, or what one holds,
+    changed in place; -0.0 for 0.0)?"""
+    for v, k in objects:
+        if _hashable(v) != k:
             return True
     return False
 

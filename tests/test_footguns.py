@@ -592,7 +592,7 @@ class _Settings(object):
 
 
 @pytest.mark.parametrize('holder', ['argparse', 'object', 'array',
-                                    'in a tuple'])
+                                    'in a tuple', 'nested', 'its array'])
 def test_a_settings_object_in_the_config_changed_between_calls(holder):
     """``chainer.global_config.hp = argparse.Namespace(scale=...)`` (or an
     instance of the user's own class, or a small NumPy array read with
@@ -609,6 +609,20 @@ def test_a_settings_object_in_the_config_changed_between_calls(holder):
 
         def body(self, x):
             return F.sum(self.l1(x) * chainer.config.sg_hp[0].scale)
+    elif holder == 'nested':
+        import types
+        inner = types.SimpleNamespace(scale=2.0)
+        hp = types.SimpleNamespace(inner=inner, sizes=[1])
+
+        def body(self, x):
+            cfg = chainer.config.sg_hp
+            return F.sum(self.l1(x) * cfg.inner.scale * len(cfg.sizes))
+    elif holder == 'its array':
+        import types
+        hp = types.SimpleNamespace(m=numpy.ones(3, 'f'))
+
+        def body(self, x):
+            return F.sum(self.l1(x) * float(chainer.config.sg_hp.m[0]))
     else:
         hp = argparse.Namespace(scale=2.0) if holder == 'argparse' \
             else _Settings()
@@ -622,6 +636,11 @@ def test_a_settings_object_in_the_config_changed_between_calls(holder):
         for i in range(5):
             if holder == 'array':
                 hp[0] = 1.0 + i
+            elif holder == 'nested':
+                hp.inner.scale = 1.0 + i
+                hp.sizes.append(i)
+            elif holder == 'its array':
+                hp.m = numpy.full(3, 1.0 + i, 'f')
             else:
                 hp.scale = 1.0 + i
             train_alike(models, [(data(4, 3),)], rtol=0, atol=0)

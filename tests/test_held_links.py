@@ -53,12 +53,13 @@ class Parent(chainer.Chain):
         self.mask = numpy.ones(2, 'f')
         self.temp = 1.0
         self.steps = 0
+        self.keeps = False
 
     def forward(self, x):
-        # What the owner keeps for itself, which the child never reads:
-        # no reason to record again.
-        self.steps += 1
-        self.last = self.head(F.relu(self.c.l(x)))
+        if self.keeps:
+            # What the owner keeps for itself at every call.
+            self.steps += 1
+            self.last = self.head(F.relu(self.c.l(x)))
         return self.c(x)
 
 
@@ -67,20 +68,22 @@ def _change(m, what, i):
         m.temp = 1.0 + i
     elif what == 'mask':
         m.mask = numpy.full(2, 1.0 + i, 'f')
+    elif what == 'W':
+        with m.head.init_scope():
+            m.head.W = chainer.Parameter(m.head.W.array * 2 + 1)
     else:
         numpy.random.seed(9 + i)
         m.head = L.Linear(3, 2)
 
 
 @pytest.mark.parametrize('holder', sorted(HOLDERS))
-@pytest.mark.parametrize('what', ['temp', 'mask', 'head', 'nothing'])
+@pytest.mark.parametrize('what', ['temp', 'mask', 'head', 'W', 'nothing'])
 def test_what_an_owner_holds_is_watched(what, holder):
     """The decorated child reads its owner (a link held as a plain
     attribute, through a proxy, a weakref.ref, a list or a namespace): a
-    scalar, an array or a child link of it changed between calls was
-    replayed as recorded (2.6 off; the new head got no gradient),
-    silently. What the owner changes at every call and the child never
-    names (a counter, its last activations) does not stop replays."""
+    scalar, an array, a child link of it or its child's Parameter changed
+    between calls was replayed as recorded (2.6 off; the new head got no
+    gradient), silently."""
     Static = type('S', (Child,), {'forward': static_graph(Child.forward)})
     numpy.random.seed(0)
     a = Parent(Child, holder)
@@ -106,6 +109,33 @@ def test_what_an_owner_holds_is_watched(what, holder):
                 numpy.testing.assert_array_equal(p.grad, q.grad)
     assert caches_of(b.c)['forward'].replays >= (
         5 if what == 'nothing' else 2)
+
+
+def test_an_owner_that_changes_its_own_state_at_every_call():
+    """An owner that keeps a counter and its last activations: every
+    attribute of it is watched (the method may read any, by getattr or
+    through Chainer's own code), so every call records again and the key
+    runs define-by-run, naming the attribute; the numbers stay equal."""
+    Static = type('S', (Child,), {'forward': static_graph(Child.forward)})
+    numpy.random.seed(0)
+    a = Parent(Child, 'plain')
+    numpy.random.seed(0)
+    b = Parent(Static, 'plain')
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(8):
+            x = rs.randn(5, 6).astype('f')
+            losses = []
+            for m in (a, b):
+                m.keeps = True
+                m.cleargrads()
+                loss = m(x)
+                loss.backward()
+                losses.append(loss.array)
+            numpy.testing.assert_array_equal(losses[0], losses[1])
+    said = ' '.join(str(x.message) for x in w)
+    assert 'self.owner.steps' in said or 'self.owner.last' in said, said
 
 
 class Hooked(chainer.Chain):
@@ -203,3 +233,122 @@ def test_a_method_reading_state_another_left_replays():
         for p, q in zip(a.params(), b.params()):
             numpy.testing.assert_array_equal(p.grad, q.grad)
     assert caches_of(b)['read'].replays >= 4
+
+
+class SharedBN(chainer.Chain):
+    """A BatchNormalization kept outside ``init_scope`` (shared with
+    another model), called by the method: Chainer's own code reads its
+    ``eps``, which the method's code never names."""
+
+    def __init__(self, bn):
+        super(SharedBN, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 4)
+        self.bn = bn
+
+    def forward(self, x):
+        name = 'te' + 'mp'
+        return F.sum(self.bn(self.l(x)) * getattr(self.bn, name))
+
+
+def test_a_link_held_outside_init_scope_is_watched_whole():
+    """``bn.eps`` changed, and an attribute read by ``getattr`` with a
+    name the code builds, were replayed as recorded (7.33 for 15.0),
+    silently, while only the attributes the code names were watched."""
+    models = []
+    for cls in (SharedBN, type('S', (SharedBN,), {
+            'forward': static_graph(SharedBN.forward)})):
+        numpy.random.seed(0)
+        bn = L.BatchNormalization(4)
+        bn.temp = 1.0
+        models.append(cls(bn))
+    rs = numpy.random.RandomState(0)
+    for i in range(6):
+        x = rs.randn(5, 6).astype('f')
+        losses = []
+        for m in models:
+            if i == 3:
+                m.bn.eps = 0.5
+            if i == 4:
+                m.bn.temp = 3.0
+            m.cleargrads()
+            loss = m(x)
+            loss.backward()
+            losses.append(loss.array)
+        numpy.testing.assert_array_equal(losses[0], losses[1])
+    for u, v in zip(models[0].bn.avg_mean, models[1].bn.avg_mean):
+        assert u == v
+
+
+class Count(chainer.LinkHook):
+    name = 'Count'
+
+    def __init__(self):
+        self.n = 0
+
+    def forward_preprocess(self, args):
+        self.n += 1
+
+
+class Recursive(Hooked):
+    def forward(self, x):
+        if x.shape[0] > 1:
+            return self.loss(x)
+        return F.tanh(self.l(x))
+
+    def loss(self, x):
+        return F.sum(self(x[:1]) ** 2) + F.sum(self.l(x))
+
+
+def test_hooks_of_a_call_inside_the_method_called_from_forward():
+    """``forward`` calls a decorated ``loss`` that calls ``self(x)``: the
+    chain's hook runs inside that call, though the call itself is inside
+    the chain's ``Link.__call__``; replay skipped it (7 counts for 12)."""
+    numpy.random.seed(0)
+    a = Recursive()
+    numpy.random.seed(0)
+    b = type('S', (Recursive,), {'loss': static_graph(Recursive.loss)})()
+    hooks = [Count(), Count()]
+    a.add_hook(hooks[0])
+    b.add_hook(hooks[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(6):
+            x = numpy.full((3, 6), 0.1 * i, 'f')
+            la, lb = a(x), b(x)
+            numpy.testing.assert_array_equal(la.array, lb.array)
+    assert hooks[0].n == hooks[1].n == 12
+
+
+class Kinds(chainer.Chain):
+    def __init__(self):
+        super(Kinds, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 2)
+        self.s = 0.0
+        self.sizes = (2, 3)
+        self.names = ('a', 'b')
+
+    @static_graph
+    def forward(self, x):
+        sign = numpy.copysign(1.0, self.s)
+        return F.sum(self.l(x) * sign * self.sizes[0]) + len(self.names)
+
+
+@pytest.mark.parametrize('attr, value', [
+    ('s', -0.0), ('sizes', (2.0, 3)), ('sizes', (True, 3)),
+    ('names', ('a', 'c'))])
+def test_the_watch_still_tells_equal_values_of_other_kinds_apart(
+        attr, value):
+    """(Its check of kinds now looks twice only at zeros and at tuples
+    holding numbers.) A zero's sign, 2.0 for 2 inside a tuple, and a
+    changed string each record again."""
+    m = Kinds()
+    x = numpy.ones((2, 3), 'f')
+    for _ in range(3):
+        m(x).backward()
+    setattr(m, attr, value)
+    for _ in range(2):
+        m(x).backward()
+    c = caches_of(m)['forward']
+    assert c.recordings == 2 and c.replays == 3, (c.recordings, c.replays)

@@ -62,11 +62,19 @@ def chain_arrays(chain, written=()):
     write into one is caught; replay reads the same array object, so a
     change in place between calls shows; one replaced is a new recording
     (Entry.matches)."""
+    from static_graph import link_state
     found = {}
-    for path, param in chain.namedparams():
-        if param.array is not None:
+    held = link_state.held_links(chain)
+    # (A link held other than as a child, a teacher kept outside
+    # init_scope: its parameters are the call's too, read also where no
+    # graph reaches them, under no_backprop_mode.)
+    for path, param in list(chain.namedparams()) + [
+            (p.rstrip('/') + q, param) for p, link in held
+            for q, param in link.namedparams(include_uninit=False)
+            if '/' not in q[1:]]:
+        if param.array is not None and id(param.array) not in found:
             found[id(param.array)] = (ir.PARAM, path, param, None)
-    for path, link in chain.namedlinks():
+    for path, link in list(chain.namedlinks()) + held:
         d = link.__dict__
         items = [(name, d.get(name), ir.PERSIST)
                  for name in getattr(link, '_persistent', ())]

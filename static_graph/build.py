@@ -104,6 +104,8 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     e.structure, e.link_sets = link_structure(
         chain, [w[:2] for w in attr_writes] + list(e.recurrent),
         getattr(link_values, 'held', ()))
+    if link_values is not None:
+        link_values.held = ()    # (the entry keeps no held link alive)
     e.out_spec = out_spec
     e.node_values = tuple(rec.node_values)
     e.out_kinds = out_kinds

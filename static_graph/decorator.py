@@ -245,14 +245,7 @@ def static_graph(method=None, **options):
                 why = ('the earlier recording of this key has not had its '
                        'backward yet')
                 stale = e.stale
-        dead = link_state.dead_proxy_attribute(self)
-        if dead is not None:
-            diagnostics.warn_once(
-                (type(self), name, 'dead proxy', dead),
-                '%s.%s runs define-by-run while its link attribute %s is a '
-                'weakref.proxy whose object is gone: the recording cannot '
-                'look at it' % (type(self).__name__, name, dead))
-            cache.fallback_calls += 1
+        if _dead_proxy(self, name, cache):
             return _define_by_run(method, self, args, kwargs)
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
@@ -287,12 +280,30 @@ def _stale(method, self, name, cache, key, e, why, wait, args, kwargs):
     return _define_by_run(method, self, args, kwargs)
 
 
+def _dead_proxy(chain, name, cache):
+    """A link attribute of ``chain`` that is a ``weakref.proxy`` whose
+    object is gone, which a recording cannot look at: the call runs
+    define-by-run (warned once); True then."""
+    dead = link_state.dead_proxy_attribute(chain)
+    if dead is None:
+        return False
+    diagnostics.warn_once(
+        (type(chain), name, 'dead proxy', dead),
+        '%s.%s runs define-by-run while its link attribute %s is a '
+        'weakref.proxy whose object is gone: the recording cannot look at '
+        'it' % (type(chain).__name__, name, dead))
+    cache.fallback_calls += 1
+    return True
+
+
 def _forward_only(method, self, name, cache, key, args, kwargs, leaves,
                   paths):
     """A call of a key whose calls get no backward: it records its
     backward from a stand-in gradient, or, where that cannot be done, runs
     define-by-run (warned once)."""
     reason = cache.forward_only[key]
+    if reason is None and _dead_proxy(self, name, cache):
+        return _define_by_run(method, self, args, kwargs)
     if reason is None:
         return capture.Capture(self, method, name, cache, key,
                                stand_in=True).forward(args, kwargs, leaves,

@@ -53,10 +53,13 @@ def link_structure(chain, written=(), held=()):
     attribute of its links (except those the method itself writes; a
     Variable that is no Parameter with its array), and
     each link's sets of parameter and child names; of ``held``
-    (link_state.held_links) too."""
+    (link_values.Watch.held: (path, weakref to a held link)) too."""
     same, sets = [], []
     skip = set((id(d), k) for d, k in written)
-    for link in list(chain.links()) + [link for _, link in held]:
+    own = len(list(chain.links()))
+    held = [ref() for _, ref in held]
+    for i, link in enumerate(list(chain.links()) +
+                             [link for link in held if link is not None]):
         d = link.__dict__
         persistent = getattr(link, '_persistent', ())
         children = getattr(link, '_children', None)
@@ -67,9 +70,12 @@ def link_structure(chain, written=(), held=()):
                 # (A Variable that is no Parameter with its array too:
                 # ``self.mask.array = new`` between calls.)
                 same.append((d, k, v, link_values.variable_array(v)))
-        # Chain: a set of names; ChainList: a list of links.
-        sets.append((link, set(link._params),
-                     None if children is None else type(children)(children)))
+        # Chain: a set of names; ChainList: a list of links. (Not of a
+        # held link: the entry would keep it alive, where its owner may
+        # hold it weakly.)
+        if i < own:
+            sets.append((link, set(link._params), None if children is None
+                         else type(children)(children)))
     return same, sets
 
 

@@ -46,7 +46,8 @@ def held_links(chain):
     while todo:
         path, link = todo.pop()
         for k, v in list(link.__dict__.items()):
-            if k in link_values.MANAGED or isinstance(v, link_values.SCALARS):
+            if k in link_values.MANAGED or arrayutil.dead_proxy(v) or \
+                    isinstance(v, link_values.SCALARS):
                 continue
             for found in _links_in(v):
                 if id(found.__dict__) in seen:
@@ -67,8 +68,10 @@ def _links_in(v, depth=1):
     that a list, tuple, dict or namespace ``v`` holds, one level down."""
     if type(v) is weakref.ref:
         v = v()
+    if arrayutil.dead_proxy(v):
+        return []
     if arrayutil.is_link(v) or type(v) in arrayutil.PROXIES and \
-            not arrayutil.dead_proxy(v) and isinstance(v, chainer.Link):
+            isinstance(v, chainer.Link):
         return [v]
     if not depth:
         return []
@@ -77,7 +80,8 @@ def _links_in(v, depth=1):
         if type(v) in (list, tuple) else ()
     if len(items) > link_values.MAX_ITEMS:
         return []
-    return [x for item in items for x in _links_in(item, depth - 1)]
+    return [x for item in items if not arrayutil.dead_proxy(item)
+            for x in _links_in(item, depth - 1)]
 
 
 def dead_proxy_attribute(chain):

@@ -32,6 +32,7 @@ argument values.
 import argparse
 import math
 import types
+import weakref
 
 import numpy
 
@@ -206,6 +207,8 @@ def _numbers_inside(v):
 def structural(v):
     """Is ``v`` a link, a Variable or an array: an attribute value that
     ``entry.link_structure`` checks (by identity) rather than the watch?"""
+    if type(v) in arrayutil.PROXIES:
+        return False      # (the watch's: arrayutil.dead_proxy)
     return isinstance(v, chainer.Variable) or arrayutil.is_link(v) or \
         arrayutil.is_array(v)
 
@@ -213,6 +216,8 @@ def structural(v):
 def helper_fields(v):
     """The attribute dict of helper object ``v`` (see the module), or None.
     Read without running the object's own code (``__getattr__``)."""
+    if arrayutil.dead_proxy(v):
+        return None
     if isinstance(v, _NAMESPACES):
         return v.__dict__
     cls = type(v)
@@ -277,6 +282,26 @@ class _Names(object):
         return tuple(self.fields)
 
 
+class _Alive(object):
+    """Whether a ``weakref.ref`` or proxy still refers to its object, as
+    a mapping's only value: the id of that object (of its ``__dict__``,
+    for a proxy), or None once it is gone."""
+    __slots__ = ('ref',)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def get(self, k, default=None):
+        r = self.ref
+        if type(r) is weakref.ref:
+            target = r()
+            return None if target is None else id(target)
+        try:
+            return id(r.__dict__)
+        except (ReferenceError, AttributeError):
+            return None
+
+
 class Watch(object):
     """The values the recording saw on the links and in the globals the
     method names (see the module)."""
@@ -308,7 +333,9 @@ class Watch(object):
         for d, before, path in snapshot:
             self.prefix[id(d)] = path
             for k, v in before.items():
-                if isinstance(v, SCALARS):     # most: the hot loop
+                if type(v) in arrayutil.PROXIES:   # (dead or not)
+                    self._add(d, k, v)
+                elif isinstance(v, SCALARS):     # most: the hot loop
                     pairs.append((d, k))
                     values.append(v)
                 elif k not in MANAGED and not structural(v):
@@ -329,7 +356,8 @@ class Watch(object):
                     path.rstrip('/').replace('/', '.'))
                 for name, hook in hooks.items():
                     self._add(hooks, name, hook)
-        self.held = held
+        # (Weakly: an owner may hold one weakly, and it may go.)
+        self.held = [(path, weakref.ref(link)) for path, link in held]
         for path, link in held:
             d = link.__dict__
             self.prefix[id(d)] = path
@@ -339,8 +367,16 @@ class Watch(object):
                                % path.rstrip('/').replace('/', '.')))
             self.values.append(tuple(d))
             for k, v in list(d.items()):
-                if k not in MANAGED and not structural(v):
+                if k not in MANAGED and (arrayutil.dead_proxy(v) or
+                                         not structural(v)):
                     self._add(d, k, v)
+        # Global link hooks (``with hook:``) run in every link's call,
+        # inside the call: their state as a helper object's.
+        glob = chainer._get_link_hooks()
+        if glob:
+            self.prefix[id(glob)] = 'global link hook '
+            for name, hook in list(glob.items()):
+                self._add(glob, name, hook)
             hooks = d.get('_local_link_hooks')
             if hooks:
                 self.prefix[id(hooks)] = 'self%s link hook ' % (
@@ -465,10 +501,21 @@ class Watch(object):
         return prefix + k
 
     def _add(self, d, k, v):
+        if arrayutil.dead_proxy(v):
+            self.objects.append((d, k, v))
+            return
         if isinstance(v, SCALARS):
             self.pairs.append((d, k))
             self.values.append(v)
             return
+        if type(v) is weakref.ref or type(v) in arrayutil.PROXIES:
+            # (What it refers to may go while it stays: a link dropped,
+            # which define-by-run's ``ref()`` no longer finds.)
+            alive = _Alive(v)
+            self.prefix[id(alive)] = self.prefix.get(id(d), 'global ') + \
+                k + ' '
+            self.pairs.append((alive, 'refers to the same object'))
+            self.values.append(alive.get(None))
         frozen = freeze(v) if isinstance(v, _CONTAINERS) or \
             variable_array(v) is not None else None
         if frozen is None:

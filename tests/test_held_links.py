@@ -352,3 +352,113 @@ def test_the_watch_still_tells_equal_values_of_other_kinds_apart(
         m(x).backward()
     c = caches_of(m)['forward']
     assert c.recordings == 2 and c.replays == 3, (c.recordings, c.replays)
+
+
+class Student(chainer.Chain):
+    """Holds a helper link weakly; adds its output while it lives."""
+
+    def __init__(self, aux, proxy):
+        super(Student, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 4)
+        self.proxy = proxy
+        self.aux = weakref.proxy(aux) if proxy else weakref.ref(aux)
+
+    def forward(self, x):
+        y = self.l(x)
+        if self.proxy:
+            try:
+                y = y + self.aux(y)
+            except ReferenceError:
+                pass
+        else:
+            aux = self.aux()
+            if aux is not None:
+                y = y + aux(y)
+        return y
+
+
+@pytest.mark.parametrize('proxy', [False, True])
+def test_a_weakly_held_link_that_goes(proxy):
+    """Dropped by the user: define-by-run finds it gone; replay went on
+    adding its output (1.36 off) and the entry kept it alive."""
+    import gc
+    outs = []
+    for cls in (Student, type('S', (Student,), {
+            'forward': static_graph(Student.forward)})):
+        numpy.random.seed(0)
+        aux = L.Linear(4, 4)
+        numpy.random.seed(1)
+        m = cls(aux, proxy)
+        x = numpy.ones((2, 3), 'f')
+        for _ in range(3):
+            m(x)
+        gone = weakref.ref(aux)
+        del aux
+        gc.collect()
+        assert gone() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            outs.append(m(x).array)
+    numpy.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_global_link_hook_is_watched():
+    """A ``with hook:`` link hook runs in every link's call, inside the
+    call: its state was not watched (a TimerHook saw 7 calls for 15)."""
+    from chainer.link_hooks import TimerHook
+    counts = []
+    for cls in (Hooked, type('S', (Hooked,), {
+            'forward': static_graph(Hooked.forward)})):
+        m = cls()
+        hook = TimerHook()
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            with hook:
+                for _ in range(5):
+                    m(numpy.ones((2, 6), 'f'))
+        counts.append(len(hook.call_history))
+    assert counts[0] == counts[1] == 10, counts
+
+
+class Teacher(chainer.Chain):
+    """A student with a teacher kept outside ``init_scope``, called under
+    no_backprop_mode; a dead proxy among its attributes."""
+
+    def __init__(self):
+        super(Teacher, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 3)
+        numpy.random.seed(5)
+        self.teacher = chainer.Sequential(L.Linear(6, 3),
+                                          L.BatchNormalization(3))
+        gone = L.Linear(1, 1)
+        self.teacher.dead = weakref.proxy(gone)
+        del gone
+
+    def forward(self, x):
+        with chainer.no_backprop_mode(), \
+                chainer.using_config('train', False):
+            t = self.teacher(x)
+        return F.mean_squared_error(self.l(x), t.array)
+
+
+def test_a_teacher_held_outside_init_scope_replays():
+    """Its parameters, read under no_backprop_mode, were taken for arrays
+    made outside Chainer (the key fell back); a dead proxy among its
+    attributes raised ReferenceError."""
+    a = Teacher()
+    b = type('S', (Teacher,), {'forward': static_graph(Teacher.forward)})()
+    b.copyparams(a)
+    b.teacher.copyparams(a.teacher)
+    rs = numpy.random.RandomState(0)
+    for i in range(5):
+        x = rs.randn(4, 6).astype('f')
+        losses = []
+        for m in (a, b):
+            m.cleargrads()
+            loss = m(x)
+            loss.backward()
+            losses.append(loss.array)
+        numpy.testing.assert_array_equal(losses[0], losses[1])
+    assert caches_of(b)['forward'].replays == 4

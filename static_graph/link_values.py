@@ -185,10 +185,21 @@ def _same_kinds(now, then):
             # item of a dict (key, value); 2.0 -> 2 in a config dict)
             if not _same_kinds(a, b):
                 return False
-        elif (t is float or isinstance(a, numpy.floating)) and a == 0 and \
+        elif t is frozenset:    # (a frozen set: {2} for {2.0}, {-0.0})
+            if sorted(map(_kind_key, a)) != sorted(map(_kind_key, b)):
+                return False
+        elif isinstance(a, (float, numpy.floating)) and a == 0 and \
                 math.copysign(1.0, a) != math.copysign(1.0, b):
             return False
+        elif isinstance(a, (complex, numpy.complexfloating)) and (
+                math.copysign(1.0, a.real) != math.copysign(1.0, b.real) or
+                math.copysign(1.0, a.imag) != math.copysign(1.0, b.imag)):
+            return False
     return True
+
+
+def _kind_key(v):
+    return type(v).__name__, repr(v)
 
 
 _NUMBERS = (int, float, complex, numpy.generic)
@@ -200,8 +211,12 @@ def _numbers_inside(v):
     holding a number at any depth (2.0 for 2, True for 1)?"""
     if type(v) is tuple:
         return any(isinstance(x, _NUMBERS) or
-                   type(x) is tuple and _numbers_inside(x) for x in v)
-    return isinstance(v, (float, complex, numpy.inexact)) and v == 0
+                   type(x) in (tuple, frozenset) and _numbers_inside(x)
+                   for x in v)
+    if type(v) is frozenset:
+        return any(isinstance(x, _NUMBERS) for x in v)
+    return isinstance(v, (complex, numpy.complexfloating)) or \
+        isinstance(v, (float, numpy.inexact)) and v == 0
 
 
 def structural(v):

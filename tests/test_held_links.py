@@ -328,6 +328,8 @@ class Kinds(chainer.Chain):
         self.s = 0.0
         self.sizes = (2, 3)
         self.names = ('a', 'b')
+        self.tags = {2}
+        self.c = 0j
 
     @static_graph
     def forward(self, x):
@@ -337,7 +339,7 @@ class Kinds(chainer.Chain):
 
 @pytest.mark.parametrize('attr, value', [
     ('s', -0.0), ('sizes', (2.0, 3)), ('sizes', (True, 3)),
-    ('names', ('a', 'c'))])
+    ('names', ('a', 'c')), ('tags', {2.0}), ('c', complex(0, -0.0))])
 def test_the_watch_still_tells_equal_values_of_other_kinds_apart(
         attr, value):
     """(Its check of kinds now looks twice only at zeros and at tuples

@@ -19,6 +19,18 @@ from static_graph import static_graph
 from static_graph.decorator import caches_of
 
 
+def _step_both(models, x, call=lambda m, x: m(x)):
+    """A training step of each twin (cleargrads, the call, backward):
+    their losses equal, bit for bit."""
+    losses = []
+    for m in models:
+        m.cleargrads()
+        loss = call(m, x)
+        loss.backward()
+        losses.append(loss.array)
+    numpy.testing.assert_array_equal(losses[0], losses[1])
+
+
 class Child(chainer.Chain):
     def __init__(self):
         super(Child, self).__init__()
@@ -95,13 +107,7 @@ def test_what_an_owner_holds_is_watched(what, holder):
         if i in (3, 4) and what != 'nothing':
             for m in (a, b):
                 _change(m, what, i)
-        losses = []
-        for m in (a, b):
-            m.cleargrads()
-            loss = m(x)
-            loss.backward()
-            losses.append(loss.array)
-        numpy.testing.assert_array_equal(losses[0], losses[1])
+        _step_both((a, b), x)
         for (n, p), (_, q) in zip(sorted(a.namedparams()),
                                   sorted(b.namedparams())):
             assert (p.grad is None) == (q.grad is None), (i, n)
@@ -125,15 +131,8 @@ def test_an_owner_that_changes_its_own_state_at_every_call():
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
         for i in range(8):
-            x = rs.randn(5, 6).astype('f')
-            losses = []
-            for m in (a, b):
-                m.keeps = True
-                m.cleargrads()
-                loss = m(x)
-                loss.backward()
-                losses.append(loss.array)
-            numpy.testing.assert_array_equal(losses[0], losses[1])
+            a.keeps = b.keeps = True
+            _step_both((a, b), rs.randn(5, 6).astype('f'))
     said = ' '.join(str(x.message) for x in w)
     assert 'self.owner.steps' in said or 'self.owner.last' in said, said
 
@@ -265,17 +264,12 @@ def test_a_link_held_outside_init_scope_is_watched_whole():
     rs = numpy.random.RandomState(0)
     for i in range(6):
         x = rs.randn(5, 6).astype('f')
-        losses = []
         for m in models:
             if i == 3:
                 m.bn.eps = 0.5
             if i == 4:
                 m.bn.temp = 3.0
-            m.cleargrads()
-            loss = m(x)
-            loss.backward()
-            losses.append(loss.array)
-        numpy.testing.assert_array_equal(losses[0], losses[1])
+        _step_both(models, x)
     for u, v in zip(models[0].bn.avg_mean, models[1].bn.avg_mean):
         assert u == v
 
@@ -456,11 +450,5 @@ def test_a_teacher_held_outside_init_scope_replays():
     rs = numpy.random.RandomState(0)
     for i in range(5):
         x = rs.randn(4, 6).astype('f')
-        losses = []
-        for m in (a, b):
-            m.cleargrads()
-            loss = m(x)
-            loss.backward()
-            losses.append(loss.array)
-        numpy.testing.assert_array_equal(losses[0], losses[1])
+        _step_both((a, b), x)
     assert caches_of(b)['forward'].replays == 4

@@ -92,10 +92,17 @@ def shared_parameter_arrays(chain, rec, params):
     recording read, as [(the path of the one in ``params``, the other's
     path, buffer id, the other Parameter)]. Recorded buffers are arrays
     by identity: classify_unknown gave the buffer to one of them only."""
+    from static_graph import link_state
     claimed = dict((b, path) for b, path, _ in params)
     mine = set(id(p) for _, _, p in params)
     out = []
-    for path, param in chain.namedparams():
+    # (Also of a link held other than as a child: ``t.W.array =
+    # self.l.W.array`` on a link kept outside init_scope.)
+    for path, param in list(chain.namedparams()) + [
+            (p.rstrip('/') + q, param)
+            for p, link in link_state.held_links(chain)
+            for q, param in link.namedparams(include_uninit=False)
+            if '/' not in q[1:]]:
         b = rec.by_id.get(id(param.array))
         if b in claimed and id(param) not in mine:
             mine.add(id(param))

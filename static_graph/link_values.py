@@ -385,6 +385,12 @@ class Watch(object):
                 if k not in MANAGED and (arrayutil.dead_proxy(v) or
                                          not structural(v)):
                     self._add(d, k, v)
+            hooks = d.get('_local_link_hooks')
+            if hooks:
+                self.prefix[id(hooks)] = 'self%s link hook ' % (
+                    path.rstrip('/').replace('/', '.'))
+                for name, hook in hooks.items():
+                    self._add(hooks, name, hook)
         # Global link hooks (``with hook:``) run in every link's call,
         # inside the call: their state as a helper object's.
         glob = chainer._get_link_hooks()
@@ -392,12 +398,6 @@ class Watch(object):
             self.prefix[id(glob)] = 'global link hook '
             for name, hook in list(glob.items()):
                 self._add(glob, name, hook)
-            hooks = d.get('_local_link_hooks')
-            if hooks:
-                self.prefix[id(hooks)] = 'self%s link hook ' % (
-                    path.rstrip('/').replace('/', '.'))
-                for name, hook in hooks.items():
-                    self._add(hooks, name, hook)
         self._classes_seen = set()
         self._add_class_attributes(
             list(classes) + [link.__class__ for _, link in held])

@@ -452,3 +452,44 @@ def test_a_teacher_held_outside_init_scope_replays():
         x = rs.randn(4, 6).astype('f')
         _step_both((a, b), x)
     assert caches_of(b)['forward'].replays == 4
+
+
+def test_a_held_links_own_hooks_and_a_shared_array():
+    """A teacher's own counting hook (the global-hook block had swallowed
+    the held links' hooks: 1 count for 6, silently) makes the key run
+    define-by-run; a held link's Parameter holding the array of one of
+    the chain's got no gradient at all (None for define-by-run's)."""
+    a = Teacher()
+    b = type('S', (Teacher,), {'forward': static_graph(Teacher.forward)})()
+    b.copyparams(a)
+    b.teacher.copyparams(a.teacher)
+    hooks = [Count(), Count()]
+    a.teacher.add_hook(hooks[0])
+    b.teacher.add_hook(hooks[1])
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(5):
+            _step_both((a, b), rs.randn(4, 6).astype('f'))
+    assert hooks[0].n == hooks[1].n == 5
+
+    class Tied(chainer.Chain):
+        def __init__(self):
+            super(Tied, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 3)
+            self.t = L.Linear(3, 3)
+            self.t.W.array = self.l.W.array
+
+        def forward(self, x):
+            return F.sum(self.t(self.l(x)))
+
+    numpy.random.seed(0)
+    a = Tied()
+    numpy.random.seed(0)
+    b = type('S', (Tied,), {'forward': static_graph(Tied.forward)})()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(3):
+            _step_both((a, b), numpy.full((2, 3), 0.5 + i, 'f'))
+            numpy.testing.assert_array_equal(a.t.W.grad, b.t.W.grad)

@@ -68,10 +68,7 @@ def chain_arrays(chain, written=()):
     # (A link held other than as a child, a teacher kept outside
     # init_scope: its parameters are the call's too, read also where no
     # graph reaches them, under no_backprop_mode.)
-    for path, param in list(chain.namedparams()) + [
-            (p.rstrip('/') + q, param) for p, link in held
-            for q, param in link.namedparams(include_uninit=False)
-            if '/' not in q[1:]]:
+    for path, param in _params_with_held(chain, held):
         if param.array is not None and id(param.array) not in found:
             found[id(param.array)] = (ir.PARAM, path, param, None)
     for path, link in list(chain.namedlinks()) + held:
@@ -87,6 +84,18 @@ def chain_arrays(chain, written=()):
     return found
 
 
+def _params_with_held(chain, held):
+    """(path, Parameter) of the chain's parameters, then those of the
+    links ``held`` (link_state.held_links: each with the links under it,
+    so only its own here)."""
+    out = list(chain.namedparams())
+    for path, link in held:
+        out.extend((path.rstrip('/') + q, param) for q, param in
+                   link.namedparams(include_uninit=False)
+                   if '/' not in q[1:])
+    return out
+
+
 def shared_parameter_arrays(chain, rec, params):
     """Parameters of ``chain`` that hold the array of another, one the
     recording read, as [(the path of the one in ``params``, the other's
@@ -98,11 +107,8 @@ def shared_parameter_arrays(chain, rec, params):
     out = []
     # (Also of a link held other than as a child: ``t.W.array =
     # self.l.W.array`` on a link kept outside init_scope.)
-    for path, param in list(chain.namedparams()) + [
-            (p.rstrip('/') + q, param)
-            for p, link in link_state.held_links(chain)
-            for q, param in link.namedparams(include_uninit=False)
-            if '/' not in q[1:]]:
+    for path, param in _params_with_held(chain,
+                                         link_state.held_links(chain)):
         b = rec.by_id.get(id(param.array))
         if b in claimed and id(param) not in mine:
             mine.add(id(param))

@@ -106,6 +106,12 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
         getattr(link_values, 'held', ()))
     if link_values is not None:
         link_values.held = ()    # (the entry keeps no held link alive)
+    # Parameters not initialized at recording (``L.Linear(None, 3)``): one
+    # initialized since (its link called outside the method) is a new
+    # recording (``if self.t.W.array is not None`` took the other branch).
+    e.uninit_params = tuple(
+        v for _, _, v, _ in e.structure
+        if isinstance(v, chainer.Parameter) and v.raw_array is None)
     e.out_spec = out_spec
     e.node_values = tuple(rec.node_values)
     e.out_kinds = out_kinds

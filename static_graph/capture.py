@@ -130,7 +130,9 @@ class Capture(object):
                 _in_call_of(chain) and (
                     self.name == 'forward' or
                     getattr(forward, '__wrapped__', None) is self.method)),
-            held=held)
+            held=held, around=set(
+                id(link.__dict__) for _, link in held
+                if any(sub is chain for sub in link.links())))
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)

@@ -124,6 +124,7 @@ class Entry(object):
         # until they die, and their backward writes into none of them.
         self.repeat_backward = False
         self.recording_saved = None
+        self.uninit_params = ()      # build.py
         self.empty_outputs = ()
         # The rank of the recording's last node (nodes.deepen), which each
         # replayed call's node takes beyond its inputs'.
@@ -346,6 +347,9 @@ class Entry(object):
                     a is not None and v.raw_array is not a):
                 watch = self.link_values
                 return watch._name(d, name) if watch is not None else name
+        for p in self.uninit_params:
+            if p.raw_array is not None:
+                return 'the initialization of parameter %s' % p.name
         return None
 
     def _matches_links(self):
@@ -355,6 +359,9 @@ class Entry(object):
         for d, name, v, a in self.structure:
             if d.get(name) is not v or (
                     a is not None and v.raw_array is not a):
+                return False
+        for p in self.uninit_params:
+            if p.raw_array is not None:
                 return False
         # ... and none added.
         for link, params, children in self.link_sets:

@@ -322,7 +322,7 @@ class Watch(object):
     method names (see the module)."""
 
     def __init__(self, snapshot, functions=(), classes=(), root_hooks=False,
-                 held=()):
+                 held=(), around=()):
         """``snapshot``: [(link __dict__, copy of it, path)] before the
         call; ``functions``: the undecorated method and the functions it
         reaches (``reachable_functions``: a helper function or method, a
@@ -338,7 +338,9 @@ class Watch(object):
         replay would not repeat; their arrays, Variables and links are
         entry.link_structure's), with the names they hold (one added,
         shadowing a class attribute), their classes' attributes and their
-        hooks."""
+        hooks (not of those in ``around``, ids of the __dicts__ of held
+        links that hold the chain: an owner's hooks run around its
+        forward, outside the call)."""
         self.pairs, self.values = [], []
         self.frozen = []     # (dict, name, frozen container, container)
         self.objects = []    # (dict, name, object): compared by identity
@@ -386,7 +388,7 @@ class Watch(object):
                                          not structural(v)):
                     self._add(d, k, v)
             hooks = d.get('_local_link_hooks')
-            if hooks:
+            if hooks and id(d) not in around:
                 self.prefix[id(hooks)] = 'self%s link hook ' % (
                     path.rstrip('/').replace('/', '.'))
                 for name, hook in hooks.items():

@@ -493,3 +493,57 @@ def test_a_held_links_own_hooks_and_a_shared_array():
         for i in range(3):
             _step_both((a, b), numpy.full((2, 3), 0.5 + i, 'f'))
             numpy.testing.assert_array_equal(a.t.W.grad, b.t.W.grad)
+
+
+class Lazy(chainer.Chain):
+    def __init__(self):
+        super(Lazy, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 3)
+            self.t = L.Linear(None, 3)
+
+    def forward(self, x):
+        y = F.sum(self.l(x))
+        if self.t.W.array is not None:
+            y = y + F.sum(self.t.W)
+        return y
+
+
+def test_a_parameter_initialized_between_calls():
+    """``L.Linear(None, 3)`` initialized by a call outside the method:
+    replay kept the branch of the uninitialized one (164.27 for 164.69),
+    and the parameter got no gradient, silently."""
+    numpy.random.seed(0)
+    a = Lazy()
+    numpy.random.seed(0)
+    b = type('S', (Lazy,), {'forward': static_graph(Lazy.forward)})()
+    for i in range(6):
+        x = numpy.full((2, 3), 0.5 + i, 'f')
+        if i == 3:
+            for m in (a, b):
+                numpy.random.seed(1)
+                m.t(x)
+        _step_both((a, b), x)
+        if i >= 3:
+            numpy.testing.assert_array_equal(a.t.W.grad, b.t.W.grad)
+    assert caches_of(b)['forward'].replays == 4
+
+
+def test_an_owners_own_hook_runs_around_the_call():
+    """A TimerHook on the owner (which holds the decorated child) runs
+    around the owner's forward, outside the child's call: watching it
+    made the child record again at every call (0 replays)."""
+    from chainer.link_hooks import TimerHook
+    Static = type('S', (Child,), {'forward': static_graph(Child.forward)})
+    numpy.random.seed(0)
+    a = Parent(Child, 'plain')
+    numpy.random.seed(0)
+    b = Parent(Static, 'plain')
+    hooks = [TimerHook(), TimerHook()]
+    a.add_hook(hooks[0])
+    b.add_hook(hooks[1])
+    rs = numpy.random.RandomState(0)
+    for i in range(8):
+        _step_both((a, b), rs.randn(5, 6).astype('f'))
+    assert len(hooks[0].call_history) == len(hooks[1].call_history) == 8
+    assert caches_of(b.c)['forward'].replays == 7

@@ -49,39 +49,46 @@ def held_links(chain):
             if k in link_values.MANAGED or arrayutil.dead_proxy(v) or \
                     isinstance(v, link_values.SCALARS):
                 continue
-            for found in _links_in(v):
+            for where, found in _links_in(v):
                 if id(found.__dict__) in seen:
                     continue
                 for sub_path, sub in found.namedlinks():
                     if id(sub.__dict__) in seen:
                         continue
                     seen.add(id(sub.__dict__))
-                    p = '%s/%s%s' % (path.rstrip('/'), k,
-                                     '' if sub_path == '/' else sub_path)
+                    p = '%s/%s%s%s' % (path.rstrip('/'), k, where,
+                                       '' if sub_path == '/' else sub_path)
                     out.append((p, sub))
                     todo.append((p, sub))
     return out
 
 
 def _links_in(v, depth=1):
-    """The links ``v`` is or refers to (a proxy, a ``weakref.ref``), or
-    that a list, tuple, dict or namespace ``v`` holds, one level down."""
+    """[(where, link)]: the links ``v`` is or refers to (a proxy, a
+    ``weakref.ref``), or that a list, tuple, dict or namespace ``v``
+    holds, one level down (``where``: ``[1]``, ``['k']``, ``.k``)."""
     if type(v) is weakref.ref:
         v = v()
     if arrayutil.dead_proxy(v):
         return []
     if arrayutil.is_link(v) or type(v) in arrayutil.PROXIES and \
             isinstance(v, chainer.Link):
-        return [v]
+        return [('', v)]
     if not depth:
         return []
-    items = v.values() if type(v) is dict else v.__dict__.values() \
-        if type(v) in link_values.NAMESPACES else v \
-        if type(v) in (list, tuple) else ()
+    if type(v) is dict:
+        items = [('[%r]' % (k,), x) for k, x in v.items()]
+    elif type(v) in link_values.NAMESPACES:
+        items = [('.%s' % k, x) for k, x in v.__dict__.items()]
+    elif type(v) in (list, tuple):
+        items = [('[%d]' % i, x) for i, x in enumerate(v)]
+    else:
+        return []
     if len(items) > link_values.MAX_ITEMS:
         return []
-    return [x for item in items if not arrayutil.dead_proxy(item)
-            for x in _links_in(item, depth - 1)]
+    return [(where + more, x) for where, item in items
+            if not arrayutil.dead_proxy(item)
+            for more, x in _links_in(item, depth - 1)]
 
 
 def dead_proxy_attribute(chain):

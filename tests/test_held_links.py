@@ -547,3 +547,23 @@ def test_an_owners_own_hook_runs_around_the_call():
         _step_both((a, b), rs.randn(5, 6).astype('f'))
     assert len(hooks[0].call_history) == len(hooks[1].call_history) == 8
     assert caches_of(b.c)['forward'].replays == 7
+
+
+def test_held_links_in_a_list_are_named_by_their_place():
+    """Two links in one list attribute sharing an array: the message named
+    both ``/ts/W``."""
+    class Pair(chainer.Chain):
+        def __init__(self):
+            super(Pair, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 3)
+            self.ts = [L.Linear(3, 3), L.Linear(3, 3)]
+            self.ts[1].W.array = self.ts[0].W.array
+
+        @static_graph
+        def forward(self, x):
+            return F.sum(self.ts[1](self.ts[0](self.l(x))))
+
+    m = Pair()
+    with pytest.warns(Warning, match=r'/ts\[0\]/W and /ts\[1\]/W'):
+        m(numpy.ones((2, 3), 'f')).backward()

@@ -360,8 +360,8 @@ class TracedArray(numpy.ndarray):
     # sum in place, which would be a write into a traced array.
     # (``repeat``, ``nonzero`` and ``compress`` give a result whose shape
     # may follow the values: the functions' check, numpy_rules.)
-    for _name in ('argmax', 'argmin', 'searchsorted', 'take', 'dot',
-                  'mean', 'std', 'var', 'repeat', 'nonzero'):
+    for _name in ('argmax', 'argmin', 'argsort', 'round', 'searchsorted',
+                  'take', 'dot', 'mean', 'std', 'var', 'repeat', 'nonzero'):
         locals()[_name] = _as_function(_name)
     del _name
 

@@ -404,11 +404,10 @@ class Cache(object):
         """A stand-in recording of ``key`` saw an array replaced before its
         backward (``again``; else one was built): how many in a row."""
         with self.lock:
-            n = self._replaced_between.pop(key, 0) + 1 if again else 0
-            if n:
-                self._replaced_between[key] = n
-                while len(self._replaced_between) > 1024:
-                    self._replaced_between.popitem(last=False)
+            n = self._replaced_between.pop(key, 0) + 1
+            if not again:
+                return 0
+            _remember(self._replaced_between, key, n)
             return n
 
     def replaced_midway(self, key):
@@ -417,10 +416,16 @@ class Cache(object):
         too?"""
         with self.lock:
             seen = key in self._replaced_midway
-            self._replaced_midway[key] = True
-            while len(self._replaced_midway) > 1024:
-                self._replaced_midway.popitem(last=False)
+            _remember(self._replaced_midway, key, True)
             return seen
+
+
+def _remember(d, key, value):
+    """``d[key] = value`` in OrderedDict ``d`` of at most 1,024 keys (the
+    oldest go)."""
+    d[key] = value
+    while len(d) > 1024:
+        d.popitem(last=False)
 
 
 def family(key):

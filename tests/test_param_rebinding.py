@@ -231,3 +231,15 @@ def test_persistents_replaced_before_every_call_that_gets_no_backward():
             assert_close(ys[0], ys[1], 'loss', rtol=0, atol=0)
     (e,) = caches_of(b)['forward'].entries.values()
     assert e.state == 'fallback'
+
+
+def test_the_count_of_stand_ins_let_go_restarts_once_one_is_built():
+    """``Cache.replaced_between(key, again=False)`` (a stand-in backward
+    built) did not clear the count: two let go, however far apart, made
+    the key run define-by-run."""
+    from static_graph import cache as cache_module
+    c = cache_module.Cache('M.forward', 16, True, True, True, True)
+    assert c.replaced_between('k') == 1
+    assert c.replaced_between('k', again=False) == 0
+    assert c.replaced_between('k') == 1
+    assert c.replaced_between('k') == 2

@@ -53,7 +53,7 @@ def held_arrays(link):
             if type(v) is numpy.ndarray and k not in persistent]
 
 
-def chain_arrays(chain, written=()):
+def chain_arrays(chain, written=(), held=None):
     """id(array) -> (role, path, owner, attr) for params, persistents and
     the links' other NumPy array attributes (a positional encoding, a causal
     mask, class weights), except those in ``written``, the (id(__dict__),
@@ -64,7 +64,8 @@ def chain_arrays(chain, written=()):
     (Entry.matches)."""
     from static_graph import link_state
     found = {}
-    held = link_state.held_links(chain)
+    if held is None:
+        held = link_state.held_links(chain)
     # (A link held other than as a child, a teacher kept outside
     # init_scope: its parameters are the call's too, read also where no
     # graph reaches them, under no_backprop_mode.)
@@ -96,7 +97,7 @@ def _params_with_held(chain, held):
     return out
 
 
-def shared_parameter_arrays(chain, rec, params):
+def shared_parameter_arrays(chain, rec, params, held=None):
     """Parameters of ``chain`` that hold the array of another, one the
     recording read, as [(the path of the one in ``params``, the other's
     path, buffer id, the other Parameter)]. Recorded buffers are arrays
@@ -107,8 +108,9 @@ def shared_parameter_arrays(chain, rec, params):
     out = []
     # (Also of a link held other than as a child: ``t.W.array =
     # self.l.W.array`` on a link kept outside init_scope.)
-    for path, param in _params_with_held(chain,
-                                         link_state.held_links(chain)):
+    if held is None:
+        held = link_state.held_links(chain)
+    for path, param in _params_with_held(chain, held):
         b = rec.by_id.get(id(param.array))
         if b in claimed and id(param) not in mine:
             mine.add(id(param))

@@ -13,7 +13,6 @@ reads the recorder, the analysis and the entry, and they never call back.
     RecordNode.backward -> Capture.backward -> recorder (the backward runs)
                                             -> Capture.build -> Entry.build
 """
-import sys
 import weakref
 
 import chainer
@@ -44,23 +43,6 @@ from static_graph.gc_pause import with_gc_paused
 
 class Unreplayable(Exception):
     """Found while building: the recording cannot be replayed faithfully."""
-
-
-def _in_call_of(chain):
-    """Is this call inside ``chain``'s ``Link.__call__`` (its own link hooks
-    run around it), rather than called by another way (a decorated
-    ``loss`` that calls ``self(x)``: they run inside)?"""
-    f = sys._getframe(2)
-    for _ in range(64):
-        if f is None:
-            return False
-        if f.f_code is _LINK_CALL and f.f_locals.get('self') is chain:
-            return True
-        f = f.f_back
-    return False
-
-
-_LINK_CALL = chainer.Link.__call__.__code__
 
 
 class Capture(object):
@@ -116,23 +98,15 @@ class Capture(object):
         detached = link_state.detach_link_variables(
             chain, rec, self.cache.written + self.cache.state_slots)
         snapshot = link_state.snapshot_links(chain)
-        held = link_state.held_links(chain)
+        held_links = link_state.held_links(chain)
         classes = set(type(link) for link in chain.links())
         functions = reach.reachable_functions(
-            self.method, classes, set(link.__class__ for _, link in held))
-        # (The chain's own link hooks run around the method its
-        # ``Link.__call__`` runs: ``forward``, or the function the class's
-        # forward is. Inside a call of any other: a decorated ``loss`` that
-        # calls ``self(x)``, called from ``forward`` or not.)
-        forward = getattr(type(chain), 'forward', None)
-        watch = link_values.Watch(
-            snapshot, functions, classes, root_hooks=not (
-                _in_call_of(chain) and (
-                    self.name == 'forward' or
-                    getattr(forward, '__wrapped__', None) is self.method)),
-            held=held, around=set(
-                id(link.__dict__) for _, link in held
-                if any(sub is chain for sub in link.links())))
+            self.method, classes,
+            set(link.__class__ for _, link in held_links))
+        root_hooks, around = link_state.hook_scopes(
+            chain, self.name, self.method, held_links)
+        watch = link_values.Watch(snapshot, functions, classes, root_hooks,
+                                  held=held_links, around=around)
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)
         stand_ins, draws = generators.stand_ins(rngs)
@@ -224,12 +198,14 @@ class Capture(object):
             [(d, k) for d, k, _, kind in attr_writes if kind == 'V'])
         written = set((id(d), k) for d, k, _, _ in attr_writes)
         self.written = written
-        self.chain_map = analysis.chain_arrays(chain, written)
+        held_links = link_state.held_links(chain)    # (after the call)
+        self.chain_map = analysis.chain_arrays(chain, written, held_links)
         self.foreign = link_state.foreign_parameters(rec, self.chain_map)
         if self.foreign:
             self.chain_map.update(self.foreign)
         params, persists = analysis.classify_unknown(rec, self.chain_map)
-        shared = analysis.shared_parameter_arrays(chain, rec, params)
+        shared = analysis.shared_parameter_arrays(chain, rec, params,
+                                                  held_links)
         if shared:
             rec.add_reason('parameters %s and %s hold the same array; '
                            'replay would give its gradients to one of them '

@@ -56,10 +56,11 @@ def link_structure(chain, written=(), held=()):
     (link_values.Watch.held: (path, weakref to a held link)) too."""
     same, sets = [], []
     skip = set((id(d), k) for d, k in written)
-    own = len(list(chain.links()))
-    held = [ref() for _, ref in held]
-    for i, link in enumerate(list(chain.links()) +
-                             [link for link in held if link is not None]):
+    links = list(chain.links())
+    own = len(links)
+    links += [link for link in (ref() for _, ref in held)
+              if link is not None]
+    for i, link in enumerate(links):
         d = link.__dict__
         persistent = getattr(link, '_persistent', ())
         children = getattr(link, '_children', None)

@@ -7,6 +7,7 @@ After: the attributes the method assigned become the entry's attribute
 writes (``attr_changes``), the leaves and arrays are put back, and what
 the method wrote into its argument arrays reaches the caller's.
 """
+import sys
 import weakref
 
 import numpy
@@ -61,6 +62,38 @@ def held_links(chain):
                     out.append((p, sub))
                     todo.append((p, sub))
     return out
+
+
+def hook_scopes(chain, name, method, held):
+    """(whether the chain's own link hooks run inside this call, the ids
+    of the ``__dict__``s of the ``held`` links that hold the chain) for
+    link_values.Watch. The chain's own hooks run around the method its
+    ``Link.__call__`` runs (``forward``, or the function the class's
+    forward is), inside a call of any other (a decorated ``loss`` that
+    calls ``self(x)``, called from ``forward`` or not); an owner's run
+    around its forward, outside the call of the child it holds."""
+    forward = getattr(type(chain), 'forward', None)
+    outside = _in_call_of(chain) and (
+        name == 'forward' or
+        getattr(forward, '__wrapped__', None) is method)
+    owners = set(id(link.__dict__) for _, link in held
+                 if any(sub is chain for sub in link.links()))
+    return not outside, owners
+
+
+def _in_call_of(chain):
+    """Is this call inside ``chain``'s ``Link.__call__``?"""
+    f = sys._getframe(2)
+    for _ in range(64):
+        if f is None:
+            return False
+        if f.f_code is _LINK_CALL and f.f_locals.get('self') is chain:
+            return True
+        f = f.f_back
+    return False
+
+
+_LINK_CALL = chainer.Link.__call__.__code__
 
 
 def _links_in(v, depth=1):

@@ -369,10 +369,8 @@ class Watch(object):
                 # records again, and one the call changes (a counter, a
                 # timer's history, an activation kept) is a change replay
                 # would not repeat.
-                self.prefix[id(hooks)] = 'self%s link hook ' % (
-                    path.rstrip('/').replace('/', '.'))
-                for name, hook in hooks.items():
-                    self._add(hooks, name, hook)
+                self._add_hooks(hooks, 'self%s link hook ' % (
+                    path.rstrip('/').replace('/', '.')))
         # (Weakly: an owner may hold one weakly, and it may go.)
         self.held = [(path, weakref.ref(link)) for path, link in held]
         for path, link in held:
@@ -389,17 +387,13 @@ class Watch(object):
                     self._add(d, k, v)
             hooks = d.get('_local_link_hooks')
             if hooks and id(d) not in around:
-                self.prefix[id(hooks)] = 'self%s link hook ' % (
-                    path.rstrip('/').replace('/', '.'))
-                for name, hook in hooks.items():
-                    self._add(hooks, name, hook)
+                self._add_hooks(hooks, 'self%s link hook ' % (
+                    path.rstrip('/').replace('/', '.')))
         # Global link hooks (``with hook:``) run in every link's call,
         # inside the call: their state as a helper object's.
         glob = chainer._get_link_hooks()
         if glob:
-            self.prefix[id(glob)] = 'global link hook '
-            for name, hook in list(glob.items()):
-                self._add(glob, name, hook)
+            self._add_hooks(glob, 'global link hook ')
         self._classes_seen = set()
         self._add_class_attributes(
             list(classes) + [link.__class__ for _, link in held])
@@ -469,6 +463,13 @@ class Watch(object):
                 if not k.startswith('__') and \
                         isinstance(v, SCALARS + _CONTAINERS):
                     self._add(d, k, v)
+
+    def _add_hooks(self, hooks, prefix):
+        """Watch link hooks ``hooks`` ({name: hook}) as helper objects,
+        named with ``prefix``."""
+        self.prefix[id(hooks)] = prefix
+        for name, hook in list(hooks.items()):
+            self._add(hooks, name, hook)
 
     def _kinds(self):
         """What ``holds`` compares beyond ``==``: the values' types (one

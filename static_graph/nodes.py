@@ -202,11 +202,6 @@ def _inside(ops, outputs):
     return tuple(i for i, b in enumerate(outputs) if b in read or b in twice)
 
 
-def _count_backward(node):
-    """Count a backward pass through a call's node (cuts.py)."""
-    node.backward_ran = node.__dict__.get('backward_ran', 0) + 1
-
-
 def _node_values(entry):
     """This call's values of ``entry.node_values`` (user_nodes), put back
     on the nodes for its backward."""
@@ -243,7 +238,7 @@ class _Replayed(object):
         inputs held before, per index, or None)."""
         entry = self.entry
         cuts.check(self, _read_inside(self), entry.method_name)
-        _count_backward(self)
+        self.backward_ran = True     # (cuts.py)
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(
@@ -521,7 +516,7 @@ class RecordNode(_Replayed, function_node.FunctionNode):
             entry.owner = weakref.ref(self)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
-        _count_backward(self)
+        self.backward_ran = True     # (cuts.py)
         if self.capture is not None:
             cuts.check(self, _read_inside(self), self.capture.name)
             return self.backward(indexes, grad_outputs), ()

@@ -13,17 +13,29 @@ the call. So:
   outputs (a later backward through ``y`` lost its gradient, silently),
   and cutting fewer would let one flow on past ``h``. After a backward
   ran through it (the truncated BPTT loop's cut) the node is cut as
-  Chainer cuts one: nothing differs, unless another backward comes
-  through it after the cut (not told apart: docs/fallbacks.md).
+  Chainer cuts one. Define-by-run's walk cuts only the functions before
+  the Variables it enters the call through (``entered``, which the walk,
+  ``_unchain_backward``, notes); an output of the call that none of them
+  was computed from keeps its functions there, and a later backward
+  through it carries a gradient on past the cut (``h.unchain_backward()``
+  after a first loss, then a second loss of ``y = out(h)``). Such an
+  output gets a ``Severed`` creator: a backward that reaches it is an
+  error (before 2026-11-28 it got nothing through the call, silently).
 * ``h.unchain()`` cuts ``h``'s edge alone, as in define-by-run; a backward
   that comes into the call afterwards raises where ``h`` is one of the
   outputs other ops of the call read (``check``). ``Variable.unchain`` is
   wrapped to note the cut on the node (``node.cut``), so it is seen also
   after ``h`` is dropped.
 """
+import weakref
+
+import numpy
+
 import chainer
+from chainer import function_node
 
 _orig_unchain = chainer.Variable.unchain
+_orig_unchain_backward = chainer.Variable.unchain_backward
 
 
 def _unchain(self):
@@ -36,7 +48,45 @@ def _unchain(self):
     return _orig_unchain(self)
 
 
+def _unchain_backward(self):
+    """Chainer's ``unchain_backward`` (the same walk), except that a call
+    run as one node is cut last, once the walk has found every output it
+    enters the call through (``entered``)."""
+    if self._has_chainerx_array:
+        return _orig_unchain_backward(self)
+    cand_funcs = []
+    seen_set = set()
+    entered = {}
+
+    def add_cand(cand, via):
+        if cand is not None:
+            if 'cut' in cand.__dict__:       # a call of ours
+                entered.setdefault(cand, set()).update(_positions(cand, via))
+            if cand not in seen_set:
+                cand_funcs.append(cand)
+                seen_set.add(cand)
+
+    add_cand(self.creator_node, self.node)
+    while cand_funcs:
+        func = cand_funcs.pop()
+        for var in func.inputs:
+            add_cand(var.creator_node, var)
+        if func not in entered:
+            func.unchain()
+    for func, positions in entered.items():
+        func.entered = positions
+        try:
+            func.unchain()
+        finally:
+            func.__dict__.pop('entered', None)
+
+
+def _positions(node, vn):
+    return set(i for i, ref in enumerate(node.outputs or ()) if ref() is vn)
+
+
 chainer.Variable.unchain = _unchain
+chainer.Variable.unchain_backward = _unchain_backward
 
 MESSAGE = (
     'an output of a call of %s that another of its outputs was computed '
@@ -47,14 +97,105 @@ MESSAGE = (
     'chainer.config.use_static_graph = False')
 
 
-def unchain(node, may_backward, method_name, default):
+SEVERED = (
+    'a backward came into an output of a call of %s after a cut '
+    '(unchain_backward) reached the call through other outputs that this '
+    'one was not computed from: define-by-run keeps the functions between '
+    'them and carries the gradient through; the call, run as one node, '
+    'was cut whole. Backpropagate every loss before the cut, or run this '
+    'with chainer.config.use_static_graph = False')
+
+
+def unchain(node, may_backward, method_name, default, schedule=None):
     """``FunctionNode.unchain`` for a call run as one node: an error while
     a backward may still come through it (``may_backward``) and more than
-    one of its outputs lives; ``default(node)`` (Chainer's) otherwise."""
+    one of its outputs lives; ``default(node)`` (Chainer's) otherwise,
+    then a ``Severed`` creator for each live output that define-by-run's
+    walk, entering the call where ``unchain_backward`` did, would not have
+    cut (``schedule``: the call's forward ops and output buffer ids)."""
     if may_backward and node.outputs and sum(
             ref() is not None for ref in node.outputs) > 1:
         raise RuntimeError(MESSAGE % method_name)
+    entered = node.__dict__.get('entered')
+    keep = []
+    if entered is not None and schedule is not None and node.outputs and \
+            node.inputs is not None and len(schedule[2]) == len(node.inputs):
+        ops, outputs, inputs = schedule
+        needs = set(b for b, vn in zip(inputs, node.inputs)
+                    if vn.requires_grad)
+        for i in uncut_outputs(ops, outputs, entered, needs):
+            vn = node.outputs[i]() if i < len(node.outputs) else None
+            if vn is not None:
+                keep.append(vn)
     default(node)
+    for vn in keep:
+        _sever(vn, method_name)
+
+
+def uncut_outputs(ops, outputs, entered, needs):
+    """Positions of ``outputs`` (buffer ids) made by an op that no output
+    at the positions ``entered`` was computed from (the outputs whose
+    functions define-by-run's walk, entering there, leaves in place) and
+    computed, through such ops, from an input that takes a gradient
+    (``needs``: a parameter, an argument that needs one): where a later
+    backward through define-by-run's functions would give one. (Through
+    functions that reach only what the walk cut, it would give one only to
+    the cut Variable, as a leaf: ``h.grad``; not told apart.)"""
+    made_by = {}
+    for k, op in enumerate(ops):
+        for b in op.outputs:
+            made_by[b] = k
+    reached, seen = set(), set()
+    todo = [outputs[i] for i in entered if i < len(outputs)]
+    while todo:
+        b = todo.pop()
+        if b in seen:
+            continue
+        seen.add(b)
+        k = made_by.get(b)
+        if k is not None and k not in reached:
+            reached.add(k)
+            todo.extend(ops[k].inputs)
+    out = []
+    for i, b in enumerate(outputs):
+        k = made_by.get(b)
+        if i in entered or k is None or k in reached:
+            continue
+        todo, seen_ops = [k], set()
+        while todo:
+            k = todo.pop()
+            if k in seen_ops:
+                continue
+            seen_ops.add(k)
+            if any(x in needs for x in ops[k].inputs):
+                out.append(i)
+                break
+            todo.extend(made_by[x] for x in ops[k].inputs
+                        if x in made_by and made_by[x] not in reached)
+    return out
+
+
+class Severed(function_node.FunctionNode):
+    """The creator of an output left uncut by define-by-run's walk (see
+    the module docstring): a backward that brings it a gradient raises."""
+
+    def __init__(self, method_name):
+        self.method_name = method_name
+
+    def backward(self, indexes, grad_outputs):
+        if any(g is not None for g in grad_outputs):
+            raise RuntimeError(SEVERED % self.method_name)
+        return (None,) * len(indexes)
+
+
+def _sever(vn, method_name):
+    node = Severed(method_name)
+    # (An input that takes a gradient: Chainer skips a node without one.)
+    node.anchor = chainer.Variable(numpy.zeros((), numpy.float32))
+    node.inputs = (node.anchor.node,)
+    node.outputs = (weakref.ref(vn),)
+    node.rank = max(vn.rank - 1, 0)
+    vn.creator_node = node
 
 
 def check(node, inside, method_name):

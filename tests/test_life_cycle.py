@@ -278,6 +278,108 @@ def test_truncated_bptt_cutting_the_state_after_the_backward():
             assert numpy.array_equal(u, v)
 
 
+def _two_losses_cut_between(m, xs, second):
+    h, ys, loss = None, [], 0
+    for x in xs:
+        h, y = m(x, h)
+        ys.append(y)
+        loss += F.sum(y * y)
+    m.cleargrads()
+    loss.backward()
+    h.unchain_backward()
+    if second == 'y':       # y = out(h): define-by-run keeps out's nodes
+        sum(F.sum(y) for y in ys).backward()
+    else:                   # h's own nodes were cut: nothing flows
+        F.sum(h).backward()
+
+
+@pytest.mark.parametrize('second', ['y', 'h'])
+def test_a_cut_between_two_backward_passes(second):
+    """``loss.backward(); h.unchain_backward()``, then a second loss of
+    the outputs computed from h (``y = out(h)``): define-by-run's walk from
+    h leaves out's nodes, and the second backward gives out.W a gradient;
+    the calls, each cut whole, gave nothing (2.3 off), silently. Now an
+    error, at the recording's window too; a second backward that
+    define-by-run also stops (from h itself) stays exact."""
+    a = FunctionalRNN()
+    b = type('S', (FunctionalRNN,), {
+        'forward': static_graph.static_graph(FunctionalRNN.forward)})()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    for window in range(3):
+        xs = rs.randn(3, 2, 4).astype('f')
+        _two_losses_cut_between(a, xs, second)
+        if second == 'y':
+            assert a.out.W.grad is not None
+            with pytest.raises(RuntimeError, match='after a cut'):
+                _two_losses_cut_between(b, xs, second)
+            b.copyparams(a)
+        else:
+            _two_losses_cut_between(b, xs, second)
+            for p, q in zip(a.params(), b.params()):
+                assert numpy.array_equal(p.grad, q.grad), window
+    assert ' 6 replays' in static_graph.explain(b)
+
+
+class _StateAfter(chainer.Chain):
+    """An RNN whose state is an op after h: ``h * 1.0`` (no parameter),
+    or a projection ``h2h(h)`` (a parameter: define-by-run's next window
+    gives h2h.W a gradient through the last call's kept node)."""
+
+    def __init__(self, project):
+        super(_StateAfter, self).__init__()
+        self.project, self.h = project, None
+        with self.init_scope():
+            self.x2h = L.Linear(4, 5)
+            self.h2h = L.Linear(5, 5, nobias=True)
+            self.out = L.Linear(5, 3)
+
+    def forward(self, x):
+        z = self.x2h(x)
+        if self.h is not None:
+            z = z + self.h
+        h = F.tanh(z)
+        self.h = self.h2h(h) if self.project else F.identity(h) * 1.0
+        return self.out(h)
+
+
+@pytest.mark.parametrize('project', [False, True])
+def test_state_after_h_with_the_loss_cut_after_its_backward(project):
+    """``loss.backward(); loss.unchain_backward()`` (PTB's loop), the
+    state kept as an op after h: the walk from the loss leaves that op.
+    With no parameter on it the next window's gradient reaches nothing
+    define-by-run shows: exact (a first version of the severed outputs
+    raised here). With ``h2h(h)`` it reaches h2h.W, which the call, cut
+    whole, cannot give: an error, also for the recording call of a key
+    that fell back at its build (before: 1.05 for 0.41 by window 6,
+    silently)."""
+    S = type('S', (_StateAfter,), {
+        'forward': static_graph.static_graph(_StateAfter.forward)})
+    xs = numpy.random.RandomState(1).randn(4, 3, 2, 4).astype('f')
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for cls in (_StateAfter, S):
+            numpy.random.seed(0)
+            m = cls(project)
+            opt = chainer.optimizers.SGD(0.1).setup(m)
+            losses.append([])
+            for w in range(4):
+                loss = sum(F.sum(m(xs[w, t]) ** 2) for t in range(3))
+                m.cleargrads()
+                if cls is S and project and w == 1:
+                    with pytest.raises(RuntimeError, match='after a cut'):
+                        loss.backward()
+                    return
+                loss.backward()
+                loss.unchain_backward()
+                opt.update()
+                losses[-1].append(loss.array.copy())
+    assert not project
+    for a, b in zip(*losses):
+        assert numpy.array_equal(a, b)
+
+
 def test_a_list_of_variables_is_no_costly_key():
     """The key's cost counted a list of 256 Variables as 256 values, past
     the limit for a small model: it ran define-by-run (2.7x slower than

@@ -99,10 +99,12 @@ class Capture(object):
             chain, rec, self.cache.written + self.cache.state_slots)
         snapshot = link_state.snapshot_links(chain)
         held_links = link_state.held_links(chain)
-        classes = set(type(link) for link in chain.links())
+        links = list(chain.links())
+        classes = set(type(link) for link in links)
         functions = reach.reachable_functions(
             self.method, classes,
-            set(link.__class__ for _, link in held_links))
+            set(link.__class__ for _, link in held_links),
+            reach.held_functions(links + [l for _, l in held_links]))
         root_hooks, around = link_state.hook_scopes(
             chain, self.name, self.method, held_links)
         watch = link_values.Watch(snapshot, functions, classes, root_hooks,

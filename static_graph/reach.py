@@ -4,6 +4,7 @@ module globals they name, the user classes among the links' classes.
 Found from the names the code mentions, not by running it
 (link_values.Watch watches what they hold)."""
 import dis
+import functools
 import os
 import sys
 import sysconfig
@@ -122,7 +123,43 @@ def user_class(cls):
     return known
 
 
-def reachable_functions(method, classes=(), named_only=()):
+def held_functions(links):
+    """The user functions the ``links`` hold as attributes of their own
+    (an activation handed to ``__init__``: ``self.act = my_act``, a
+    lambda, a ``functools.partial``'s function, a bound method, a callable
+    object's ``__call__``, the functions of a list such as
+    ``Sequential``'s layers): the call may run them, though its code names
+    only the attribute."""
+    out, seen = [], set()
+    for link in links:
+        for v in vars(link).values():
+            if type(v) in weakref.ProxyTypes:
+                continue      # (dead, or a link's: the watch's)
+            if isinstance(v, (list, tuple)):
+                for x in v[:_MAX_FUNCTIONS]:
+                    _add_held(x, out, seen)
+            else:
+                _add_held(v, out, seen)
+    return out
+
+
+def _add_held(v, out, seen):
+    if type(v) in weakref.ProxyTypes:
+        return      # (dead, or a link's: the watch's)
+    while isinstance(v, functools.partial):
+        v = v.func
+    if isinstance(v, types.MethodType):
+        v = v.__func__
+    elif not isinstance(v, types.FunctionType) and callable(v) and \
+            not isinstance(v, type) and user_class(type(v)):
+        v = getattr(type(v), '__call__', None)
+    f = _user_function(v)
+    if f is not None and f.__code__ not in seen:
+        seen.add(f.__code__)
+        out.append(f)
+
+
+def reachable_functions(method, classes=(), named_only=(), held=()):
     """``method`` and the user functions its call can reach by name, at
     most ``_MAX_FUNCTIONS``: functions its code names as globals, methods
     of the user classes among ``classes`` (the links' classes) its code
@@ -131,9 +168,10 @@ def reachable_functions(method, classes=(), named_only=()):
     Found by the names the code mentions, not by running it: a function
     named on a branch not taken counts too. The methods of ``named_only``
     (the classes of links held other than as children) count only where
-    the code names them."""
+    the code names them. ``held``: more functions to start from
+    (``held_functions``)."""
     user = user_classes(classes)
-    todo = [method]
+    todo = [method] + list(held)
     for cls in user:
         for k in ('forward', '__call__'):
             todo.append(_user_function(cls.__dict__.get(k)))

@@ -9,6 +9,7 @@ that the static chain falls back / raises a clear error.
 import argparse
 import cmath
 import collections
+import functools
 import math
 import random
 import types
@@ -1630,6 +1631,54 @@ def test_a_global_named_like_an_attribute_is_not_watched():
         l2 = i
         train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
     assert cache(models[1]).recordings == 1
+    assert cache(models[1]).replays == 3
+
+
+_SLOPE = 0.2
+
+
+def _leaky(h, k=1.0):
+    return F.leaky_relu(h, slope=_SLOPE * k)
+
+
+class _Act(object):
+    def __call__(self, h):
+        return _leaky(h)
+
+
+@pytest.mark.parametrize('held', ['function', 'lambda', 'partial', 'object',
+                                  'sequential'])
+def test_a_function_a_link_holds_has_its_globals_watched(held):
+    """``self.act = my_act`` (an activation handed to ``__init__``, a
+    lambda, a ``functools.partial``, a callable object, a function layer
+    of a ``Sequential``) whose code reads a module global the training
+    loop changes (an annealed slope): the method's code names only the
+    attribute, and replay kept the recording's slope (loss 1.07 for 1.10),
+    silently. Now its globals are watched as a helper function's."""
+    global _SLOPE
+
+    def init(self):
+        _mlp(self)
+        self.act = {'function': _leaky, 'lambda': lambda h: _leaky(h),
+                    'partial': functools.partial(_leaky, k=1.0),
+                    'object': _Act(),
+                    'sequential': None}[held]
+        if held == 'sequential':
+            self.seq = chainer.Sequential(_leaky)
+
+    def body(self, x):
+        h = self.l1(x)
+        h = self.seq(h) if held == 'sequential' else self.act(h)
+        return F.sum(self.l2(h))
+
+    models = make_twins(body, init)
+    try:
+        for slope in (0.2, 0.2, 0.5, 0.5, 0.0, 0.0):
+            _SLOPE = slope
+            train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+    finally:
+        _SLOPE = 0.2
+    assert cache(models[1]).recordings == 3
     assert cache(models[1]).replays == 3
 
 

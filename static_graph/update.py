@@ -347,6 +347,11 @@ class _Capture(object):
                 # Uninitialized: Chainer's rule only counts the step.
                 if st.shapes[i] is not None:
                     raise update_plan.Stale()
+                try:
+                    p.grad
+                except RuntimeError as e:   # (no cleargrads since made)
+                    raise R.Unsupported('gradient of %s: %s' % (
+                        st.names[i], e))
                 if safe and rule is not None and rule.enabled:
                     if rule._use_fp32_update:
                         raise R.Unsupported(
@@ -377,6 +382,15 @@ class _Capture(object):
             elif type(g) is not ndarray or g.dtype != dtype or \
                     g.shape != arr.shape:
                 raise R.Unsupported(_array_reason('gradient', g))
+            if not arr.flags.writeable or not g.flags.writeable and (
+                    opt_pre or opt_post or st.rule_pre_items[i] or
+                    st.rule_post_items[i]):
+                # (Kept flat views stay writable: made before.) A hook
+                # writes the gradient in place.
+                raise R.Unsupported(
+                    'the %s of %s is read-only: Chainer\'s update raises'
+                    % ('parameter' if not arr.flags.writeable else
+                       'gradient', st.names[i]))
             # (Most arrays own their memory: their own id.)
             r = id(arr) if arr.base is None else _root_id(arr)
             if roots.setdefault(r, i) != i:
@@ -439,7 +453,7 @@ class _Capture(object):
                 for key in kernel.arrays[2:]:
                     s = state.get(key)
                     if type(s) is not ndarray or s.dtype != cdtype or \
-                            s.shape != arr.shape:
+                            s.shape != arr.shape or not s.flags.writeable:
                         raise R.Unsupported('state %r of %s: %s' % (
                             key, st.names[i], _array_reason('state', s)
                             if s is not None else 'missing (Chainer '
@@ -565,4 +579,5 @@ def _array_reason(what, a):
     return '%s is a %s.%s%s' % (
         what, type(a).__module__, type(a).__name__,
         '' if type(a) is not numpy.ndarray else
-        ' of %s %s' % (a.dtype, a.shape))
+        ' of %s %s%s' % (a.dtype, a.shape, '' if a.flags.writeable else
+                         ', read-only: Chainer\'s update raises'))

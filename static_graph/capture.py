@@ -45,6 +45,17 @@ class Unreplayable(Exception):
     """Found while building: the recording cannot be replayed faithfully."""
 
 
+def _handed(inner_outs, outs):
+    """id(inner output) -> what the caller gets in its place, and the same
+    for their arrays (``self.feat = h.array``: the array handed out with
+    h, as define-by-run's attribute is h's)."""
+    out = {}
+    for v, o in zip(inner_outs, outs):
+        out[id(v)] = o
+        out.setdefault(id(v.raw_array), o.raw_array)
+    return out
+
+
 class Capture(object):
     """The recording of one call of ``method`` on ``chain`` for ``key``
     (``prev``: the key's earlier entry, if any; ``why``: why it records
@@ -231,8 +242,15 @@ class Capture(object):
         self.param_objs = [p for _, _, p in params]
         self.reports = [(weakref.ref(obs) if obs is not None else None, items)
                         for obs, items in rec.reports]
-        need_backward = chainer.config.enable_backprop and any(
+        need_backward = any(
             v.requires_grad and v.creator is not None for v in inner_outs)
+        if need_backward and not chainer.config.enable_backprop:
+            # (``chainer.force_backprop_mode()`` inside, called under
+            # no_backprop_mode: the key says no graph, the call made one.)
+            rec.add_reason(
+                'it makes a graph under force_backprop_mode() while called '
+                'under no_backprop_mode(), which replay, keyed by the '
+                "caller's mode, would not")
         if not need_backward:
             return self._finish_without_backward(out)
         if rec.reasons:
@@ -267,19 +285,20 @@ class Capture(object):
                          self.seen, self if self.stand_in else None)
         weakref.finalize(node, self.patched.release)
         e.rank_depth = nodes.output_depth(inner_outs)
-        outs = nodes.retain_outputs(nodes.deepen(
-            node, node.apply(list(leaves) + self.param_objs), e.rank_depth))
+        with chainer.force_backprop_mode():  # (forced inside: see above)
+            applied = node.apply(list(leaves) + self.param_objs)
+        outs = nodes.retain_outputs(nodes.deepen(node, applied, e.rank_depth))
         outs = nodes.detach_outputs(outs, e.no_grad_outs)
         # An argument's array returned (``return loss, z``): the caller's
         # own, as define-by-run and replay hand it back, not the copy the
         # recording ran on.
         callers = dict((b, a.raw_array if isinstance(a, chainer.Variable)
                         else a) for b, a in zip(leaf_bids, leaves))
-        vals = [v if k == 'V' else callers.get(b, v.raw_array)
+        vals = [callers.get(b, v.raw_array) if k == 'A' else
+                outputs.handed(v, k)
                 for v, k, b in zip(outs, out_kinds, out_bids)]
-        link_state.keep_attrs(
-            attr_writes, {id(v): o for v, o in zip(inner_outs, outs)},
-            rec.buffers)
+        link_state.keep_attrs(attr_writes, _handed(inner_outs, outs),
+                              rec.buffers)
         return outputs.rebuild(out_spec, vals[:n_outs])
 
     def _finish_without_backward(self, out):
@@ -305,10 +324,9 @@ class Capture(object):
         the attributes the method set, as it leaves them."""
         by_inner = dict(more)
         vals = [by_inner.get(id(v), v) for v in vals]
-        by_inner.update(zip(map(id, self.inner_outs), vals))
+        by_inner.update(_handed(self.inner_outs, vals))
         link_state.keep_attrs(self.attr_writes, by_inner, self.rec.buffers)
-        vals = [v if k == 'V' else v.raw_array
-                for v, k in zip(vals, self.out_kinds)]
+        vals = [outputs.handed(v, k) for v, k in zip(vals, self.out_kinds)]
         return outputs.rebuild(self.out_spec, vals[:self.n_outs])
 
     # -- finishing ------------------------------------------------------------

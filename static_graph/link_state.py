@@ -341,6 +341,12 @@ def keep_attrs(attr_writes, by_inner, bufs):
     in place), of the kept type."""
     for d, k, b, kind in attr_writes:
         cur = d.get(k)
+        if isinstance(cur, chainer.Parameter):
+            continue     # (registered by the call: the chain's own now)
+        if kind == 'A' and isinstance(cur, traced.TracedArray) and \
+                id(cur.base) in by_inner and \
+                arrayutil.same_view(cur.base, cur):
+            cur = cur.base      # (``h.array`` read while recording)
         if id(cur) in by_inner:
             d[k] = by_inner[id(cur)]
         elif kind == 'A' and bufs[b].role in entry_module.STABLE_ROLES:

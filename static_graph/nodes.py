@@ -247,6 +247,14 @@ class _Replayed(object):
         entry = self.entry
         cuts.check(self, _read_inside(self), entry.method_name)
         self.backward_ran = True     # (cuts.py)
+        if configuration.config.debug:
+            diagnostics.warn_once(
+                (entry.method_name, 'debug backward'),
+                "Chainer's debug mode is on in the backward of a replayed "
+                'call of %s: its checks are per function, which the '
+                "call's backward, one node, does not make (a NaN a later "
+                'step masks goes unseen); turn it on before the call, '
+                'which then runs define-by-run' % entry.method_name)
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(

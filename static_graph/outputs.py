@@ -353,7 +353,7 @@ def _build(s, it):
 def recorded(rec, out, live):
     """What the method returned, as recording ``rec`` holds it: its spec,
     the inner output Variables, their buffers and kinds ('V' a Variable,
-    'A' an array)."""
+    'A' an array, 'S' a NumPy scalar)."""
     try:
         out_spec, out_leaves = flatten(out, live)
     except Unrebuildable as err:
@@ -368,8 +368,18 @@ def recorded(rec, out, live):
             inner_outs.append(o)
             a = o.raw_array
         else:
-            out_kinds.append('A')
+            # ('S': a 0-d array standing for the NumPy scalar a NumPy
+            # call gave, numpy_calls.py: handed out as that scalar)
+            out_kinds.append('S' if id(o) in rec.scalar_like else 'A')
             a = rec.untrace(o, 'the return value')
             inner_outs.append(chainer.Variable(a, requires_grad=False))
         out_bids.append(rec.buffer_of(a, 'the return value'))
     return out_spec, inner_outs, out_bids, out_kinds
+
+
+def handed(v, kind):
+    """What the caller gets for output Variable ``v`` of ``kind``
+    (``recorded``)."""
+    if kind == 'V':
+        return v
+    return v.raw_array[()] if kind == 'S' else v.raw_array

@@ -14,6 +14,7 @@ import weakref
 import numpy
 
 import chainer
+from chainer import configuration
 
 from schedules import ir
 from static_graph import apply_reasons
@@ -34,6 +35,8 @@ APPLY_KEYS = frozenset((
     '_is_chainerx_fallback_mode', 'lazy_grad_sum', '_n_local_function_hooks',
     '_local_function_hooks', '_output_count',
 ))
+
+_config = configuration.config
 
 
 _Variable = chainer.Variable
@@ -346,6 +349,12 @@ class Recording(object):
         if side_effects:
             self.add_reason('%s declares side effects '
                             '(static_graph_side_effects = True)' % kind)
+        if _config.debug:
+            # (Turned on inside the method, or around the recording's
+            # backward: its checks are per function, which replay skips.)
+            self.add_reason("Chainer's debug mode is on for %s (turned on "
+                            'inside the call or around its backward): its '
+                            'checks are per function' % kind)
         if type(inputs) is not tuple:
             inputs = tuple(inputs)
         in_arrays = []

@@ -18,7 +18,7 @@ def replay(e, leaves):
     node.exposed = None
     vals = []
     for v, kind in zip(outs, e.out_kinds):
-        vals.append(v if kind == 'V' else v.raw_array)
+        vals.append(outputs.handed(v, kind))
     _side_effects(e, exposed, outs)
     return outputs.rebuild(e.out_spec, vals[:e.n_outs])
 

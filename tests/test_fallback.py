@@ -619,3 +619,84 @@ def test_lstm_with_a_smaller_last_batch_stays_define_by_runs_numbers():
     equal, cache, ours = _train_sequences('lstm', last_batch=3)
     assert all(equal), equal
     assert cache.replays > 0 and cache.define_by_run is not None
+
+
+class _Frozen(chainer.Chain):
+    def __init__(self):
+        super(_Frozen, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(5, 7)
+            self.l2 = L.Linear(7, 3)
+
+    def forward(self, x):
+        h = F.tanh(self.l1(x))            # the caller's mode: no graph
+        with chainer.force_backprop_mode():
+            return F.sum(self.l2(h) ** 2)
+
+
+def test_force_backprop_mode_inside_a_call_under_no_backprop_mode():
+    """A frozen extractor and a trainable head built under
+    ``force_backprop_mode()``, the method called under
+    ``no_backprop_mode()``: the recording's backward raised a TypeError
+    and replays returned a loss without a creator (no gradient at all,
+    silently). Now define-by-run, the reason given."""
+    S = type('S', (_Frozen,), {
+        'forward': static_graph.static_graph(_Frozen.forward)})
+    numpy.random.seed(0)
+    a = _Frozen()
+    b = S()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(4):
+            x = rs.randn(6, 5).astype(numpy.float32)
+            for m in (a, b):
+                m.cleargrads()
+                with chainer.no_backprop_mode():
+                    loss = m(x)
+                loss.backward()
+            assert a.l1.W.grad is None and b.l1.W.grad is None
+            assert numpy.array_equal(a.l2.W.grad, b.l2.W.grad)
+    assert any('force_backprop_mode' in str(w.message) for w in caught)
+
+
+class _DebugInside(Base):
+    def forward(self, x):
+        h = self.l1(x)
+        with chainer.using_config('debug', True):
+            h = F.sqrt(h)                  # NaN for negative inputs
+        return F.sum(self.l2(F.relu(h)))
+
+
+def test_debug_mode_turned_on_inside_the_method():
+    """``using_config('debug', True)`` around part of the method: Chainer
+    raises on the NaN a later batch makes; the replay ran on, returning
+    NaN. Now the key runs define-by-run, which raises as Chainer does."""
+    S = type('S', (_DebugInside,), {
+        'forward': static_graph.static_graph(_DebugInside.forward)})
+    b = S()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(3):
+            b(numpy.full((2, 4), 1.0, numpy.float32))
+        with pytest.raises(RuntimeError, match='NaN is detected'):
+            b(numpy.full((2, 4), -1.0, numpy.float32))
+    assert any("debug mode is on for Sqrt" in str(w.message)
+               for w in caught)
+    assert caches_of(b) and list(caches_of(b).values())[0].replays == 0
+
+
+def test_debug_mode_around_a_replayed_backward_warns():
+    """Debug mode turned on around the backward of a replayed call: its
+    per-function checks cannot run inside the call's one node; said once."""
+    b = OneLinear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(3):
+            b.cleargrads()
+            loss = F.sum(b(data(2, 4)))
+            with chainer.using_config('debug', i == 2):
+                loss.backward()
+    assert [w for w in caught if 'debug mode is on in the backward'
+            in str(w.message)]

@@ -1682,6 +1682,60 @@ def test_a_function_a_link_holds_has_its_globals_watched(held):
     assert cache(models[1]).replays == 3
 
 
+def test_an_attribute_set_to_a_kept_outputs_array_is_that_array():
+    """``self.h = h; self.feat = h.array``: the recording call left a copy
+    in ``feat`` (``m.feat is m.h.array`` False), so the caller's in-place
+    write into the kept features before the backward, which define-by-run
+    sees in l2's backward, was lost (l2.W.grad 0.1 off), silently, at
+    every recording call (each new key)."""
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        self.h = h
+        self.feat = h.array
+        return F.sum(self.l2(h) ** 2)
+
+    models = make_twins(body)
+    for i in range(6):
+        x = data(4 + i % 2, 3)        # two keys
+        for m in models:
+            m.cleargrads()
+            loss = m(x)
+            assert m.feat is m.h.array
+            m.feat[:] = numpy.maximum(m.feat, 0.5)
+            loss.backward()
+        compare_chains(*models, rtol=0, atol=0)
+    assert cache(models[1]).recordings == 3
+    assert cache(models[1]).replays == 3
+
+
+def test_a_parameter_registered_by_the_call_stays_a_parameter():
+    """``with self.init_scope(): self.extra = chainer.Parameter(...)``
+    the first time the method runs: the recording call replaced the new
+    attribute with a detached Variable, still listed among the chain's
+    parameters, and the optimizer's update raised AttributeError."""
+    def init(self):
+        _mlp(self)
+
+    def body(self, x):
+        if not hasattr(self, 'extra'):
+            with self.init_scope():
+                self.extra = chainer.Parameter(
+                    numpy.full((4,), 0.5, numpy.float32))
+        return F.sum(self.l2(self.l1(x) * F.broadcast_to(
+            self.extra, (x.shape[0], 4))))
+
+    models = make_twins(body, init)
+    opts = [chainer.optimizers.SGD(0.1).setup(m) for m in models]
+    for i in range(4):
+        train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+        for m, o in zip(models, opts):
+            assert type(m.extra) is chainer.Parameter
+            o.update()
+        assert numpy.array_equal(models[0].extra.array,
+                                 models[1].extra.array)
+    assert cache(models[1]).replays == 2
+
+
 class _Counter(object):
     n = 0
 

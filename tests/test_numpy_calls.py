@@ -349,6 +349,34 @@ def test_a_perplexity_reported_from_the_loss_replays():
     assert c.recordings == 1 and c.replays == 4
 
 
+def test_a_numpy_scalar_returned_is_a_numpy_scalar():
+    """``return loss, numpy.exp(loss.array.astype(numpy.float64)),
+    -loss.array``: define-by-run's are NumPy scalars (``isinstance(ppl,
+    float)``, ``json.dumps``, ``hash`` work); the recording and every
+    replay returned 0-d arrays of the same bits."""
+    def body(self, x):
+        loss = F.sum(self.l2(self.l1(x)) ** 2)
+        return loss, numpy.exp(loss.array.astype(numpy.float64) / 100), \
+            -loss.array
+
+    models = twins(Base, body)
+    rs = numpy.random.RandomState(1)
+    for i in range(4):
+        x = rs.standard_normal((6, 5)).astype('f')
+        got = []
+        for m, opt in models:
+            m.cleargrads()
+            out = m(x)
+            out[0].backward()
+            opt.update()
+            got.append(out[1:])
+        for a, b in zip(*got):
+            assert type(a) is type(b) and a.tobytes() == b.tobytes()
+        assert isinstance(got[1][0], float)
+    c = only_cache(models[1][0])
+    assert c.recordings == 1 and c.replays == 3
+
+
 WRITES = {
     'clip out=': lambda a: numpy.clip(a, -1, 1, out=a),
     'minimum out=': lambda a: numpy.minimum(a, 1, out=a),

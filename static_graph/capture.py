@@ -112,13 +112,15 @@ class Capture(object):
         held_links = link_state.held_links(chain)
         links = list(chain.links())
         classes = set(type(link) for link in links)
+        named = []
         functions = reach.reachable_functions(
             self.method, classes,
             set(link.__class__ for _, link in held_links),
-            reach.held_functions(links + [l for _, l in held_links]))
+            reach.held_functions(links + [l for _, l in held_links]), named)
         root_hooks, around = link_state.hook_scopes(
             chain, self.name, self.method, held_links)
-        watch = link_values.Watch(snapshot, functions, classes, root_hooks,
+        watch = link_values.Watch(snapshot, functions,
+                                  list(classes) + named, root_hooks,
                                   held=held_links, around=around)
         held = link_state.trace_held_arrays(chain, rec)
         rngs = generators.snapshot(chain, watch.named_globals)

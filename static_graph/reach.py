@@ -159,7 +159,8 @@ def _add_held(v, out, seen):
         out.append(f)
 
 
-def reachable_functions(method, classes=(), named_only=(), held=()):
+def reachable_functions(method, classes=(), named_only=(), held=(),
+                        classes_out=None):
     """``method`` and the user functions its call can reach by name, at
     most ``_MAX_FUNCTIONS``: functions its code names as globals, methods
     of the user classes among ``classes`` (the links' classes) its code
@@ -169,7 +170,10 @@ def reachable_functions(method, classes=(), named_only=(), held=()):
     named on a branch not taken counts too. The methods of ``named_only``
     (the classes of links held other than as children) count only where
     the code names them. ``held``: more functions to start from
-    (``held_functions``)."""
+    (``held_functions``). A user class the code names as a global (a
+    FunctionNode of one's own: ``Scale().apply(...)``) adds its methods,
+    and is appended to ``classes_out`` (its class attributes are watched
+    as the links' classes' are)."""
     user = user_classes(classes)
     todo = [method] + list(held)
     for cls in user:
@@ -181,6 +185,9 @@ def reachable_functions(method, classes=(), named_only=(), held=()):
     while i < len(todo) and len(out) < _MAX_FUNCTIONS:
         fn = todo[i]
         i += 1
+        if isinstance(fn, (staticmethod, classmethod, property)):
+            fn = _user_function(fn.fget if isinstance(fn, property)
+                                else fn)
         code = getattr(fn, '__code__', None)
         if code is None or code in seen or \
                 getattr(fn, '__globals__', None) is None:
@@ -194,6 +201,12 @@ def reachable_functions(method, classes=(), named_only=(), held=()):
             found.append(glob.get(name))
             found.extend(cls.__dict__.get(name) for cls in user)
         for v in found:
+            if isinstance(v, type) and classes_out is not None and \
+                    v not in classes_out and user_class(v):
+                classes_out.append(v)
+                for c in user_classes((v,)):
+                    todo.extend(c.__dict__.values())
+                continue
             for f in _functions_of(v):
                 f = _user_function(f)
                 if f is not None and f.__code__ not in seen:

@@ -116,3 +116,61 @@ def test_trains_alike_and_replays(node):
                 assert (a == 1).all()      # never written into
     assert '0 define-by-run calls' in static_graph.explain(ours)
     assert ' 0 replays' not in static_graph.explain(ours)
+
+
+_K = 1.0
+
+
+class _ScaleByGlobal(chainer.FunctionNode):
+    def forward(self, inputs):
+        return inputs[0] * numpy.float32(_K),
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0] * _K,
+
+
+class _ScaleByClass(chainer.FunctionNode):
+    k = 1.0
+
+    def forward(self, inputs):
+        return inputs[0] * numpy.float32(self.k),
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs[0] * self.k,
+
+
+@pytest.mark.parametrize('node', [_ScaleByGlobal, _ScaleByClass])
+def test_a_users_node_reading_a_global_or_class_attribute(node):
+    """A node of one's own whose forward and backward read a module global
+    (or its class attribute) that the training loop changes: replay ran
+    its forward again with the new value but its recorded backward with
+    the old (W.grad 2, 2, 2, 2 for 2, 4, 6, 8), silently. The method's
+    code names the class: its methods' globals and its class attributes
+    are watched now, and a change records again."""
+    global _K
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        def forward(self, x):
+            return F.sum(node().apply((self.l(x),))[0])
+
+    S = type('S', (Net,), {'forward': static(Net.forward)})
+    numpy.random.seed(0)
+    a, b = Net(), S()
+    b.copyparams(a)
+    x = numpy.ones((2, 3), numpy.float32)
+    try:
+        for i in range(6):
+            _K = _ScaleByClass.k = 1.0 + i // 2
+            for m in (a, b):
+                m.cleargrads()
+                m(x).backward()
+            assert numpy.array_equal(a.l.W.grad, b.l.W.grad), i
+    finally:
+        _K = _ScaleByClass.k = 1.0
+    c = list(static_graph.decorator.caches_of(b).values())[0]
+    assert c.recordings == 3 and c.replays == 3

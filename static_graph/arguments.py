@@ -29,7 +29,14 @@ def inner_arguments(rec, leaves, paths):
         variable = isinstance(leaf, chainer.Variable)
         a = shared.get(i)
         if a is None:
-            a = arrayutil.copy_exact(leaf.raw_array if variable else leaf)
+            raw = leaf.raw_array if variable else leaf
+            a = arrayutil.copy_exact(raw)
+            if isinstance(raw, numpy.ndarray):
+                if not variable and type(raw) is not numpy.ndarray:
+                    a = _plain_subclass(rec, a, path)
+                if not raw.flags.writeable:
+                    # (The method's write raises as define-by-run's does.)
+                    a.flags.writeable = False
         leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
         if variable:
             v = chainer.Variable(a, requires_grad=leaf.requires_grad,
@@ -43,6 +50,20 @@ def inner_arguments(rec, leaves, paths):
         else:
             inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
     return inner, leaf_bids
+
+
+def _plain_subclass(rec, a, path):
+    """The recording's copy of an argument of a NumPy subclass: a memmap's
+    as a plain array (the same values and arithmetic: traced, so what the
+    method reads of it is seen); any other (a masked array, numpy.matrix,
+    one of your own) cannot be traced as it computes: a reason."""
+    if isinstance(a, numpy.memmap):
+        return a.view(numpy.ndarray)
+    rec.add_reason(
+        'argument %s is a %s.%s, whose values the recording cannot watch '
+        'as it computes (a branch on them, a write into it would be '
+        'frozen)' % (path, type(a).__module__, type(a).__name__))
+    return a
 
 
 def sync_gradients(rec, inner, leaves, paths):

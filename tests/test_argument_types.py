@@ -151,3 +151,62 @@ def test_a_container_with_attributes_of_its_own_runs_define_by_run(kind):
                 arg.scale = scale
                 losses.append(float(m(arg).array))
             assert losses[0] == losses[1], scale
+
+
+class Branches(chainer.Chain):
+    def __init__(self):
+        super(Branches, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(4, 5)
+
+    def forward(self, x):
+        h = self.l1(x)
+        return F.sum(F.relu(h) if x.max() > 0.5 else F.tanh(h) * 3)
+
+
+@pytest.mark.parametrize('kind', ['memmap', 'MaskedArray'])
+@pytest.mark.filterwarnings('ignore::static_graph.StaticGraphWarning')
+def test_a_subclass_arguments_values_read_by_the_method(kind, tmp_path):
+    """A branch on the values of a memmap argument (a dataset loaded with
+    ``mmap_mode='r'`` and sliced) or of a masked array: such arguments were
+    handed to the method untraced, and replay kept the recorded branch
+    (loss 4.0 for 1.6), silently. A memmap is traced as the plain array
+    it computes as (the read is seen); other subclasses are a reason."""
+    S = type('S', (Branches,), {'forward': static(Branches.forward)})
+    dbr, ours = Branches(), S()
+    ours.copyparams(dbr)
+    rs = numpy.random.RandomState(0)
+    for step in range(4):
+        x = rs.rand(6, 4).astype('f') * (0.4 if step % 2 else 1.0)
+        if kind == 'memmap':
+            path = str(tmp_path / ('x%d.npy' % step))
+            numpy.save(path, x)
+            x = numpy.load(path, mmap_mode='r')
+        else:
+            x = _masked(x)
+        got = []
+        for m in (dbr, ours):
+            m.cleargrads()
+            loss = m(x)
+            loss.backward()
+            got.append((loss.array, m.l1.W.grad.copy()))
+        assert numpy.array_equal(got[0][0], got[1][0]), step
+        assert numpy.array_equal(got[0][1], got[1][1]), step
+    assert 'fallback' in static_graph.explain(ours)
+
+
+def test_a_read_only_argument_written_by_the_method_raises():
+    """``x[:, 0] = 0`` on a read-only argument (``numpy.broadcast_to``, a
+    memmap opened read-only): define-by-run raises; the recording call
+    wrote into its own writable copy and returned a loss."""
+    class Writes(Net):
+        def forward(self, x):
+            x[:, 0] = 0
+            return F.sum(self.l1(x))
+
+    S = type('S', (Writes,), {'forward': static(Writes.forward)})
+    x = numpy.ones((3, 4), 'f')
+    x.flags.writeable = False
+    for m in (Writes(), S()):
+        with pytest.raises(ValueError, match='read-only'):
+            m(x)

@@ -172,6 +172,9 @@ class Cache(object):
         # be done: their calls run define-by-run.
         self._no_backward = {}
         self.forward_only = {}
+        # {key: calls that recorded while an earlier one waited for its
+        # backward} (decorator: warned once at WAITING_WARN)
+        self.waiting = {}
         # Keys whose recordings went stale STALE_AFTER times in a row:
         # {key: [define-by-run calls left, the wait]} (decorator._stale).
         self.backoff = {}
@@ -456,6 +459,12 @@ def _erase(spec):
 
 
 _erased_leaves = {}   # leaf spec -> its family's (the same few recur)
+
+
+# Calls of one key recorded while an earlier one waits for its backward,
+# after which a warning says what they cost (outputs kept, never
+# backpropagated: each call records, about 4x define-by-run's time).
+WAITING_WARN = 256
 
 
 def bound(table):

@@ -1,5 +1,6 @@
 """``@static_graph``: record a Chain method once per key, replay afterwards."""
 import functools
+import threading
 
 import chainer
 
@@ -98,6 +99,9 @@ def static_graph(method=None, **options):
                 'class method, a method of another class)'
                 % (method.__qualname__, type(self).__name__))
         if not getattr(chainer.config, 'use_static_graph', True):
+            return method(self, *args, **kwargs)
+        if _records_elsewhere(self):
+            # Another thread records this chain (_record): define-by-run.
             return method(self, *args, **kwargs)
         if recorder.current() is not None:
             diagnostics.logger.debug(
@@ -245,14 +249,31 @@ def static_graph(method=None, **options):
                 why = ('the earlier recording of this key has not had its '
                        'backward yet')
                 stale = e.stale
+                _count_waiting(self, name, cache, key)
         if _dead_proxy(self, name, cache):
             return _define_by_run(method, self, args, kwargs)
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
-        return cap.forward(args, kwargs, leaves, paths)
+        return _record(cap, method, self, args, kwargs, leaves, paths)
 
     wrapper.__static_graph__ = True
     return wrapper
+
+
+def _count_waiting(self, name, cache, key):
+    n = cache.waiting[key] = cache.waiting.get(key, 0) + 1
+    cache_module.bound(cache.waiting)
+    if n == cache_module.WAITING_WARN:
+        diagnostics.warn_once(
+            (type(self), name, 'waiting'),
+            '%s.%s: %d calls of one key have recorded while an earlier call '
+            'of it waits for its backward. Each records (about two '
+            "define-by-run calls' time), so that a loss summed over them "
+            "adds gradients in define-by-run's order; if their outputs "
+            'never get a backward (evaluation with backprop enabled, '
+            'outputs kept in a list), call it under '
+            'chainer.no_backprop_mode(), which replays'
+            % (type(self).__name__, name, n))
 
 
 def _stale(method, self, name, cache, key, e, why, wait, args, kwargs):
@@ -280,6 +301,30 @@ def _stale(method, self, name, cache, key, e, why, wait, args, kwargs):
     return _define_by_run(method, self, args, kwargs)
 
 
+# id(chain) -> the thread that records a call of it: while it does, the
+# chain's links hold that recording's traced arrays (capture.py), which
+# another thread's call must neither record nor match against.
+_recording = {}
+
+
+def _records_elsewhere(chain):
+    owner = _recording.get(id(chain))
+    return owner is not None and owner != threading.get_ident()
+
+
+def _record(cap, method, chain, args, kwargs, leaves, paths):
+    """``cap.forward``, unless another thread records ``chain`` now (one
+    model called from several threads): this call then runs
+    define-by-run."""
+    me = threading.get_ident()
+    if _recording.setdefault(id(chain), me) != me:
+        return method(chain, *args, **kwargs)
+    try:
+        return cap.forward(args, kwargs, leaves, paths)
+    finally:
+        _recording.pop(id(chain), None)
+
+
 def _dead_proxy(chain, name, cache):
     """A link attribute of ``chain`` that is a ``weakref.proxy`` whose
     object is gone, which a recording cannot look at: the call runs
@@ -305,9 +350,9 @@ def _forward_only(method, self, name, cache, key, args, kwargs, leaves,
     if reason is None and _dead_proxy(self, name, cache):
         return _define_by_run(method, self, args, kwargs)
     if reason is None:
-        return capture.Capture(self, method, name, cache, key,
-                               stand_in=True).forward(args, kwargs, leaves,
-                                                      paths)
+        return _record(capture.Capture(self, method, name, cache, key,
+                                       stand_in=True),
+                       method, self, args, kwargs, leaves, paths)
     diagnostics.warn_once(
         (type(self), name, 'forward only', reason),
         '%s.%s runs define-by-run for this call signature: %s'

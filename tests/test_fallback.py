@@ -700,3 +700,21 @@ def test_debug_mode_around_a_replayed_backward_warns():
                 loss.backward()
     assert [w for w in caught if 'debug mode is on in the backward'
             in str(w.message)]
+
+
+def test_many_calls_waiting_for_their_backward_warn_once(monkeypatch):
+    """``kept.append(model(x))`` under backprop, never backpropagated:
+    each call of the key records while the first waits for its backward
+    (as a loss summed over calls must), 4x define-by-run's time, silently.
+    Now one warning says so and names no_backprop_mode."""
+    from static_graph import cache as cache_module
+    monkeypatch.setattr(cache_module, 'WAITING_WARN', 5)
+    b = OneLinear()
+    kept = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(12):
+            kept.append(b(data(2, 4)))
+    said = [w for w in caught if 'waits for its backward' in str(w.message)]
+    assert len(said) == 1 and 'no_backprop_mode' in str(said[0].message)
+    assert list(caches_of(b).values())[0].recordings == 12

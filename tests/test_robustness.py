@@ -1122,6 +1122,47 @@ def test_threads_recording_the_same_key_at_once(fast_switching):
         assert states == ['complete'], states
 
 
+def test_threads_recording_keys_of_one_chain_with_persistents(
+        fast_switching):
+    """Inference on one model with BatchNormalization from four threads,
+    each of its own batch size: a recording holds traced views of the
+    running statistics on the links while it runs, and another thread's
+    recording took them for arrays computed with NumPy: keys fell back for
+    good (in 6 runs of 6, most never replayed again). A call made while
+    another thread records the chain now runs define-by-run."""
+    class WithBN(Base):
+        def __init__(self):
+            super(WithBN, self).__init__()
+            with self.init_scope():
+                self.bn = L.BatchNormalization(4)
+
+        def forward(self, x):
+            return self.l2(F.relu(self.bn(self.l1(x))))
+
+    S = type('S', (WithBN,), {
+        'forward': static_graph.static_graph(WithBN.forward)})
+    for trial in range(3):
+        a, b = WithBN(), S()
+        b.copyparams(a)
+        start = threading.Barrier(4)
+
+        def go(k):
+            x = data(3 + k, 3)
+            start.wait()
+            with chainer.using_config('train', False), \
+                    chainer.no_backprop_mode():
+                for it in range(20):
+                    y = b(x)
+                    with chainer.using_config('train', False):
+                        assert_close(y.array, a(x).array, 'thread %d' % k,
+                                     rtol=0, atol=0)
+
+        run_threads(go, 4)
+        states = [s.state for s in static_graph.cached(b)]
+        assert states and set(states) == {'complete'}, states
+        assert cache(b).replays >= 20
+
+
 def test_thread_local_config_is_in_the_key(fast_switching):
     """A thread in eval mode and one in train mode share one chain."""
     def body(self, x):

@@ -116,7 +116,7 @@ class Capture(object):
         functions = reach.reachable_functions(
             self.method, classes,
             set(link.__class__ for _, link in held_links),
-            reach.held_functions(links + [l for _, l in held_links]), named)
+            links + [l for _, l in held_links], named)
         root_hooks, around = link_state.hook_scopes(
             chain, self.name, self.method, held_links)
         watch = link_values.Watch(snapshot, functions,

@@ -123,18 +123,20 @@ def user_class(cls):
     return known
 
 
-def held_functions(links):
+def held_functions(links, names):
     """The user functions the ``links`` hold as attributes of their own
-    (an activation handed to ``__init__``: ``self.act = my_act``, a
-    lambda, a ``functools.partial``'s function, a bound method, a callable
-    object's ``__call__``, the functions of a list such as
-    ``Sequential``'s layers): the call may run them, though its code names
-    only the attribute."""
+    whose names are in ``names`` (what the reached code mentions: an
+    activation handed to ``__init__``, ``self.act = my_act``, called as
+    ``self.act(h)``; a lambda, a ``functools.partial``'s function, a bound
+    method, a callable object's ``__call__``, the functions of a list such
+    as ``Sequential``'s layers, which its forward names): the call may run
+    them, though its code names only the attribute. (One held but not
+    named, a schedule the training loop calls, is not the call's.)"""
     out, seen = [], set()
     for link in links:
-        for v in vars(link).values():
-            if type(v) in weakref.ProxyTypes:
-                continue      # (dead, or a link's: the watch's)
+        for k, v in vars(link).items():
+            if k not in names or type(v) in weakref.ProxyTypes:
+                continue      # (a dead proxy, or a link's: the watch's)
             if isinstance(v, (list, tuple)):
                 for x in v[:_MAX_FUNCTIONS]:
                     _add_held(x, out, seen)
@@ -159,7 +161,18 @@ def _add_held(v, out, seen):
         out.append(f)
 
 
-def reachable_functions(method, classes=(), named_only=(), held=(),
+def _project_class(cls):
+    """A user class defined in the project's own code (a script, a
+    notebook, a module of its own), not in an installed package."""
+    if not user_class(cls):
+        return False
+    module = sys.modules.get(getattr(cls, '__module__', None) or '')
+    filename = getattr(module, '__file__', None) or ''
+    return 'site-packages' not in filename and \
+        'dist-packages' not in filename
+
+
+def reachable_functions(method, classes=(), named_only=(), links=(),
                         classes_out=None):
     """``method`` and the user functions its call can reach by name, at
     most ``_MAX_FUNCTIONS``: functions its code names as globals, methods
@@ -169,25 +182,46 @@ def reachable_functions(method, classes=(), named_only=(), held=(),
     Found by the names the code mentions, not by running it: a function
     named on a branch not taken counts too. The methods of ``named_only``
     (the classes of links held other than as children) count only where
-    the code names them. ``held``: more functions to start from
-    (``held_functions``). A user class the code names as a global (a
-    FunctionNode of one's own: ``Scale().apply(...)``) adds its methods,
-    and is appended to ``classes_out`` (its class attributes are watched
-    as the links' classes' are)."""
+    the code names them. Then the functions ``links`` hold under names
+    that code mentions (``held_functions``), and last the methods of the
+    classes of the project's own code it names as globals (a FunctionNode
+    of one's own: ``Scale().apply(...)``), each appended to
+    ``classes_out`` (its class attributes are watched as the links'
+    classes' are)."""
     user = user_classes(classes)
-    todo = [method] + list(held)
+    todo = [method]
     for cls in user:
         for k in ('forward', '__call__'):
             todo.append(_user_function(cls.__dict__.get(k)))
     user = user + [c for c in user_classes(named_only) if c not in user]
-    seen, out = set(), []
+    seen, out, named = set(), [], []
+    phase = 0
     i = 0
-    while i < len(todo) and len(out) < _MAX_FUNCTIONS:
+    while len(out) < _MAX_FUNCTIONS:
+        if i == len(todo):
+            phase += 1
+            if phase == 1 and links:     # functions the links hold
+                names = set()
+                for fn in out:
+                    code_names(fn.__code__, names)
+                for link in links:
+                    for k in ('forward', '__call__'):
+                        code = getattr(getattr(type(link), k, None),
+                                       '__code__', None)
+                        if code is not None:
+                            code_names(code, names)
+                todo.extend(held_functions(links, names))
+            elif phase == 2 and named:   # classes named as globals
+                for c in named:
+                    for v in c.__dict__.values():
+                        if isinstance(v, property):
+                            v = v.fget
+                        todo.append(_user_function(v))
+            elif phase > 2:
+                break
+            continue
         fn = todo[i]
         i += 1
-        if isinstance(fn, (staticmethod, classmethod, property)):
-            fn = _user_function(fn.fget if isinstance(fn, property)
-                                else fn)
         code = getattr(fn, '__code__', None)
         if code is None or code in seen or \
                 getattr(fn, '__globals__', None) is None:
@@ -201,11 +235,12 @@ def reachable_functions(method, classes=(), named_only=(), held=(),
             found.append(glob.get(name))
             found.extend(cls.__dict__.get(name) for cls in user)
         for v in found:
-            if isinstance(v, type) and classes_out is not None and \
-                    v not in classes_out and user_class(v):
-                classes_out.append(v)
-                for c in user_classes((v,)):
-                    todo.extend(c.__dict__.values())
+            if isinstance(v, type):
+                if classes_out is not None and v not in classes_out and \
+                        _project_class(v):
+                    classes_out.append(v)
+                    named.extend(c for c in user_classes((v,))
+                                 if _project_class(c) and c not in named)
                 continue
             for f in _functions_of(v):
                 f = _user_function(f)

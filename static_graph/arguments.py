@@ -31,12 +31,9 @@ def inner_arguments(rec, leaves, paths):
         if a is None:
             raw = leaf.raw_array if variable else leaf
             a = arrayutil.copy_exact(raw)
-            if isinstance(raw, numpy.ndarray):
-                if not variable and type(raw) is not numpy.ndarray:
-                    a = _plain_subclass(rec, a, path)
-                if not raw.flags.writeable:
-                    # (The method's write raises as define-by-run's does.)
-                    a.flags.writeable = False
+            if isinstance(raw, numpy.ndarray) and not variable and \
+                    type(raw) is not numpy.ndarray:
+                a = _plain_subclass(rec, a, path)
         leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
         if variable:
             v = chainer.Variable(a, requires_grad=leaf.requires_grad,
@@ -48,7 +45,15 @@ def inner_arguments(rec, leaves, paths):
             rec.argument_paths[id(v)] = (path, leaf)
             inner.append(v)
         else:
-            inner.append(rec.trace(a) if type(a) is numpy.ndarray else a)
+            if type(a) is numpy.ndarray:
+                a = rec.trace(a)
+                if not leaf.flags.writeable:
+                    # (The method's write raises as define-by-run's does;
+                    # the copy itself stays writable: ``x.setflags(
+                    # write=True)`` works as on an array that owns its
+                    # memory.)
+                    a.flags.writeable = False
+            inner.append(a)
     return inner, leaf_bids
 
 

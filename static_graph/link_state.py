@@ -266,7 +266,8 @@ def write_back_inputs(rec, leaves, inner, leaf_bids):
                 leaf.array = traced.untraced(mine.raw_array)
                 continue
             leaf, mine = leaf.raw_array, mine.raw_array
-        if mine is None or not arrayutil.plain_array(leaf):
+        if mine is None or not (arrayutil.plain_array(leaf) or
+                                isinstance(leaf, numpy.memmap)):
             continue    # (not an array; a NumPy subclass, left as it is)
         mine = traced.untraced(mine)
         if leaf.shape != mine.shape or leaf.dtype != mine.dtype:

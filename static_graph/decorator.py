@@ -215,6 +215,8 @@ def static_graph(method=None, **options):
                         'of its %d ops saves (pass them as an array, or '
                         'keep them on the chain)' % (paths.values, _ops(e)))
                 if e.recheck is None and e.matches(self):
+                    if cache.waiting:
+                        cache.waiting.pop(key, None)
                     cache.replays += 1
                     e.replays += 1
                     if e.recurrent:
@@ -269,9 +271,10 @@ def _count_waiting(self, name, cache, key):
             '%s.%s: %d calls of one key have recorded while an earlier call '
             'of it waits for its backward. Each records (about two '
             "define-by-run calls' time), so that a loss summed over them "
-            "adds gradients in define-by-run's order; if their outputs "
-            'never get a backward (evaluation with backprop enabled, '
-            'outputs kept in a list), call it under '
+            "adds gradients in define-by-run's order: expected before the "
+            "first backward of such a loss, which builds the key's "
+            'schedules. If their outputs never get a backward (evaluation '
+            'with backprop enabled, outputs kept in a list), call it under '
             'chainer.no_backprop_mode(), which replays'
             % (type(self).__name__, name, n))
 
@@ -301,9 +304,10 @@ def _stale(method, self, name, cache, key, e, why, wait, args, kwargs):
     return _define_by_run(method, self, args, kwargs)
 
 
-# id(chain) -> the thread that records a call of it: while it does, the
-# chain's links hold that recording's traced arrays (capture.py), which
-# another thread's call must neither record nor match against.
+# id(link) -> the thread that records a call of a chain holding it: while
+# it does, the links hold that recording's traced arrays (capture.py),
+# which another thread's call (of that chain, or of a decorated child)
+# must neither record nor match against.
 _recording = {}
 
 
@@ -317,12 +321,17 @@ def _record(cap, method, chain, args, kwargs, leaves, paths):
     model called from several threads): this call then runs
     define-by-run."""
     me = threading.get_ident()
-    if _recording.setdefault(id(chain), me) != me:
-        return method(chain, *args, **kwargs)
+    mine = []
     try:
+        for link in chain.links():
+            owner = _recording.setdefault(id(link), me)
+            if owner != me:
+                return method(chain, *args, **kwargs)
+            mine.append(id(link))
         return cap.forward(args, kwargs, leaves, paths)
     finally:
-        _recording.pop(id(chain), None)
+        for k in mine:
+            _recording.pop(k, None)
 
 
 def _dead_proxy(chain, name, cache):

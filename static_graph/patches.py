@@ -327,6 +327,13 @@ def _keeps_traced(name):
                     traced.holds_traced(a):
                 # numpy.asarray(list(h.array)): a copy of traced values
                 return _copied_from_list(name, orig, a, args, kwargs, out)
+            rec = getattr(_local, 'recording', None)
+            if rec is not None and not rec.depth and out is not a and \
+                    type(out) is numpy.ndarray and \
+                    device_reads.numbers_only((a,) + args, kwargs):
+                # From Python numbers alone (``numpy.array([len(x) for x
+                # in xs])``): a constant of the key, as numpy.arange's.
+                rec.shape_made[id(out)] = out
             return out
         rec = getattr(_local, 'recording', None)
         if rec is None:

@@ -658,3 +658,23 @@ def test_a_schedule_that_draws_on_the_host_is_never_a_graph(monkeypatch):
         tiers['forward'].reason
     assert tiers['forward'].graph is None
     assert tiers['backward'].graph is not None
+
+
+def test_an_array_of_python_numbers_is_a_constant_of_the_key():
+    """``h * numpy.array([1., 2., 3., 4.], numpy.float32)`` (a literal
+    weight vector): an array made from Python numbers alone is a constant
+    of the key, as ``numpy.arange(n)`` is; it fell back before ("an array
+    not produced by a Chainer function enters Mul")."""
+    def body(self, x):
+        return F.sum(self.l1(x) * numpy.array([1., 2., 3., 4.],
+                                              numpy.float32))
+
+    models = twins(Base, body)
+    for i in range(4):
+        x = numpy.random.RandomState(i).standard_normal((3, 5)).astype('f')
+        for m, opt in models:
+            m.cleargrads()
+            m(x).backward()
+        for p, q in zip(models[0][0].params(), models[1][0].params()):
+            assert numpy.array_equal(p.grad, q.grad), i
+    assert only_cache(models[1][0]).replays == 3

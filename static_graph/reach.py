@@ -123,19 +123,20 @@ def user_class(cls):
     return known
 
 
-def held_functions(links, names):
-    """The user functions the ``links`` hold as attributes of their own
-    whose names are in ``names`` (what the reached code mentions: an
-    activation handed to ``__init__``, ``self.act = my_act``, called as
-    ``self.act(h)``; a lambda, a ``functools.partial``'s function, a bound
-    method, a callable object's ``__call__``, the functions of a list such
-    as ``Sequential``'s layers, which its forward names): the call may run
-    them, though its code names only the attribute. (One held but not
-    named, a schedule the training loop calls, is not the call's.)"""
+def held_functions(links):
+    """The user functions the ``links`` hold as attributes of their own (an
+    activation handed to ``__init__``, ``self.act = my_act``; a lambda, a
+    ``functools.partial``'s function, a bound method, a callable object's
+    ``__call__``, the functions of a list such as ``Sequential``'s
+    layers): the call may run them, though its code names only the
+    attribute, or not even that (``getattr(self, 'act%d' % i)``). All of
+    them: one held but never called by the call (a schedule the training
+    loop calls) is watched too, and makes calls record again where it
+    reads a global the loop changes (docs/faithfulness.md)."""
     out, seen = [], set()
     for link in links:
         for k, v in vars(link).items():
-            if k not in names or type(v) in weakref.ProxyTypes:
+            if type(v) in weakref.ProxyTypes:
                 continue      # (a dead proxy, or a link's: the watch's)
             if isinstance(v, (list, tuple)):
                 for x in v[:_MAX_FUNCTIONS]:
@@ -182,14 +183,14 @@ def reachable_functions(method, classes=(), named_only=(), links=(),
     Found by the names the code mentions, not by running it: a function
     named on a branch not taken counts too. The methods of ``named_only``
     (the classes of links held other than as children) count only where
-    the code names them. Then the functions ``links`` hold under names
-    that code mentions (``held_functions``), and last the methods of the
-    classes of the project's own code it names as globals (a FunctionNode
+    the code names them. The functions ``links`` hold come first, after
+    ``method`` (``held_functions``); last, the methods of the classes of
+    the project's own code the functions name as globals (a FunctionNode
     of one's own: ``Scale().apply(...)``), each appended to
     ``classes_out`` (its class attributes are watched as the links'
     classes' are)."""
     user = user_classes(classes)
-    todo = [method]
+    todo = [method] + held_functions(links)
     for cls in user:
         for k in ('forward', '__call__'):
             todo.append(_user_function(cls.__dict__.get(k)))
@@ -200,24 +201,13 @@ def reachable_functions(method, classes=(), named_only=(), links=(),
     while len(out) < _MAX_FUNCTIONS:
         if i == len(todo):
             phase += 1
-            if phase == 1 and links:     # functions the links hold
-                names = set()
-                for fn in out:
-                    code_names(fn.__code__, names)
-                for link in links:
-                    for k in ('forward', '__call__'):
-                        code = getattr(getattr(type(link), k, None),
-                                       '__code__', None)
-                        if code is not None:
-                            code_names(code, names)
-                todo.extend(held_functions(links, names))
-            elif phase == 2 and named:   # classes named as globals
+            if phase == 1 and named:     # classes named as globals
                 for c in named:
                     for v in c.__dict__.values():
                         if isinstance(v, property):
                             v = v.fget
                         todo.append(_user_function(v))
-            elif phase > 2:
+            elif phase > 1:
                 break
             continue
         fn = todo[i]

@@ -1647,7 +1647,7 @@ class _Act(object):
 
 
 @pytest.mark.parametrize('held', ['function', 'lambda', 'partial', 'object',
-                                  'sequential'])
+                                  'sequential', 'getattr'])
 def test_a_function_a_link_holds_has_its_globals_watched(held):
     """``self.act = my_act`` (an activation handed to ``__init__``, a
     lambda, a ``functools.partial``, a callable object, a function layer
@@ -1661,7 +1661,7 @@ def test_a_function_a_link_holds_has_its_globals_watched(held):
         _mlp(self)
         self.act = {'function': _leaky, 'lambda': lambda h: _leaky(h),
                     'partial': functools.partial(_leaky, k=1.0),
-                    'object': _Act(),
+                    'object': _Act(), 'getattr': _leaky,
                     'sequential': None}[held]
         if held == 'sequential':
             self.seq = chainer.Sequential(_leaky)
@@ -1671,7 +1671,11 @@ def test_a_function_a_link_holds_has_its_globals_watched(held):
         h = self.seq(h) if held == 'sequential' else self.act(h)
         return F.sum(self.l2(h))
 
-    models = make_twins(body, init)
+    def by_name(self, x):       # (its code does not name the attribute)
+        h = getattr(self, 'a' + 'ct')(self.l1(x))
+        return F.sum(self.l2(h))
+
+    models = make_twins(by_name if held == 'getattr' else body, init)
     try:
         for slope in (0.2, 0.2, 0.5, 0.5, 0.0, 0.0):
             _SLOPE = slope

@@ -210,3 +210,41 @@ def test_a_read_only_argument_written_by_the_method_raises():
     for m in (Writes(), S()):
         with pytest.raises(ValueError, match='read-only'):
             m(x)
+
+
+def test_a_variable_argument_of_a_memmap_or_read_only_array():
+    """A Variable wrapping a memmap (``mode='r+'``): its copy stayed an
+    untraced memmap, so a branch on its values was frozen (46.4 for 23.2)
+    and a write not seen; a Variable wrapping a read-only array written by
+    the method (``x.array[0, 0] = 5``) returned a loss where define-by-run
+    raises."""
+    class Reads(Net):
+        def forward(self, x):
+            h = self.l1(x)
+            return F.sum(h * 2 if float(x.array.sum()) > 0 else h)
+
+    class Writes(Net):
+        def forward(self, x):
+            x.array[0, 0] = 5
+            return F.sum(self.l1(x))
+
+    import tempfile
+    rs = numpy.random.RandomState(0)
+    S = type('S', (Reads,), {'forward': static(Reads.forward)})
+    dbr, ours = Reads(), S()
+    ours.copyparams(dbr)
+    with tempfile.TemporaryDirectory() as d:
+        for step in range(4):
+            path = '%s/x%d.npy' % (d, step)
+            numpy.save(path, rs.randn(3, 4).astype('f') + (
+                2 if step % 2 else -2))
+            x = numpy.load(path, mmap_mode='r+')
+            got = [m(chainer.Variable(x)).array for m in (dbr, ours)]
+            assert numpy.array_equal(got[0], got[1]), step
+            del x
+    x = numpy.ones((3, 4), 'f')
+    x.flags.writeable = False
+    W = type('W', (Writes,), {'forward': static(Writes.forward)})
+    for m in (Writes(), W()):
+        with pytest.raises(ValueError, match='read-only'):
+            m(chainer.Variable(x))

@@ -26,6 +26,7 @@ from chainer import reporter as reporter_module
 from chainer import variable as variable_module
 
 from static_graph import device_reads
+from static_graph import key_constants
 from static_graph import numpy_calls
 from static_graph import reports
 from static_graph import signature
@@ -327,13 +328,6 @@ def _keeps_traced(name):
                     traced.holds_traced(a):
                 # numpy.asarray(list(h.array)): a copy of traced values
                 return _copied_from_list(name, orig, a, args, kwargs, out)
-            rec = getattr(_local, 'recording', None)
-            if rec is not None and not rec.depth and out is not a and \
-                    type(out) is numpy.ndarray and \
-                    device_reads.numbers_only((a,) + args, kwargs):
-                # From Python numbers alone (``numpy.array([len(x) for x
-                # in xs])``): a constant of the key, as numpy.arange's.
-                rec.shape_made[id(out)] = out
             return out
         rec = getattr(_local, 'recording', None)
         if rec is None:
@@ -402,6 +396,8 @@ def _shape_maker(name):
         if rec is not None and not rec.depth and \
                 device_reads.numbers_only(args, kwargs):
             rec.shape_made[id(out)] = out   # (alive: its id stays its own)
+            if name in key_constants.MAKERS and type(out) is numpy.ndarray:
+                return key_constants.made(rec, out)
         return out
 
     maker.__name__ = name

@@ -165,6 +165,7 @@ def static_graph(method=None, **options):
         e = cache.get(key)
         why = None
         stale = 0
+        counted = False      # (a new key counted by cache.must_repeat)
         wait = cache.backoff.get(key) if cache.backoff else None
         if wait is not None and wait[0] > 0 and not cache.calls_waiting():
             wait[0] -= 1      # (a key whose recordings went stale)
@@ -187,8 +188,10 @@ def static_graph(method=None, **options):
             if only:
                 return _forward_only(method, self, name, cache, key, args,
                                      kwargs, leaves, paths)
-            if cache.must_repeat(key) is not None and \
-                    not cache.calls_waiting():
+            before = cache.new_keys
+            probation = cache.must_repeat(key)
+            counted = cache.new_keys != before
+            if probation is not None and not cache.calls_waiting():
                 diagnostics.warn_once(
                     (type(self), name, 'must repeat'),
                     '%s.%s: %s' % (type(self).__name__, name,
@@ -256,7 +259,14 @@ def static_graph(method=None, **options):
             return _define_by_run(method, self, args, kwargs)
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
-        return _record(cap, method, self, args, kwargs, leaves, paths)
+        try:
+            return _record(cap, method, self, args, kwargs, leaves, paths)
+        except BaseException:
+            if counted:
+                # (A call that raised, InvalidType say, is no new key the
+                # method recorded: not one that did not repeat.)
+                cache.new_keys -= 1
+            raise
 
     wrapper.__static_graph__ = True
     return wrapper

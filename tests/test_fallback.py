@@ -718,3 +718,28 @@ def test_many_calls_waiting_for_their_backward_warn_once(monkeypatch):
     said = [w for w in caught if 'waits for its backward' in str(w.message)]
     assert len(said) == 1 and 'no_backprop_mode' in str(said[0].message)
     assert list(caches_of(b).values())[0].recordings == 12
+
+
+def test_calls_that_raise_are_no_keys_that_did_not_repeat():
+    """A call whose recording raises (Chainer's TypeError for a list of
+    repeats, a wrong input dtype) counted as a new key recorded and never
+    replayed: after four, the method went on probation ("its keys do not
+    repeat") and later good keys ran define-by-run three times before
+    recording."""
+    class Repeats(Base):
+        @static_graph.static_graph
+        def forward(self, x, bad):
+            h = self.l1(x)
+            return F.sum(F.repeat(h, [1, 2] if bad else 2, axis=1))
+
+    m = Repeats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(6):
+            with pytest.raises(TypeError):
+                m(data(2, 4), True)
+        for i in range(3):
+            m(data(3 + i, 4), False)
+    assert not [w for w in caught if 'do not repeat' in str(w.message)]
+    c = list(caches_of(m).values())[0]
+    assert c.recordings == 3 and c.fallback_calls == 0

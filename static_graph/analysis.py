@@ -418,12 +418,6 @@ def mark_captured(rec, chain_map):
                     continue
                 if i < n_forward:
                     forward_consts.add(id(a))
-                    if rec.derived and id(arrayutil.root_of(a)) in \
-                            rec.derived:
-                        rec.add_reason(
-                            'a mask or index made by indexing a constant with '
-                            'the data (xp.eye(n)[t]) is held by %s (at %s); '
-                            'replay would freeze it' % (op.kind, op.source))
                 elif id(a) not in forward_consts and not _shape_derived(a):
                     python_array(
                         i - n_forward,

@@ -68,7 +68,9 @@ def _plain_subclass(rec, a, path):
     method reads of it is seen); any other (a masked array, numpy.matrix,
     one of your own) cannot be traced as it computes: a reason."""
     if isinstance(a, numpy.memmap):
-        return a.view(numpy.ndarray)
+        # (Memory of its own: a view's base would be the memmap copy,
+        # which no buffer is.)
+        return arrayutil.copy_exact(a.view(numpy.ndarray))
     rec.add_reason(
         'argument %s is a %s.%s, whose values the recording cannot watch '
         'as it computes (a branch on them, a write into it would be '

@@ -201,9 +201,6 @@ class Recording(object):
         # ids of arrays user code made from Python values alone
         # (numpy.arange(n)): constants of the key, uniform or not
         self.shape_made = {}
-        # id -> array indexed out of a constant by traced values
-        # (key_constants.py): computed from the data
-        self.derived = {}
         # ids of traced 0-d arrays that stand for the NumPy scalars a ufunc
         # of 0-d arrays gives (numpy_calls.compute)
         self.scalar_like = set()

@@ -248,3 +248,25 @@ def test_a_variable_argument_of_a_memmap_or_read_only_array():
     for m in (Writes(), W()):
         with pytest.raises(ValueError, match='read-only'):
             m(chainer.Variable(x))
+
+
+def test_a_view_of_a_memmap_arguments_array_replays(tmp_path):
+    """``Variable(x.array[:1])`` of a memmap argument: its recorded plain
+    copy was a view of the memmap copy, which no buffer is, so the view
+    fell back ("computed with NumPy from input values")."""
+    class Views(Net):
+        def forward(self, x):
+            return F.sum(self.l1(chainer.Variable(x.array[:1])))
+
+    S = type('S', (Views,), {'forward': static(Views.forward)})
+    dbr, ours = Views(), S()
+    ours.copyparams(dbr)
+    rs = numpy.random.RandomState(0)
+    for step in range(4):
+        path = str(tmp_path / ('x%d.npy' % step))
+        numpy.save(path, rs.randn(3, 4).astype('f'))
+        x = numpy.load(path, mmap_mode='r')
+        got = [m(chainer.Variable(x)).array for m in (dbr, ours)]
+        assert numpy.array_equal(got[0], got[1]), step
+    from static_graph.decorator import caches_of
+    assert caches_of(ours)['forward'].replays == 3

@@ -658,34 +658,3 @@ def test_a_schedule_that_draws_on_the_host_is_never_a_graph(monkeypatch):
         tiers['forward'].reason
     assert tiers['forward'].graph is None
     assert tiers['backward'].graph is not None
-
-
-@pytest.mark.parametrize('use', ['condition', 'input'])
-def test_a_one_hot_mask_of_the_labels(use):
-    """CosFace's target mask ``xp.eye(n, dtype=bool)[t]`` as F.where's
-    condition: indexing runs in NumPy's C code, which never asks the traced
-    labels, and the node held the mask as one more constant: replay kept
-    the recording's labels (loss 143.7 for 184.9), silently. ``eye`` and
-    ``identity`` now hand the call a KeyConstant whose indexing by traced
-    values is seen: the key runs define-by-run, the reason given (as the
-    mask as an input already did)."""
-    def body(self, x, t):
-        h = self.l1(x)
-        if use == 'condition':
-            return F.sum(F.where(self.xp.eye(4, dtype=bool)[t], h, h * 2))
-        return F.sum(h * self.xp.identity(4, dtype=numpy.float32)[t])
-
-    models = twins(Base, body)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
-        for i in range(4):
-            x = numpy.random.RandomState(i).standard_normal(
-                (3, 5)).astype('f')
-            t = numpy.array([i % 4, (i + 1) % 4, (i + 3) % 4], numpy.int32)
-            for m, opt in models:
-                m.cleargrads()
-                m(x, t).backward()
-            for p, q in zip(models[0][0].params(), models[1][0].params()):
-                assert numpy.array_equal(p.grad, q.grad), i
-    assert only_cache(models[1][0]).replays == 0
-    assert [w for w in caught if issubclass(w.category, StaticGraphWarning)]

@@ -31,14 +31,9 @@ def inner_arguments(rec, leaves, paths):
         if a is None:
             raw = leaf.raw_array if variable else leaf
             a = arrayutil.copy_exact(raw)
-            if isinstance(raw, numpy.ndarray):
-                if type(raw) is not numpy.ndarray:
-                    a = _plain_subclass(rec, a, path)
-                if variable and not raw.flags.writeable:
-                    # (``x.array[0] = 5`` raises as define-by-run's does;
-                    # a plain argument's traced view is made read-only
-                    # below.)
-                    a.flags.writeable = False
+            if isinstance(raw, numpy.ndarray) and \
+                    type(raw) is not numpy.ndarray:
+                a = _plain_subclass(rec, a, path)
         leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
         if variable:
             v = chainer.Variable(a, requires_grad=leaf.requires_grad,

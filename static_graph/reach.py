@@ -123,7 +123,7 @@ def user_class(cls):
     return known
 
 
-def held_functions(links):
+def held_functions(links, classes=None):
     """The user functions the ``links`` hold as attributes of their own (an
     activation handed to ``__init__``, ``self.act = my_act``; a lambda, a
     ``functools.partial``'s function, a bound method, a callable object's
@@ -132,23 +132,32 @@ def held_functions(links):
     attribute, or not even that (``getattr(self, 'act%d' % i)``). All of
     them: one held but never called by the call (a schedule the training
     loop calls) is watched too, and makes calls record again where it
-    reads a global the loop changes (docs/faithfulness.md)."""
+    reads a global the loop changes (docs/faithfulness.md). Also in a dict
+    (``self.acts['relu']``). A class of the project's own code held so
+    (``self.node_cls = Scale``) goes to ``classes``, as one named as a
+    global does (reachable_functions)."""
     out, seen = [], set()
     for link in links:
         for k, v in vars(link).items():
             if type(v) in weakref.ProxyTypes:
                 continue      # (a dead proxy, or a link's: the watch's)
+            if isinstance(v, dict):
+                v = list(v.values())
             if isinstance(v, (list, tuple)):
                 for x in v[:_MAX_FUNCTIONS]:
-                    _add_held(x, out, seen)
+                    _add_held(x, out, seen, classes)
             else:
-                _add_held(v, out, seen)
+                _add_held(v, out, seen, classes)
     return out
 
 
-def _add_held(v, out, seen):
+def _add_held(v, out, seen, classes):
     if type(v) in weakref.ProxyTypes:
         return      # (dead, or a link's: the watch's)
+    if isinstance(v, type):
+        if classes is not None and v not in classes and _project_class(v):
+            classes.append(v)
+        return
     while isinstance(v, functools.partial):
         v = v.func
     if isinstance(v, types.MethodType):
@@ -190,12 +199,18 @@ def reachable_functions(method, classes=(), named_only=(), links=(),
     ``classes_out`` (its class attributes are watched as the links'
     classes' are)."""
     user = user_classes(classes)
-    todo = [method] + held_functions(links)
+    held_classes = []
+    todo = [method] + held_functions(links, held_classes)
     for cls in user:
         for k in ('forward', '__call__'):
             todo.append(_user_function(cls.__dict__.get(k)))
     user = user + [c for c in user_classes(named_only) if c not in user]
     seen, out, named = set(), [], []
+    for v in held_classes:
+        if classes_out is not None and v not in classes_out:
+            classes_out.append(v)
+            named.extend(c for c in user_classes((v,))
+                         if _project_class(c) and c not in named)
     phase = 0
     i = 0
     while len(out) < _MAX_FUNCTIONS:

@@ -1647,7 +1647,7 @@ class _Act(object):
 
 
 @pytest.mark.parametrize('held', ['function', 'lambda', 'partial', 'object',
-                                  'sequential', 'getattr'])
+                                  'sequential', 'getattr', 'dict'])
 def test_a_function_a_link_holds_has_its_globals_watched(held):
     """``self.act = my_act`` (an activation handed to ``__init__``, a
     lambda, a ``functools.partial``, a callable object, a function layer
@@ -1662,13 +1662,14 @@ def test_a_function_a_link_holds_has_its_globals_watched(held):
         self.act = {'function': _leaky, 'lambda': lambda h: _leaky(h),
                     'partial': functools.partial(_leaky, k=1.0),
                     'object': _Act(), 'getattr': _leaky,
-                    'sequential': None}[held]
+                    'dict': {'leaky': _leaky}, 'sequential': None}[held]
         if held == 'sequential':
             self.seq = chainer.Sequential(_leaky)
 
     def body(self, x):
         h = self.l1(x)
-        h = self.seq(h) if held == 'sequential' else self.act(h)
+        h = self.seq(h) if held == 'sequential' else \
+            self.act['leaky'](h) if held == 'dict' else self.act(h)
         return F.sum(self.l2(h))
 
     def by_name(self, x):       # (its code does not name the attribute)

@@ -139,14 +139,16 @@ class _ScaleByClass(chainer.FunctionNode):
         return grad_outputs[0] * self.k,
 
 
-@pytest.mark.parametrize('node', [_ScaleByGlobal, _ScaleByClass])
-def test_a_users_node_reading_a_global_or_class_attribute(node):
+@pytest.mark.parametrize('node, held', [
+    (_ScaleByGlobal, False), (_ScaleByClass, False), (_ScaleByClass, True)])
+def test_a_users_node_reading_a_global_or_class_attribute(node, held):
     """A node of one's own whose forward and backward read a module global
     (or its class attribute) that the training loop changes: replay ran
     its forward again with the new value but its recorded backward with
     the old (W.grad 2, 2, 2, 2 for 2, 4, 6, 8), silently. The method's
     code names the class: its methods' globals and its class attributes
-    are watched now, and a change records again."""
+    are watched now, and a change records again; also where a link holds
+    the class (``self.node_cls = Scale``, called ``self.node_cls()``)."""
     global _K
 
     class Net(chainer.Chain):
@@ -154,9 +156,15 @@ def test_a_users_node_reading_a_global_or_class_attribute(node):
             super(Net, self).__init__()
             with self.init_scope():
                 self.l = L.Linear(3, 2)
+            self.node_cls = node
 
-        def forward(self, x):
-            return F.sum(node().apply((self.l(x),))[0])
+    def named(self, x):
+        return F.sum(node().apply((self.l(x),))[0])
+
+    def by_link(self, x):        # (its code does not name the class)
+        return F.sum(self.node_cls().apply((self.l(x),))[0])
+
+    Net.forward = by_link if held else named
 
     S = type('S', (Net,), {'forward': static(Net.forward)})
     numpy.random.seed(0)

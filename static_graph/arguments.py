@@ -1,6 +1,8 @@
 """The recording's own copies of a call's array arguments (capture.py):
 input buffers of the recording, laid out as the caller's, one object where
 the caller gave one object twice."""
+import sys
+
 import numpy
 
 import chainer
@@ -238,3 +240,51 @@ def _to_callers(v, caller, depth, tuples=None):
                 tuples[id(v)] = new
             return new
     return v
+
+
+def graph_read(orig, what):
+    """A Variable accessor of the graph wrapped (``x.creator``,
+    ``x.creator_node``, ``x.rank``, ``x.unchain()``, ``x.unchain_backward()``):
+    used by the method on an argument's copy, a reason. The copy has no
+    creator (the recording runs on copies), so a branch on the caller's
+    graph (``if h.creator is None``) would take another way than
+    define-by-run's, and a cut of it (``h.unchain_backward()`` on the state
+    handed in) would not reach the caller's graph."""
+    def wrapper(self, *args, **kwargs):
+        rec = traced.active_recording()
+        if rec is not None and not rec.depth and \
+                id(self) in rec.argument_paths:
+            f = sys._getframe(1)
+            while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
+                f = f.f_back
+            if f is not None and not traced.internal_file(
+                    f.f_code.co_filename) and rec.phase == 'forward':
+                rec.add_reason(
+                    'it uses the graph of argument %s (%s) at %s:%d, which '
+                    'the recording runs on a copy of' % (
+                        signature.path_text(
+                            rec.argument_paths[id(self)][0]),
+                        what, f.f_code.co_filename, f.f_lineno))
+        return orig(self, *args, **kwargs)
+
+    wrapper.__name__ = getattr(orig, '__name__', what)
+    return wrapper
+
+
+_VARIABLE_FILE = chainer.variable.__file__.replace('.pyc', '.py')
+
+
+def graph_accessors():
+    """({name: wrapped}, {name: original}) of Variable's graph accessors,
+    for patches.py to install while a call records."""
+    V = chainer.Variable
+    wrapped, orig = {}, {}
+    for name in ('creator', 'creator_node', 'rank'):
+        p = V.__dict__[name]
+        orig[name] = p
+        wrapped[name] = property(graph_read(p.fget, '.' + name), p.fset,
+                                 doc=p.__doc__)
+    for name in ('unchain', 'unchain_backward'):
+        orig[name] = V.__dict__[name]
+        wrapped[name] = graph_read(orig[name], '.%s()' % name)
+    return wrapped, orig

@@ -34,6 +34,8 @@ import numpy
 import chainer
 from chainer import function_node
 
+from static_graph import traced
+
 _orig_unchain = chainer.Variable.unchain
 _orig_unchain_backward = chainer.Variable.unchain_backward
 
@@ -67,9 +69,14 @@ def _unchain_backward(self):
                 seen_set.add(cand)
 
     add_cand(self.creator_node, self.node)
+    rec = traced.active_recording()
+    arguments = rec.argument_paths if rec is not None and \
+        not rec.depth else None
     while cand_funcs:
         func = cand_funcs.pop()
         for var in func.inputs:
+            if arguments and var.creator_node is None:
+                _reaches_argument(rec, var)
             add_cand(var.creator_node, var)
         if func not in entered:
             func.unchain()
@@ -79,6 +86,20 @@ def _unchain_backward(self):
             func.unchain()
         finally:
             func.__dict__.pop('entered', None)
+
+
+def _reaches_argument(rec, vn):
+    """A cut inside a recording call that walks back to an argument's copy:
+    define-by-run's walk goes on into the caller's graph behind it (the
+    earlier calls of an RNN) and cuts it; the copy has none. A reason."""
+    v = vn.get_variable_or_none()
+    if v is not None and id(v) in rec.argument_paths:
+        from static_graph import signature
+        rec.add_reason(
+            'a cut inside the call (unchain_backward) reaches argument %s, '
+            'whose graph (the caller\'s) define-by-run would cut too; the '
+            'recording runs on a copy of it'
+            % signature.path_text(rec.argument_paths[id(v)][0]))
 
 
 def _positions(node, vn):

@@ -25,6 +25,8 @@ from chainer import function_node
 from chainer import reporter as reporter_module
 from chainer import variable as variable_module
 
+from static_graph import arguments
+from static_graph import cuts  # NOQA  (its Variable wrappers first)
 from static_graph import device_reads
 from static_graph import numpy_calls
 from static_graph import reports
@@ -311,6 +313,8 @@ _orig_variable = {
     '_get_array': _orig_get_array, '_get_grad': _orig_get_grad,
     'grad_var': _orig_grad_var, 'cleargrad': _orig_cleargrad,
     'zerograd': _orig_zerograd, '_set_grad': _orig_set_grad}
+_patched_variable.update(arguments.graph_accessors()[0])
+_orig_variable.update(arguments.graph_accessors()[1])
 
 
 def _keeps_traced(name):

@@ -21,6 +21,12 @@ def holds_values(result):
 
 
 # NumPy functions that write into their first argument (its keyword).
+# numpy.linalg's functions that raise LinAlgError for some values (a matrix
+# not positive definite, a singular one): whether a call raises follows
+# the data, so one that did not at recording is no op replay can make (a
+# method that catches the error takes the other branch define-by-run).
+RAISES_BY_VALUES = frozenset(('cholesky', 'inv', 'solve', 'tensorinv',
+                              'tensorsolve', 'matrix_power'))
 INTO = {'copyto': 'dst', 'put': 'a', 'putmask': 'a', 'place': 'arr',
         'fill_diagonal': 'a', 'put_along_axis': 'arr'}
 

@@ -338,6 +338,11 @@ class TracedArray(numpy.ndarray):
             # (a dtype of a 0-d array: value-based casting, NumPy 1)
             flag('numpy.%s()' % name)
             return result
+        if name in numpy_rules.RAISES_BY_VALUES and 'linalg' in getattr(
+                func, '__module__', ''):
+            flag('numpy.linalg.%s() (whether it raises depends on the '
+                 'values)' % name)
+            return result
         if name == 'real_if_close' or 'scimath' in getattr(
                 func, '__module__', ''):
             # Their result's dtype depends on the values (complex where

@@ -252,8 +252,11 @@ def graph_read(orig, what):
     handed in) would not reach the caller's graph."""
     def wrapper(self, *args, **kwargs):
         rec = traced.active_recording()
+        v = self
+        if rec is not None and type(self) is _VariableNode:
+            v = self.get_variable_or_none()     # (``h.node.creator``)
         if rec is not None and not rec.depth and \
-                id(self) in rec.argument_paths:
+                id(v) in rec.argument_paths:
             f = sys._getframe(1)
             while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
                 f = f.f_back
@@ -263,7 +266,7 @@ def graph_read(orig, what):
                     'it uses the graph of argument %s (%s) at %s:%d, which '
                     'the recording runs on a copy of' % (
                         signature.path_text(
-                            rec.argument_paths[id(self)][0]),
+                            rec.argument_paths[id(v)][0]),
                         what, f.f_code.co_filename, f.f_lineno))
         return orig(self, *args, **kwargs)
 
@@ -272,19 +275,21 @@ def graph_read(orig, what):
 
 
 _VARIABLE_FILE = chainer.variable.__file__.replace('.pyc', '.py')
+_VariableNode = chainer.variable.VariableNode
 
 
-def graph_accessors():
-    """({name: wrapped}, {name: original}) of Variable's graph accessors,
-    for patches.py to install while a call records."""
-    V = chainer.Variable
+def graph_accessors(cls=chainer.Variable):
+    """({name: wrapped}, {name: original}) of the graph accessors of
+    ``cls`` (Variable, or VariableNode: ``h.node.creator``), for
+    patches.py to install while a call records."""
     wrapped, orig = {}, {}
     for name in ('creator', 'creator_node', 'rank'):
-        p = V.__dict__[name]
+        p = cls.__dict__[name]
         orig[name] = p
         wrapped[name] = property(graph_read(p.fget, '.' + name), p.fset,
                                  doc=p.__doc__)
     for name in ('unchain', 'unchain_backward'):
-        orig[name] = V.__dict__[name]
-        wrapped[name] = graph_read(orig[name], '.%s()' % name)
+        if name in cls.__dict__:
+            orig[name] = cls.__dict__[name]
+            wrapped[name] = graph_read(orig[name], '.%s()' % name)
     return wrapped, orig

@@ -26,7 +26,7 @@ def holds_values(result):
 # the data, so one that did not at recording is no op replay can make (a
 # method that catches the error takes the other branch define-by-run).
 RAISES_BY_VALUES = frozenset(('cholesky', 'inv', 'solve', 'tensorinv',
-                              'tensorsolve', 'matrix_power'))
+                              'tensorsolve', 'matrix_power'))  # (n < 0)
 INTO = {'copyto': 'dst', 'put': 'a', 'putmask': 'a', 'place': 'arr',
         'fill_diagonal': 'a', 'put_along_axis': 'arr'}
 

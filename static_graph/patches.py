@@ -494,6 +494,8 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
 # generator functions alone took ~30 us as setattr calls, cache cold).
 _PATCHES = (
     (variable_module.Variable, _patched_variable, _orig_variable),
+    (variable_module.VariableNode,) + arguments.graph_accessors(
+        variable_module.VariableNode),
     (reporter_module.Reporter, {'report': _patched_report},
      {'report': _orig_report}),
     (reporter_module.__dict__, {'report': _patched_module_report},

@@ -757,6 +757,8 @@ class _StateArg(chainer.Chain):
     def forward(self, x, h):
         if self.use == 'creator' and h.creator is None:
             h = h + 1.0
+        elif self.use == 'node.creator' and h.node.creator_node is None:
+            h = h + 1.0
         elif self.use == 'rank':
             h = h * float(h.rank + 1)
         elif self.use == 'unchain_backward':
@@ -768,8 +770,8 @@ class _StateArg(chainer.Chain):
         return F.sum(self.l2(h) ** 2), h
 
 
-@pytest.mark.parametrize('use', ['creator', 'rank', 'unchain_backward',
-                                 'inner cut'])
+@pytest.mark.parametrize('use', ['creator', 'node.creator', 'rank',
+                                 'unchain_backward', 'inner cut'])
 def test_the_graph_of_an_argument_used_inside_the_method(use):
     """The state of an RNN handed in as an argument (``forward(x, h)``),
     its graph used by the method: ``if h.creator is None``, ``h.rank``,

@@ -344,3 +344,18 @@ def test_a_linalg_error_caught_by_the_method_after_a_recording_without_one():
         return x if i == 0 else -x
 
     _train_twins(body, make_x, 4)
+
+
+def test_matrix_power_with_a_non_negative_exponent_replays():
+    """``numpy.linalg.matrix_power(a, n)`` raises for some values only
+    where ``n < 0`` (it inverts): with ``n >= 0`` it stays an op."""
+    def body(m, x):
+        return F.sum(m.l(x) * numpy.linalg.matrix_power(x[:, :3], 2)[:, :1])
+
+    b = type('S', (Net,), {'forward': static_graph(Net.forward)})(body)
+    rs = numpy.random.RandomState(2)
+    for i in range(4):
+        b.cleargrads()
+        b(rs.randn(3, 4).astype('f')).backward()
+    from static_graph.decorator import caches_of
+    assert caches_of(b)['forward'].replays == 3

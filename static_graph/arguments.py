@@ -1,14 +1,13 @@
 """The recording's own copies of a call's array arguments (capture.py):
 input buffers of the recording, laid out as the caller's, one object where
 the caller gave one object twice."""
-import sys
-
 import numpy
 
 import chainer
 
 from schedules import ir
 from static_graph import arrayutil
+from static_graph import cuts  # NOQA  (its Variable wrappers: graph_accessors)
 from static_graph import link_values
 from static_graph import signature
 from static_graph import traced
@@ -242,7 +241,53 @@ def _to_callers(v, caller, depth, tuples=None):
     return v
 
 
-def graph_read(orig, what):
+_GRADIENT_USED = ('it uses the gradient of argument %s (%s) at %s:%d; '
+                  'replay would not repeat that')
+_GRAPH_USED = ('it uses the graph of argument %s (%s) at %s:%d, which the '
+               'recording runs on a copy of')
+
+
+def gradient_used(rec, variable, what, frame, message=_GRADIENT_USED):
+    """The method used the gradient of an argument's copy (``what``:
+    ``.grad``, ``.cleargrad()``...) at ``frame``: a reason, as replay
+    would neither see the caller's gradient nor set it (``message``: or
+    its graph, graph_read)."""
+    if rec.phase == 'forward':
+        rec.add_reason(message % (
+            signature.path_text(rec.argument_paths[id(variable)][0]),
+            what, frame.f_code.co_filename, frame.f_lineno))
+
+
+def _on_argument(orig, what, user_caller, message):
+    """``orig`` (a Variable's or VariableNode's accessor or method)
+    wrapped: where user code (``user_caller()``, patches.py: its frame, or
+    None) calls it on an argument's copy while a call records, a reason
+    (``gradient_used`` with ``message``)."""
+    def wrapper(self, *args, **kwargs):
+        rec = traced.active_recording()
+        if rec is not None and not rec.depth:
+            v = self.get_variable_or_none() if type(self) is \
+                _VariableNode else self       # (``h.node.creator``)
+            if id(v) in rec.argument_paths:
+                f = user_caller()
+                if f is not None:
+                    gradient_used(rec, v, what, f, message)
+        return orig(self, *args, **kwargs)
+
+    wrapper.__name__ = getattr(orig, '__name__', what)
+    return wrapper
+
+
+def gradient_accessor(orig, what, user_caller):
+    """A Variable method or accessor of the gradient, wrapped: used by
+    the method on an argument's copy (``x.grad_var``, ``x.cleargrad()``,
+    ``x.grad = g``), a reason (``gradient_used``). What the method set
+    there goes to the caller's Variable after the call
+    (``sync_gradients``)."""
+    return _on_argument(orig, what, user_caller, _GRADIENT_USED)
+
+
+def graph_read(orig, what, user_caller):
     """A Variable accessor of the graph wrapped (``x.creator``,
     ``x.creator_node``, ``x.rank``, ``x.unchain()``, ``x.unchain_backward()``):
     used by the method on an argument's copy, a reason. The copy has no
@@ -250,35 +295,13 @@ def graph_read(orig, what):
     graph (``if h.creator is None``) would take another way than
     define-by-run's, and a cut of it (``h.unchain_backward()`` on the state
     handed in) would not reach the caller's graph."""
-    def wrapper(self, *args, **kwargs):
-        rec = traced.active_recording()
-        v = self
-        if rec is not None and type(self) is _VariableNode:
-            v = self.get_variable_or_none()     # (``h.node.creator``)
-        if rec is not None and not rec.depth and \
-                id(v) in rec.argument_paths:
-            f = sys._getframe(1)
-            while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
-                f = f.f_back
-            if f is not None and not traced.internal_file(
-                    f.f_code.co_filename) and rec.phase == 'forward':
-                rec.add_reason(
-                    'it uses the graph of argument %s (%s) at %s:%d, which '
-                    'the recording runs on a copy of' % (
-                        signature.path_text(
-                            rec.argument_paths[id(v)][0]),
-                        what, f.f_code.co_filename, f.f_lineno))
-        return orig(self, *args, **kwargs)
-
-    wrapper.__name__ = getattr(orig, '__name__', what)
-    return wrapper
+    return _on_argument(orig, what, user_caller, _GRAPH_USED)
 
 
-_VARIABLE_FILE = chainer.variable.__file__.replace('.pyc', '.py')
 _VariableNode = chainer.variable.VariableNode
 
 
-def graph_accessors(cls=chainer.Variable):
+def graph_accessors(cls, user_caller):
     """({name: wrapped}, {name: original}) of the graph accessors of
     ``cls`` (Variable, or VariableNode: ``h.node.creator``), for
     patches.py to install while a call records."""
@@ -286,10 +309,11 @@ def graph_accessors(cls=chainer.Variable):
     for name in ('creator', 'creator_node', 'rank'):
         p = cls.__dict__[name]
         orig[name] = p
-        wrapped[name] = property(graph_read(p.fget, '.' + name), p.fset,
-                                 doc=p.__doc__)
+        wrapped[name] = property(graph_read(p.fget, '.' + name, user_caller),
+                                 p.fset, doc=p.__doc__)
     for name in ('unchain', 'unchain_backward'):
         if name in cls.__dict__:
             orig[name] = cls.__dict__[name]
-            wrapped[name] = graph_read(orig[name], '.%s()' % name)
+            wrapped[name] = graph_read(orig[name], '.%s()' % name,
+                                       user_caller)
     return wrapped, orig

@@ -34,6 +34,7 @@ import numpy
 import chainer
 from chainer import function_node
 
+from static_graph import signature
 from static_graph import traced
 
 _orig_unchain = chainer.Variable.unchain
@@ -94,7 +95,6 @@ def _reaches_argument(rec, vn):
     earlier calls of an RNN) and cuts it; the copy has none. A reason."""
     v = vn.get_variable_or_none()
     if v is not None and id(v) in rec.argument_paths:
-        from static_graph import signature
         rec.add_reason(
             'a cut inside the call (unchain_backward) reaches argument %s, '
             'whose graph (the caller\'s) define-by-run would cut too; the '

@@ -26,7 +26,16 @@ def holds_values(result):
 # the data, so one that did not at recording is no op replay can make (a
 # method that catches the error takes the other branch define-by-run).
 RAISES_BY_VALUES = frozenset(('cholesky', 'inv', 'solve', 'tensorinv',
-                              'tensorsolve', 'matrix_power'))  # (n < 0)
+                              'tensorsolve', 'matrix_power'))
+
+
+def raises_by_values(name, func, args):
+    """Is ``func`` one of RAISES_BY_VALUES (``matrix_power`` only with a
+    negative exponent, which inverts)?"""
+    return name in RAISES_BY_VALUES and 'linalg' in getattr(
+        func, '__module__', '') and not (
+            name == 'matrix_power' and len(args) > 1 and
+            isinstance(args[1], int) and args[1] >= 0)
 INTO = {'copyto': 'dst', 'put': 'a', 'putmask': 'a', 'place': 'arr',
         'fill_diagonal': 'a', 'put_along_axis': 'arr'}
 

@@ -26,11 +26,9 @@ from chainer import reporter as reporter_module
 from chainer import variable as variable_module
 
 from static_graph import arguments
-from static_graph import cuts  # NOQA  (its Variable wrappers first)
 from static_graph import device_reads
 from static_graph import numpy_calls
 from static_graph import reports
-from static_graph import signature
 from static_graph import traced
 from static_graph.arrayutil import MISSING
 
@@ -149,18 +147,6 @@ def _user_caller():
     return f
 
 
-def _argument_gradient_used(rec, variable, what, frame):
-    """The method used the gradient of an argument's copy (``what``:
-    ``.grad``, ``.cleargrad()``...) at ``frame``: a reason, as replay
-    would neither see the caller's gradient nor set it."""
-    if rec.phase == 'forward':
-        rec.add_reason(
-            'it uses the gradient of argument %s (%s) at %s:%d; replay '
-            'would not repeat that' % (
-                signature.path_text(rec.argument_paths[id(variable)][0]),
-                what, frame.f_code.co_filename, frame.f_lineno))
-
-
 def _traced_getter(orig, gradient=False):
     """``Variable._get_array`` or ``_get_grad`` handing user code the array
     traced (``h.array``, ``W.grad``: analysis.classify_unknown tells a
@@ -186,7 +172,7 @@ def _traced_getter(orig, gradient=False):
         if f is None:
             return a
         if argument:
-            _argument_gradient_used(rec, self, '.grad', f)
+            arguments.gradient_used(rec, self, '.grad', f)
         if type(a) is not numpy.ndarray:
             return a
         return rec.trace(a)
@@ -215,7 +201,7 @@ def _no_gradient_read(rec, what, frame):
 
 def _grad_var_getter(orig):
     """``Variable.grad_var``, read: of an argument's copy, a use of its
-    gradient (``_argument_gradient_used``); None elsewhere, read by user
+    gradient (``arguments.gradient_used``); None elsewhere, read by user
     code itself, a read of whether there is one (``_no_gradient_read``)."""
     def getter(self):
         g = orig(self)
@@ -225,7 +211,7 @@ def _grad_var_getter(orig):
         if id(self) in rec.argument_paths:
             f = _user_caller()
             if f is not None:
-                _argument_gradient_used(rec, self, '.grad_var', f)
+                arguments.gradient_used(rec, self, '.grad_var', f)
         else:
             f = _direct_user_caller()
             if f is not None:
@@ -249,25 +235,6 @@ def _direct_user_caller():
     if f is None or traced.internal_file(f.f_code.co_filename):
         return None
     return f
-
-
-def _argument_gradient(orig, what):
-    """A Variable method or accessor of the gradient, wrapped: used by
-    the method on an argument's copy (``x.grad_var``, ``x.cleargrad()``,
-    ``x.grad = g``), a reason (``_argument_gradient_used``). What the
-    method set there goes to the caller's Variable after the call
-    (``arguments.sync_gradients``)."""
-    def wrapper(self, *args, **kwargs):
-        rec = getattr(_local, 'recording', None)
-        if rec is not None and not rec.depth and \
-                id(self) in rec.argument_paths:
-            f = _user_caller()
-            if f is not None:
-                _argument_gradient_used(rec, self, what, f)
-        return orig(self, *args, **kwargs)
-
-    wrapper.__name__ = getattr(orig, '__name__', what)
-    return wrapper
 
 
 # The Chainer functions a backward that sets gradients runs in (their
@@ -304,17 +271,23 @@ _patched_variable = {
     '_get_array': _patched_get_array, '_get_grad': _patched_get_grad,
     'grad_var': property(
         _grad_var_getter(_orig_grad_var.fget),
-        _argument_gradient(_orig_grad_var.fset, '.grad_var ='),
+        arguments.gradient_accessor(_orig_grad_var.fset, '.grad_var =',
+                                    _user_caller),
         doc=_orig_grad_var.__doc__),
-    'cleargrad': _argument_gradient(_orig_cleargrad, '.cleargrad()'),
-    'zerograd': _argument_gradient(_orig_zerograd, '.zerograd()'),
-    '_set_grad': _argument_gradient(_orig_set_grad, '.grad =')}
+    'cleargrad': arguments.gradient_accessor(_orig_cleargrad, '.cleargrad()',
+                                           _user_caller),
+    'zerograd': arguments.gradient_accessor(_orig_zerograd, '.zerograd()',
+                                          _user_caller),
+    '_set_grad': arguments.gradient_accessor(_orig_set_grad, '.grad =',
+                                           _user_caller)}
 _orig_variable = {
     '_get_array': _orig_get_array, '_get_grad': _orig_get_grad,
     'grad_var': _orig_grad_var, 'cleargrad': _orig_cleargrad,
     'zerograd': _orig_zerograd, '_set_grad': _orig_set_grad}
-_patched_variable.update(arguments.graph_accessors()[0])
-_orig_variable.update(arguments.graph_accessors()[1])
+_wrapped, _unwrapped = arguments.graph_accessors(variable_module.Variable,
+                                                 _user_caller)
+_patched_variable.update(_wrapped)
+_orig_variable.update(_unwrapped)
 
 
 def _keeps_traced(name):
@@ -495,7 +468,7 @@ def _patched_backprop_step(func, target_input_indexes, grad_outputs,
 _PATCHES = (
     (variable_module.Variable, _patched_variable, _orig_variable),
     (variable_module.VariableNode,) + arguments.graph_accessors(
-        variable_module.VariableNode),
+        variable_module.VariableNode, _user_caller),
     (reporter_module.Reporter, {'report': _patched_report},
      {'report': _orig_report}),
     (reporter_module.__dict__, {'report': _patched_module_report},

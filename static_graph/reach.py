@@ -133,9 +133,9 @@ def held_functions(links, classes=None):
     them: one held but never called by the call (a schedule the training
     loop calls) is watched too, and makes calls record again where it
     reads a global the loop changes (docs/faithfulness.md). Also in a dict
-    (``self.acts['relu']``). A class of the project's own code held so
-    (``self.node_cls = Scale``) goes to ``classes``, as one named as a
-    global does (reachable_functions)."""
+    (``self.acts['relu']``). A class held so (``self.node_cls = Scale``)
+    goes to ``classes`` (reachable_functions keeps those of the project's
+    own code, as it does classes named as globals)."""
     out, seen = [], set()
     for link in links:
         for k, v in vars(link).items():
@@ -155,7 +155,7 @@ def _add_held(v, out, seen, classes):
     if type(v) in weakref.ProxyTypes:
         return      # (dead, or a link's: the watch's)
     if isinstance(v, type):
-        if classes is not None and v not in classes and _project_class(v):
+        if classes is not None:
             classes.append(v)
         return
     while isinstance(v, functools.partial):
@@ -163,7 +163,7 @@ def _add_held(v, out, seen, classes):
     if isinstance(v, types.MethodType):
         v = v.__func__
     elif not isinstance(v, types.FunctionType) and callable(v) and \
-            not isinstance(v, type) and user_class(type(v)):
+            user_class(type(v)):
         v = getattr(type(v), '__call__', None)
     f = _user_function(v)
     if f is not None and f.__code__ not in seen:
@@ -207,23 +207,19 @@ def reachable_functions(method, classes=(), named_only=(), links=(),
     user = user + [c for c in user_classes(named_only) if c not in user]
     seen, out, named = set(), [], []
     for v in held_classes:
-        if classes_out is not None and v not in classes_out:
-            classes_out.append(v)
-            named.extend(c for c in user_classes((v,))
-                         if _project_class(c) and c not in named)
-    phase = 0
+        _name_class(v, classes_out, named)
+    methods_added = False
     i = 0
     while len(out) < _MAX_FUNCTIONS:
         if i == len(todo):
-            phase += 1
-            if phase == 1 and named:     # classes named as globals
-                for c in named:
-                    for v in c.__dict__.values():
-                        if isinstance(v, property):
-                            v = v.fget
-                        todo.append(_user_function(v))
-            elif phase > 1:
+            if methods_added or not named:
                 break
+            methods_added = True      # (last: the named classes' methods)
+            for c in named:
+                for v in c.__dict__.values():
+                    if isinstance(v, property):
+                        v = v.fget
+                    todo.append(_user_function(v))
             continue
         fn = todo[i]
         i += 1
@@ -241,17 +237,25 @@ def reachable_functions(method, classes=(), named_only=(), links=(),
             found.extend(cls.__dict__.get(name) for cls in user)
         for v in found:
             if isinstance(v, type):
-                if classes_out is not None and v not in classes_out and \
-                        _project_class(v):
-                    classes_out.append(v)
-                    named.extend(c for c in user_classes((v,))
-                                 if _project_class(c) and c not in named)
+                _name_class(v, classes_out, named)
                 continue
             for f in _functions_of(v):
                 f = _user_function(f)
                 if f is not None and f.__code__ not in seen:
                     todo.append(f)
     return out
+
+
+def _name_class(cls, classes_out, named):
+    """A class the call may use (named as a global, held by a link): one of
+    the project's own code goes to ``classes_out`` (its class attributes
+    are watched) and its MRO's project classes to ``named`` (their
+    methods are reached last)."""
+    if classes_out is not None and cls not in classes_out and \
+            _project_class(cls):
+        classes_out.append(cls)
+        named.extend(c for c in user_classes((cls,))
+                     if _project_class(c) and c not in named)
 
 
 def _functions_of(v):

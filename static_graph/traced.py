@@ -338,10 +338,7 @@ class TracedArray(numpy.ndarray):
             # (a dtype of a 0-d array: value-based casting, NumPy 1)
             flag('numpy.%s()' % name)
             return result
-        if name in numpy_rules.RAISES_BY_VALUES and 'linalg' in getattr(
-                func, '__module__', '') and not (
-                    name == 'matrix_power' and len(args) > 1 and
-                    isinstance(args[1], int) and args[1] >= 0):
+        if numpy_rules.raises_by_values(name, func, args):
             flag('numpy.linalg.%s() (whether it raises depends on the '
                  'values)' % name)
             return result

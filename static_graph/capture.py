@@ -66,6 +66,7 @@ class Capture(object):
         self.chain = chain
         self.stand_in = stand_in   # (stand_in.py)
         self.spliced = False       # its nodes moved onto the caller's
+        self.failed = False        # its recorded backward raised
         self.method = method
         self.name = name
         self.cache = cache
@@ -444,7 +445,7 @@ class Capture(object):
         if chainer.config.enable_backprop:
             return splice.double_backprop(self, grad_outputs)
         rec, e, targets = self.rec, self.entry, self.targets
-        recording = e.state == entry_module.RECORDING
+        recording = e.state == entry_module.RECORDING and not self.failed
         given = grad_outputs
         if recording:
             grad_outputs = recurrent.state_gradients(self, grad_outputs)

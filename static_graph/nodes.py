@@ -125,8 +125,11 @@ def raw(g):
 def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     """``backward_accumulate`` for our nodes. Chainer takes the gradients
     accumulated so far out of the input variables before calling it; if our
-    backward fails (an exception, KeyboardInterrupt) they are put back, so
-    parameters keep their gradients. A replay adds such a gradient where
+    backward fails (an exception, KeyboardInterrupt) one that no node of
+    this backward added to yet is put back, so parameters keep their
+    gradients; one that other calls' contributions were added to stays
+    taken, as define-by-run leaves it (Chainer's table of the failed
+    backward is dropped). A replay adds such a gradient where
     define-by-run does (``ReplayNode.backward``'s ``earlier``). A
     gradient Chainer took from an output's ``.grad`` is left out
     (reloads.py)."""
@@ -146,8 +149,10 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
         for i, g in zip(target_input_indexes, grad_inputs):
             if g is None:
                 continue
-            var = node.inputs[i].get_variable_or_none()
-            if var is not None and var.grad_var is None:
+            vn = node.inputs[i]
+            var = vn.get_variable_or_none()
+            if var is not None and var.grad_var is None and \
+                    reloads.untouched(vn, g):
                 var.grad_var = g
         raise
     return tuple(gx if g is None or i in included else
@@ -255,6 +260,18 @@ class _Replayed(object):
                 "call's backward, one node, does not make (a NaN a later "
                 'step masks goes unseen); turn it on before the call, '
                 'which then runs define-by-run' % entry.method_name)
+        if self.saved is None and not self.done:
+            # (Its first backward raised partway, a node's backward or
+            # KeyboardInterrupt: kernels may have written into the saved
+            # activations already.)
+            entry.repeat_backward = True
+            raise RuntimeError(
+                'backward ran again through a replayed call of %s whose '
+                'first backward raised partway: that backward used up the '
+                'activations the call saved, so this one cannot run. Run '
+                'the forward again; calls of this key keep their '
+                'activations for another backward from the next call on'
+                % entry.method_name)
         if self.saved is None and self.done:
             entry.repeat_backward = True
             raise RuntimeError(
@@ -584,7 +601,16 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         # lives, as define-by-run's would.
         capture.keep_graph = sum(
             ref() is not None for ref in self.outputs or ()) > 1
-        grads = capture.backward(grad_outputs)
+        try:
+            grads = capture.backward(grad_outputs)
+        except BaseException:
+            # (A node's backward raised, or KeyboardInterrupt: this
+            # recording builds nothing. A backward again, loss.backward()
+            # retried, runs the inner graph's, unrecorded.)
+            capture.failed = True
+            self.built = None
+            self.again = capture
+            raise
         if capture.spliced:
             # Its recorded nodes are the caller's: define-by-run's graph
             # from now on, without this node.

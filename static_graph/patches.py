@@ -257,8 +257,14 @@ def _setting_backward(frame):
         if what is not None:
             return what
         if code is _GRAD_CODE:
-            return ('chainer.grad(..., set_grad=True)'
-                    if frame.f_locals.get('set_grad') else None)
+            # (retain_grad keeps every gradient on the way, the outputs'
+            # of the method's nodes and of an argument's creator: read by
+            # the caller, as set_grad's are.)
+            local = frame.f_locals
+            for flag in ('set_grad', 'retain_grad'):
+                if local.get(flag):
+                    return 'chainer.grad(..., %s=True)' % flag
+            return None
         frame = frame.f_back
     return None
 

@@ -50,6 +50,13 @@ def take(node, grad_outputs):
     return out
 
 
+def untouched(vn, g):
+    """Is ``g`` the gradient Chainer took from the Variable of ``vn``
+    (a leaf: a parameter) in this backward, nothing added to it yet?"""
+    ref = vn.__dict__.get(_FLAG)
+    return ref is not None and ref() is g
+
+
 def left_out(node, grad_outputs, taken, siblings):
     """``grad_outputs`` without those at ``taken`` that define-by-run
     would not use, which go back on their Variables (where define-by-run

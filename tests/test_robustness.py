@@ -173,6 +173,11 @@ def _inner_grad(self, x):
     return F.sum(self.l2(self.l1(x)) ** 2)
 
 
+def _inner_grad_retained(self, x):
+    chainer.grad([F.sum(x * x)], [x], retain_grad=True)
+    return F.sum(self.l2(self.l1(x)) ** 2)
+
+
 def test_a_penalty_computed_inside_the_method_replays():
     """chainer.grad inside the method without set_grad (a gradient
     penalty's) only computes: it replays, bit for bit."""
@@ -200,9 +205,11 @@ def test_a_penalty_computed_inside_the_method_replays():
     (_zeroes_then_writes, 'gradient of argument x (.zerograd()'),
     (_inner_backward, 'runs a backward inside the method (y.backward())'),
     (_inner_grad, 'runs a backward inside the method (chainer.grad(..., '
-     'set_grad=True))')],
+     'set_grad=True))'),
+    (_inner_grad_retained, 'runs a backward inside the method '
+     '(chainer.grad(..., retain_grad=True))')],
     ids=['grad', 'grad_var', 'cleargrad', 'set', 'zerograd', 'backward',
-         'chainer.grad'])
+         'chainer.grad', 'chainer.grad retained'])
 def test_the_method_using_an_argument_variables_gradient_falls_back(
         body, what):
     """A Variable argument's gradient used by the method (an FGSM step
@@ -228,6 +235,38 @@ def test_the_method_using_an_argument_variables_gradient_falls_back(
                 if issubclass(m.category, StaticGraphWarning)]
         assert len(said) == 1 and what in said[0], said
         assert cache(b).recordings == 1
+
+
+def test_gradients_a_penalty_inside_the_method_retains_are_kept():
+    """``chainer.grad(..., retain_grad=True)`` inside the method sets the
+    gradient of every Variable on its way (``h`` the method keeps and
+    returns), which replay would not: the key falls back, and those
+    gradients are define-by-run's at every call."""
+    def body(self, x):
+        h = self.l1(x)
+        y = self.l2(F.leaky_relu(h))
+        gx, = chainer.grad([F.sum(y)], [x], retain_grad=True,
+                           enable_double_backprop=True)
+        self.h = h
+        return F.sum(gx * gx) + F.sum(y), h
+
+    a, b = make_twins(body)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(4):
+            x = data(6, 3)
+            outs = []
+            for m in (a, b):
+                loss, h = m(chainer.Variable(x.copy()))
+                outs.append((h.grad, m.h.grad))
+                m.cleargrads()
+                loss.backward()
+            for ga, gb in zip(*outs):
+                assert ga is not None and numpy.array_equal(ga, gb)
+            compare_chains(a, b, rtol=0, atol=0)
+    said = [str(m.message) for m in w
+            if issubclass(m.category, StaticGraphWarning)]
+    assert len(said) == 1 and 'retain_grad=True' in said[0], said
 
 
 def test_a_variable_arguments_name_is_part_of_the_key():
@@ -1005,6 +1044,119 @@ def test_error_raised_in_recording_backward_records_again(disarm):
         compare_chains(a, b)
     assert [s.state for s in static_graph.cached(b)] == ['complete']
     assert cache(b).replays >= 1
+
+
+def test_backward_retried_after_the_recording_calls_backward_raised(disarm):
+    """``loss.backward()`` raised in the recording call's backward (a
+    node's backward, Ctrl-C); the loop retries it on the same loss: the
+    gradients are define-by-run's, and later calls record and replay."""
+    a, b = make_twins(raising)
+    MaybeRaise.exc = RuntimeError
+    try:
+        x = data(2, 3)
+        for m in (a, b):
+            loss = m(x)
+            MaybeRaise.arm['backward'] = 1
+            with pytest.raises(RuntimeError):
+                loss.backward()
+            m.cleargrads()
+            loss.backward()
+    finally:
+        MaybeRaise.exc = KeyboardInterrupt
+    compare_chains(a, b, rtol=0, atol=0)
+    for i in range(3):
+        x = data(2, 3)
+        la, lb = step(a, x), step(b, x)
+        assert la.array == lb.array
+        compare_chains(a, b, rtol=0, atol=0)
+    assert cache(b).replays >= 1
+
+
+def test_backward_retried_after_a_replayed_calls_backward_raised(disarm):
+    """A replayed call's backward raised partway (its activations may be
+    spent): a retry on the same loss raises a clear error instead of a
+    TypeError; the key then keeps its activations, so the next such
+    retry works, bit for bit."""
+    a, b = make_twins(raising)
+    for i in range(2):
+        x = data(2, 3)
+        step(a, x)
+        step(b, x)
+    MaybeRaise.exc = RuntimeError
+    try:
+        loss = b(data(2, 3))
+        MaybeRaise.arm['backward'] = 1
+        with pytest.raises(RuntimeError, match='interrupted'):
+            loss.backward()
+        with pytest.raises(RuntimeError, match='raised partway'):
+            loss.backward()
+        a.cleargrads()
+        b.cleargrads()
+        x = data(2, 3)
+        for m in (a, b):
+            loss = m(x)
+            MaybeRaise.arm['backward'] = 1
+            with pytest.raises(RuntimeError, match='interrupted'):
+                loss.backward()
+            m.cleargrads()
+            loss.backward()
+    finally:
+        MaybeRaise.exc = KeyboardInterrupt
+    compare_chains(a, b, rtol=0, atol=0)
+    assert cache(b).replays >= 3
+
+
+class RaisesInBackward(chainer.FunctionNode):
+    """Scales by a number computed from its input (so a replay runs its
+    backward() again); its backward raises at the ``countdown``-th
+    backward."""
+
+    countdown = [0]
+
+    def forward(self, inputs):
+        x, = inputs
+        self.n = float(abs(x).sum()) + 1.0
+        return x / self.n,
+
+    def backward(self, indexes, grad_outputs):
+        if RaisesInBackward.countdown[0]:
+            RaisesInBackward.countdown[0] -= 1
+            if not RaisesInBackward.countdown[0]:
+                raise FloatingPointError('bad gradient')
+        return grad_outputs[0] / self.n,
+
+
+@pytest.mark.parametrize('when', ['recording', 'replay'])
+def test_a_failed_backward_over_two_calls_leaves_no_partial_gradients(when):
+    """A backward of a loss summed over two calls raises in the second
+    call it reaches (after cleargrads); the loop skips the micro-batch and
+    goes on accumulating the next ones. Chainer's table of the failed
+    backward, with the first call's contributions, is dropped: the
+    parameters keep none of them, as under define-by-run."""
+    def body(self, x):
+        h = RaisesInBackward().apply((F.relu(self.l1(x)),))[0]
+        return F.sum(self.l2(h) ** 2)
+
+    a, b = make_twins(body)
+    oa, ob = (chainer.optimizers.SGD(0.01).setup(m) for m in (a, b))
+    try:
+        for i in range(4):
+            batches = [(data(5, 3), data(5, 3)) for _ in range(3)]
+            for m, o in ((a, oa), (b, ob)):
+                m.cleargrads()
+                for k, (x1, x2) in enumerate(batches):
+                    loss = m(x1) + m(x2)
+                    if k == 0 and i == (0 if when == 'recording' else 2):
+                        RaisesInBackward.countdown[0] = 2
+                        with pytest.raises(FloatingPointError):
+                            loss.backward()
+                    else:
+                        loss.backward()
+                o.update()
+            compare_chains(a, b, rtol=0, atol=0)
+    finally:
+        RaisesInBackward.countdown[0] = 0
+    assert cache(b).replays >= 6
 
 
 # -- threads ------------------------------------------------------------------

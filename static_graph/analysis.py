@@ -339,6 +339,7 @@ def mark_captured(rec, chain_map):
         else:
             rec.add_reason(reason)
     user_nodes.rerun_scalar_steps(rec, reruns_ok)
+    user_nodes.rerun_communicating_steps(rec, reruns_ok)
     forward_consts = set()
     # NumPy scalars forward nodes were built with (``x * numpy.float32(2)``):
     # constants a backward node may be built with too. Filled while the

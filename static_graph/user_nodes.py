@@ -50,6 +50,27 @@ def rerun_scalar_steps(rec, reruns_ok):
                 'backward cannot be run again by replay' % op.kind)
 
 
+def rerun_communicating_steps(rec, reruns_ok):
+    """A ChainerMN node's backward communicates (``bcast``'s gathers the
+    gradients at the root; a rank that is not the root returns none, so
+    no recorded op reads what it did): its step runs again at every
+    replay, whatever it returns; where it cannot, the recording falls
+    back (a rank that skipped it would leave the others waiting)."""
+    for step in rec.steps:
+        if step.rerun:
+            continue
+        node = step.node
+        fn = getattr(node, '_function', None)     # (old-style Function)
+        kind = type(fn if fn is not None else node)
+        if not kind.__module__.startswith('chainermn'):
+            continue
+        if reruns_ok(step):
+            step.rerun = True
+        else:
+            rec.add_reason('the backward of %s communicates (ChainerMN), '
+                           'and replay cannot run it again' % kind.__name__)
+
+
 # What a forward may set on its node that is the same at every call of a
 # key: modules (``self.xp``), functions and classes.
 _CONSTANT_TYPES = (types.ModuleType, types.FunctionType,

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -29,18 +30,40 @@ LAUNCHER, REASON = _launcher()
 pytestmark = pytest.mark.skipif(LAUNCHER is None, reason=str(REASON))
 
 
+def bounded(command, env, timeout, cwd=None):
+    """``command``'s output; it fails the test where it exits with an
+    error or runs past ``timeout`` seconds (a deadlock), and leaves no
+    process behind: the launcher and its ranks are one process group,
+    killed as one."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, universal_newlines=True,
+                            start_new_session=True, cwd=cwd)
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        pytest.fail('%s ran past %d s (a rank waits for another?):\n%s'
+                    % (' '.join(map(os.path.basename, command[:5])),
+                       timeout, stdout[-3000:]))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, stdout[-3000:]
+    return stdout
+
+
 def run(tmp_path, program, *args, n=2, timeout=120):
     """What each rank wrote (``OUT/rank<N>.json``), by rank."""
     tmp_path.mkdir()
     env = dict(os.environ, UCX_TLS='self,sm', UCX_NET_DEVICES='lo',
                PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1',
                OPENBLAS_NUM_THREADS='1')
-    proc = subprocess.run(
+    bounded(
         [LAUNCHER, '-n', str(n), sys.executable, os.path.join(HERE, 'mpi',
                                                               program)]
-        + list(args) + [str(tmp_path)], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, timeout=timeout, universal_newlines=True)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+        + list(args) + [str(tmp_path)], env, timeout)
     out = {}
     for rank in range(n):
         with open(os.path.join(str(tmp_path), 'rank%d.json' % rank)) as f:
@@ -60,14 +83,14 @@ SCENARIOS = {
     'allgather': {'Gathered.forward': (1, 5)},
     'evaluator': {'Predictor.forward': (2, 10)},
     'p2p': ({'First.forward': (1, 5)}, {'Second.forward': (1, 5)}),
+    'bcast': {'Broadcast.forward': (1, 5)},
 }
 DATA_PARALLEL = ('sgd', 'adam', 'mnbn', 'allgather', 'evaluator')
 
-# HOOK for the captured optimizer update (static_graph.capture_update,
-# branch 'update'): scenarios of tests/mpi/mn.py that run a scenario above
-# with capture_update(multi_node_optimizer) in static mode, each compared
-# with that scenario's define-by-run run. Skipped until capture_update is
-# merged; add scenarios here (and in mn.py's SCENARIOS).
+# The captured optimizer update (static_graph.capture_update): scenarios
+# of tests/mpi/mn.py that run a scenario above with
+# capture_update(multi_node_optimizer) in static mode, each compared with
+# that scenario's define-by-run run.
 CAPTURED_UPDATE = {'sgd+update': 'sgd', 'adam+update': 'adam'}
 
 
@@ -159,10 +182,6 @@ VALIDATION = ['validation/main/accuracy', 'validation/main/loss']
 def test_captured_update_with_multi_node_optimizer(runs, tmp_path, name):
     """static_graph.capture_update(create_multi_node_optimizer(...)):
     bit for bit with the define-by-run run of the same scenario."""
-    import static_graph
-    if not hasattr(static_graph, 'capture_update'):
-        pytest.skip('static_graph.capture_update is not on this branch '
-                    '(branch update, not merged)')
     static = run(tmp_path / 'static', 'mn.py', 'static', name)
     base = CAPTURED_UPDATE[name]
     for rank in (0, 1):
@@ -178,22 +197,20 @@ def test_mnist_example_with_two_processes(tmp_path):
     half of the data; the per-epoch report comes from rank 0 only."""
     example = os.path.join(os.path.dirname(HERE), 'examples', 'mnist',
                            'train_mnist.py')
-    proc = subprocess.run(
+    stdout = bounded(
         [LAUNCHER, '-n', '2', sys.executable, example, '--communicator',
          'naive', '--iterations', '4', '--epoch', '1', '--batchsize', '20',
          '--out', str(tmp_path / 'result')],
-        env=dict(os.environ, UCX_TLS='self,sm', UCX_NET_DEVICES='lo',
-                 OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1'),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,
-        universal_newlines=True, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:]
+        dict(os.environ, UCX_TLS='self,sm', UCX_NET_DEVICES='lo',
+             OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1'), 120,
+        cwd=str(tmp_path))
     found = re.findall(r'\[static graph, rank (\d) of 2\] final validation '
                        r'accuracy: ([0-9.]+) \(loss ([0-9.]+)\) after 4 '
-                       r'iterations', proc.stdout)
-    assert sorted(rank for rank, _, _ in found) == ['0', '1'], proc.stdout
+                       r'iterations', stdout)
+    assert sorted(rank for rank, _, _ in found) == ['0', '1'], stdout
     assert found[0][1:] == found[1][1:], found
     header = re.findall(r'^model: .*\((\d+) train / \d+ test\)',
-                        proc.stdout, re.M)
-    assert len(header) == 1, proc.stdout     # rank 0's, with its shard:
+                        stdout, re.M)
+    assert len(header) == 1, stdout     # rank 0's, with its shard:
     assert 0 < int(header[0]) <= 30000, header   # half of the data set
-    assert proc.stdout.count('validation/main/accuracy') == 1, proc.stdout
+    assert stdout.count('validation/main/accuracy') == 1, stdout

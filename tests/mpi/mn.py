@@ -28,6 +28,9 @@ with ``scatter_dataset`` and ``create_multi_node_optimizer``):
 * ``p2p``: model parallelism with ``chainermn.functions.send``/``recv``
   inside the decorated methods (rank 0: a layer and send; rank 1: recv, a
   layer and the loss);
+* ``bcast``: ``chainermn.functions.bcast`` inside the decorated method
+  (rank 0's features classified on both ranks; its backward gathers the
+  gradients at rank 0, and returns none on rank 1);
 * ``sgd+update``, ``adam+update``: ``sgd``/``adam`` with the captured
   optimizer update, ``static_graph.capture_update(multi_node_optimizer)``,
   in static mode (needs a ``static_graph`` that has ``capture_update``).
@@ -291,10 +294,50 @@ def scenario_p2p():
     return {'steps': steps, 'counts': counts(model)}
 
 
+class Broadcast(chainer.Chain):
+    """Rank 0's features, broadcast: each rank classifies them with its
+    own layer; the gradients are gathered back at rank 0 (``bcast``'s
+    backward: a rank that is not the root gets no gradient from it)."""
+
+    def __init__(self):
+        super(Broadcast, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(3, 4)
+            self.l2 = L.Linear(4, 2)
+
+    @static_graph.static_graph
+    def forward(self, x, t):
+        if comm.rank == 0:
+            h = chainermn.functions.bcast(comm, F.tanh(self.l1(x)))
+        else:
+            h = chainermn.functions.bcast(comm, None)
+        return F.softmax_cross_entropy(self.l2(h), t)
+
+
+def scenario_bcast():
+    """Rank 0's first layer gets the gradients of both ranks' losses;
+    plain SGD on each rank."""
+    numpy.random.seed(comm.rank)
+    model = Broadcast()
+    opt = chainer.optimizers.SGD(lr=0.5)
+    opt.setup(model)
+    rs = numpy.random.RandomState(1 + comm.rank)
+    steps = []
+    for i in range(STEPS):
+        x = rs.standard_normal((5, 3)).astype('f')
+        t = rs.randint(0, 2, 5).astype('i')
+        model.cleargrads()
+        loss = model(x, t)
+        loss.backward()
+        opt.update()
+        steps.append({'loss': hexes(loss.array), 'state': state(model)})
+    return {'steps': steps, 'counts': counts(model)}
+
+
 SCENARIOS = {
     'sgd': scenario_sgd, 'adam': scenario_adam, 'mnbn': scenario_mnbn,
     'allgather': scenario_allgather, 'evaluator': scenario_evaluator,
-    'p2p': scenario_p2p,
+    'p2p': scenario_p2p, 'bcast': scenario_bcast,
     'sgd+update': scenario_sgd_update, 'adam+update': scenario_adam_update,
 }
 

@@ -43,7 +43,7 @@ def inner_arguments(rec, leaves, paths):
                 # The caller's gradient, as define-by-run's method sees it
                 # (a use of it makes the call fall back: patches).
                 v.grad_var = leaf.grad_var
-            rec.argument_paths[id(v)] = (path, leaf)
+            rec.argument_paths[id(v)] = (path, leaf, v)
             inner.append(v)
         else:
             if type(a) is numpy.ndarray:
@@ -258,20 +258,26 @@ def gradient_used(rec, variable, what, frame, message=_GRADIENT_USED):
             what, frame.f_code.co_filename, frame.f_lineno))
 
 
-def _on_argument(orig, what, user_caller, message):
+def _on_argument(orig, what, user_caller, message, on_caller=None):
     """``orig`` (a Variable's or VariableNode's accessor or method)
     wrapped: where user code (``user_caller()``, patches.py: its frame, or
     None) calls it on an argument's copy while a call records, a reason
-    (``gradient_used`` with ``message``)."""
+    (``gradient_used`` with ``message``); with ``on_caller``, what
+    ``on_caller(orig, copy, caller's, args, kwargs)`` returns (the caller's
+    Variable, or its node for a node's)."""
     def wrapper(self, *args, **kwargs):
         rec = traced.active_recording()
         if rec is not None and not rec.depth:
-            v = self.get_variable_or_none() if type(self) is \
-                _VariableNode else self       # (``h.node.creator``)
+            node = type(self) is _VariableNode      # (``h.node.creator``)
+            v = self.get_variable_or_none() if node else self
             if id(v) in rec.argument_paths:
                 f = user_caller()
                 if f is not None:
                     gradient_used(rec, v, what, f, message)
+                    if on_caller is not None and rec.phase == 'forward':
+                        caller = rec.argument_paths[id(v)][1]
+                        return on_caller(orig, self, caller.node if node
+                                         else caller, args, kwargs)
         return orig(self, *args, **kwargs)
 
     wrapper.__name__ = getattr(orig, '__name__', what)
@@ -287,15 +293,78 @@ def gradient_accessor(orig, what, user_caller):
     return _on_argument(orig, what, user_caller, _GRADIENT_USED)
 
 
-def graph_read(orig, what, user_caller):
+def graph_read(orig, what, user_caller, cut=False):
     """A Variable accessor of the graph wrapped (``x.creator``,
-    ``x.creator_node``, ``x.rank``, ``x.unchain()``, ``x.unchain_backward()``):
-    used by the method on an argument's copy, a reason. The copy has no
-    creator (the recording runs on copies), so a branch on the caller's
-    graph (``if h.creator is None``) would take another way than
-    define-by-run's, and a cut of it (``h.unchain_backward()`` on the state
-    handed in) would not reach the caller's graph."""
-    return _on_argument(orig, what, user_caller, _GRAPH_USED)
+    ``x.creator_node``, ``x.rank``; ``cut``: ``x.unchain()``,
+    ``x.unchain_backward()``): used by the method on an argument's copy, a
+    reason, as replay would take the way the recording took. The copy has
+    no creator (the recording runs on copies): the method is answered with
+    the caller's graph (``if h.creator is None`` takes define-by-run's
+    way), and a cut cuts the caller's Variable too (``h.unchain_backward()``
+    on the state handed in cuts the earlier calls, as define-by-run's
+    does; before 2026-11-28 the recording call did neither, silently)."""
+    return _on_argument(orig, what, user_caller, _GRAPH_USED,
+                        _cut_both if cut else _callers)
+
+
+def _callers(orig, copy, caller, args, kwargs):
+    return orig(caller, *args, **kwargs)
+
+
+def _cut_both(orig, copy, caller, args, kwargs):
+    orig(caller, *args, **kwargs)
+    return orig(copy, *args, **kwargs)
+
+
+def caller_cut(rec, vn):
+    """A cut inside the call (``unchain_backward``) walked back to an
+    argument's copy ``vn`` (a VariableNode): define-by-run's walk goes on
+    into the caller's graph behind it, so the caller's Variable is cut
+    too."""
+    v = vn.get_variable_or_none()
+    entry = rec.argument_paths.get(id(v)) if v is not None else None
+    if entry is not None and isinstance(entry[1], chainer.Variable) and \
+            entry[1].creator_node is not None:
+        entry[1].unchain_backward()
+
+
+def onto_caller(outputs):
+    """Before a backward inside the method (``y.backward()``,
+    ``chainer.backward``, ``chainer.grad(..., retain_grad=True)``) while a
+    call records, from ``outputs``: define-by-run's goes on into the
+    caller's graph behind a Variable argument that has one (the caller's
+    layers, an earlier call), where it accumulates the caller's gradients;
+    the recording's copy of it has none. The recording so far moves onto
+    the caller's Variables (``splice.into_caller``: the call falls back,
+    as such a backward is a reason), so that this backward is
+    define-by-run's. Returns the copies' callers ({id(copy): caller's})
+    once moved, else None."""
+    rec = traced.active_recording()
+    if rec is None or rec.depth or rec.phase != 'forward' or \
+            not rec.argument_paths:
+        return None
+    callers = dict((vid, e[1]) for vid, e in rec.argument_paths.items())
+    if not rec.arguments_spliced:
+        if not any(c.creator_node is not None for c in callers.values()):
+            return None
+        from static_graph import splice
+        pairs = [(e[2], e[1]) for e in rec.argument_paths.values()]
+        roots = [v for v in outputs if isinstance(v, chainer.Variable)]
+        if not splice.into_caller([op.node for op in rec.forward_ops],
+                                  pairs, roots):
+            return None
+        rec.arguments_spliced = True
+    return callers
+
+
+def gradients_to_copies(rec):
+    """After a backward inside the method that ran on the caller's
+    Variables (``onto_caller``): the gradients it left on them, on the
+    copies the method holds too (``x.grad`` read after it)."""
+    for _, caller, copy in rec.argument_paths.values():
+        if copy._grad_var is not caller._grad_var or \
+                copy._grad is not caller._grad:
+            copy._set_grad_var_without_check(caller.grad_var)
 
 
 _VariableNode = chainer.variable.VariableNode
@@ -315,5 +384,86 @@ def graph_accessors(cls, user_caller):
         if name in cls.__dict__:
             orig[name] = cls.__dict__[name]
             wrapped[name] = graph_read(orig[name], '.%s()' % name,
-                                       user_caller)
+                                       user_caller, cut=True)
     return wrapped, orig
+
+
+def _mapped(callers, vs):
+    return [callers.get(id(v), v) for v in vs]
+
+
+def _variable_backward(orig):
+    def backward(self, *args, **kwargs):
+        callers = onto_caller((self,))
+        if callers is None:
+            return orig(self, *args, **kwargs)
+        try:
+            return orig(callers.get(id(self), self), *args, **kwargs)
+        finally:
+            gradients_to_copies(traced.active_recording())
+    backward.__doc__ = orig.__doc__
+    return backward
+
+
+def _backward(orig):
+    def backward(outputs, *args, **kwargs):
+        callers = onto_caller(outputs)
+        if callers is None:
+            return orig(outputs, *args, **kwargs)
+        try:
+            return orig(_mapped(callers, outputs), *args, **kwargs)
+        finally:
+            gradients_to_copies(traced.active_recording())
+    backward.__doc__ = orig.__doc__
+    return backward
+
+
+def _grad(orig):
+    names = orig.__code__.co_varnames[:orig.__code__.co_argcount]
+
+    def grad(*args, **kwargs):
+        rec = traced.active_recording()
+        if rec is None or rec.depth or rec.phase != 'forward':
+            return orig(*args, **kwargs)
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        if bound.get('retain_grad'):
+            callers = onto_caller(bound.get('outputs', ()))
+        elif rec.arguments_spliced:
+            # (A penalty's after such a backward: its graph reads the
+            # caller's Variables now.)
+            callers = dict((vid, e[1])
+                           for vid, e in rec.argument_paths.items())
+        else:
+            callers = None
+        if callers is None:
+            return orig(*args, **kwargs)
+        for name in ('outputs', 'inputs'):
+            if bound.get(name) is not None:
+                bound[name] = _mapped(callers, bound[name])
+        try:
+            return orig(**bound)
+        finally:
+            gradients_to_copies(rec)
+    grad.__doc__ = orig.__doc__
+    return grad
+
+
+def backward_wrappers(variable_cls, backprop_module, function_node_module):
+    """({name: wrapped}, {name: original}) of ``Variable.backward``, and
+    [(namespace, {name: wrapped}, {name: original})] of ``chainer.backward``
+    and ``chainer.grad`` where they are defined and in ``chainer``, for
+    patches.py to install while a call records (onto_caller)."""
+    vb = variable_cls.__dict__['backward']
+    b = backprop_module.backward
+    g = function_node_module.grad
+    spaces = [(backprop_module.__dict__, {'backward': _backward(b)},
+               {'backward': b}),
+              (function_node_module.__dict__, {'grad': _grad(g)},
+               {'grad': g})]
+    wrapped = {}
+    for _, d, _ in spaces:
+        wrapped.update(d)
+    spaces.append((chainer.__dict__, wrapped,
+                   {'backward': b, 'grad': g}))
+    return {'backward': _variable_backward(vb)}, {'backward': vb}, spaces

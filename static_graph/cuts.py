@@ -100,6 +100,9 @@ def _reaches_argument(rec, vn):
             'whose graph (the caller\'s) define-by-run would cut too; the '
             'recording runs on a copy of it'
             % signature.path_text(rec.argument_paths[id(v)][0]))
+        if rec.phase == 'forward':
+            from static_graph import arguments
+            arguments.caller_cut(rec, vn)
 
 
 def _positions(node, vn):

@@ -290,6 +290,12 @@ _orig_variable = {
     '_get_array': _orig_get_array, '_get_grad': _orig_get_grad,
     'grad_var': _orig_grad_var, 'cleargrad': _orig_cleargrad,
     'zerograd': _orig_zerograd, '_set_grad': _orig_set_grad}
+# A backward inside the method (arguments.onto_caller).
+_wrapped_backward, _orig_backward, _backward_spaces = \
+    arguments.backward_wrappers(variable_module.Variable, _backprop_module,
+                                function_node)
+_patched_variable.update(_wrapped_backward)
+_orig_variable.update(_orig_backward)
 _wrapped, _unwrapped = arguments.graph_accessors(variable_module.Variable,
                                                  _user_caller)
 _patched_variable.update(_wrapped)
@@ -484,7 +490,7 @@ _PATCHES = (
     (_backprop_utils.__dict__, {'backprop_step': _patched_backprop_step},
      {'backprop_step': _orig_backprop_step}),
     (numpy.__dict__, _patched_numpy, _orig_numpy),
-) + tuple(
+) + tuple(_backward_spaces) + tuple(
     (module.__dict__,
      dict((n, fn) for (m, n), fn in _patched_rng.items() if m == name),
      dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))

@@ -174,8 +174,11 @@ class Recording(object):
         self.reasons = []
         self.unknown = []         # (buffer id, phase, kind, source)
         self.traced_views = {}    # id(view) -> plain array
-        # id(an argument Variable's copy) -> (its path, the caller's)
+        # id(an argument Variable's copy) -> (its path, the caller's, it)
         self.argument_paths = {}
+        # A backward inside the method moved the recording so far onto the
+        # caller's Variables (arguments.onto_caller)
+        self.arguments_spliced = False
         self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.chain_held = set()   # ids of the links' array attributes
         self.reports = []         # (observer, [(key, buffer id | const)])

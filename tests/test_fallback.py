@@ -763,6 +763,10 @@ class _StateArg(chainer.Chain):
             h = h * float(h.rank + 1)
         elif self.use == 'unchain_backward':
             h.unchain_backward()
+        elif self.use == 'inner backward':
+            F.sum(self.l3(h) ** 2).backward()
+        elif self.use == 'inner grad retained':
+            chainer.grad([F.sum(self.l3(h) ** 2)], [h], retain_grad=True)
         h = F.tanh(self.l1(x) + self.l3(h))
         if self.use == 'inner cut':
             h.unchain_backward()         # (walks back into the argument)
@@ -770,30 +774,47 @@ class _StateArg(chainer.Chain):
         return F.sum(self.l2(h) ** 2), h
 
 
+@pytest.mark.parametrize('first', ['a leaf', "the caller's"])
 @pytest.mark.parametrize('use', ['creator', 'node.creator', 'rank',
-                                 'unchain_backward', 'inner cut'])
-def test_the_graph_of_an_argument_used_inside_the_method(use):
+                                 'unchain_backward', 'inner cut',
+                                 'inner backward', 'inner grad retained'])
+def test_the_graph_of_an_argument_used_inside_the_method(use, first):
     """The state of an RNN handed in as an argument (``forward(x, h)``),
     its graph used by the method: ``if h.creator is None``, ``h.rank``,
     ``h.unchain_backward()``, a cut inside the call that walks back into
-    it. The recording runs on a copy of the argument, which has no graph:
-    it took the other branch (loss 1.33 for 1.23), or cut nothing where
-    define-by-run cuts the earlier calls (0.43 off in l1.W.grad),
-    silently. Now each is a reason."""
+    it, a backward inside that goes on into it. The recording runs on a
+    copy of the argument, which has no graph: it took the other branch
+    (loss 1.33 for 1.23), or cut nothing where define-by-run cuts the
+    earlier calls (0.43 off in l1.W.grad), silently; each is a reason.
+    Where the first call's state already has a graph (the caller's, made
+    from ``v0``), the recording call itself is define-by-run's too: it
+    answers with the caller's graph, cuts it, backpropagates into it
+    (before 2026-11-28 it took the other branch: loss -6.04 for -12.07;
+    or left v0 without its gradient)."""
     S = type('S', (_StateArg,), {
         'forward': static_graph.static_graph(_StateArg.forward)})
     numpy.random.seed(0)
     a = _StateArg(use)
     b = S(use)
     b.copyparams(a)
+    seen = []
     for m in (a, b):
-        h, loss = chainer.Variable(numpy.zeros((4, 6), 'f')), 0
+        v0 = chainer.Variable(numpy.full((4, 6), 0.5, 'f'))
+        h = v0 if first == 'a leaf' else v0 * 2.0
+        h0, loss, losses = h, 0, []
         for s in range(3):
             x = numpy.random.RandomState(s).randn(4, 5).astype('f')
             l, h = m(x, h)
             loss += l
+            losses.append(l.array)
         m.cleargrads()
         loss.backward()
+        seen.append([losses, v0.grad, h0.grad, h0.creator is None])
+    for x, y in zip(*seen):
+        if x is None or y is None or type(x) is bool:
+            assert x is y
+        else:
+            assert numpy.array_equal(x, y)
     for p, q in zip(a.params(), b.params()):
         assert numpy.array_equal(p.grad, q.grad)
     assert 'fallback' in static_graph.explain(b)

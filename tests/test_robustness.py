@@ -1046,6 +1046,19 @@ def test_error_raised_in_recording_backward_records_again(disarm):
     assert cache(b).replays >= 1
 
 
+def _fail_then_retry(a, b):
+    """Each twin: a call whose backward raises (MaybeRaise, armed), then
+    the same loss's backward again, after cleargrads."""
+    x = data(2, 3)
+    for m in (a, b):
+        loss = m(x)
+        MaybeRaise.arm['backward'] = 1
+        with pytest.raises(RuntimeError, match='interrupted'):
+            loss.backward()
+        m.cleargrads()
+        loss.backward()
+
+
 def test_backward_retried_after_the_recording_calls_backward_raised(disarm):
     """``loss.backward()`` raised in the recording call's backward (a
     node's backward, Ctrl-C); the loop retries it on the same loss: the
@@ -1053,14 +1066,7 @@ def test_backward_retried_after_the_recording_calls_backward_raised(disarm):
     a, b = make_twins(raising)
     MaybeRaise.exc = RuntimeError
     try:
-        x = data(2, 3)
-        for m in (a, b):
-            loss = m(x)
-            MaybeRaise.arm['backward'] = 1
-            with pytest.raises(RuntimeError):
-                loss.backward()
-            m.cleargrads()
-            loss.backward()
+        _fail_then_retry(a, b)
     finally:
         MaybeRaise.exc = KeyboardInterrupt
     compare_chains(a, b, rtol=0, atol=0)
@@ -1092,14 +1098,7 @@ def test_backward_retried_after_a_replayed_calls_backward_raised(disarm):
             loss.backward()
         a.cleargrads()
         b.cleargrads()
-        x = data(2, 3)
-        for m in (a, b):
-            loss = m(x)
-            MaybeRaise.arm['backward'] = 1
-            with pytest.raises(RuntimeError, match='interrupted'):
-                loss.backward()
-            m.cleargrads()
-            loss.backward()
+        _fail_then_retry(a, b)
     finally:
         MaybeRaise.exc = KeyboardInterrupt
     compare_chains(a, b, rtol=0, atol=0)

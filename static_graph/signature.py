@@ -236,6 +236,14 @@ def _walk(obj, path, found):
         return scalar_key(obj)
     if type(obj) not in _PLAIN_CONTAINERS and \
             isinstance(obj, (tuple, list, dict)):
+        over = _overridden(type(obj))
+        if over:
+            # (What the method gets by them, the walk would not see: a
+            # lazy view's elements, a __len__ that refuses.)
+            raise Unsupported(
+                'argument %s is a %s that defines %s itself, which the '
+                'cache key cannot follow' % (path_text(path),
+                                             type(obj).__name__, over))
         own = _own_attributes(obj)
         if own:
             # (A dict or list subclass with attributes set on it, read by
@@ -283,6 +291,21 @@ def _walk(obj, path, found):
 
 
 _PLAIN_CONTAINERS = frozenset((tuple, list, dict))
+
+
+_PROTOCOL = ('__len__', '__iter__', '__getitem__', 'items', 'keys',
+             'values', '__contains__', '__reversed__')
+
+
+def _overridden(cls):
+    """The container methods a subclass of tuple, list or dict defines
+    over its base's (a namedtuple defines none), as text, or ''. The
+    ``collections`` module's (OrderedDict's are its order, the walk's)."""
+    if cls.__module__ == 'collections':
+        return ''
+    base = next(b for b in cls.__mro__ if b in _PLAIN_CONTAINERS)
+    return ', '.join(n for n in _PROTOCOL if getattr(cls, n, None) is not
+                     getattr(base, n, None))
 
 
 def _own_attributes(obj):

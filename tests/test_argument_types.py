@@ -1,6 +1,9 @@
 """Array arguments of NumPy's subclasses: a masked array computes otherwise
 than a plain one (numpy.ma fills masked entries), so it is another key; a
 numpy.matrix argument is no constant."""
+import collections
+import warnings
+
 import numpy
 import pytest
 
@@ -151,6 +154,61 @@ def test_a_container_with_attributes_of_its_own_runs_define_by_run(kind):
                 arg.scale = scale
                 losses.append(float(m(arg).array))
             assert losses[0] == losses[1], scale
+
+
+class Refusing(list):
+    """A lazy view's list that will not tell its length."""
+
+    def __len__(self):
+        raise TypeError('length unknown')
+
+
+class Doubling(list):
+    """A list whose items, by index, are twice what it holds."""
+
+    def __getitem__(self, i):
+        return list.__getitem__(self, i) * 2
+
+
+class Items(chainer.Chain):
+    def __init__(self):
+        super(Items, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(4, 5)
+
+    def forward(self, x, extra):
+        n = sum(1 for _ in extra) + extra[0]
+        return F.sum(self.l1(x)) * float(n)
+
+
+@pytest.mark.parametrize('kind', [Refusing, Doubling, collections.OrderedDict,
+                                  collections.namedtuple('Pair', 'a b')])
+def test_a_container_subclass_with_its_own_protocol_runs_define_by_run(kind):
+    """A list subclass that defines ``__len__`` or ``__getitem__`` itself:
+    the key's walk does not go through them (the first raised from the
+    walk, where define-by-run's method runs). It runs define-by-run,
+    warned; the collections module's own (an OrderedDict, a namedtuple)
+    are walked as their bases."""
+    a = Items()
+    b = type('S', (Items,), {'forward': static(Items.forward)})()
+    b.copyparams(a)
+    x = numpy.random.RandomState(0).randn(3, 4).astype('f')
+    if kind is collections.OrderedDict:
+        make = lambda v: kind([(0, v), (1, 2.0)])    # NOQA
+    elif kind in (Refusing, Doubling):
+        make = lambda v: kind([v, 2.0])    # NOQA
+    else:
+        make = lambda v: kind(v, 2.0)    # NOQA
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for v in (1.0, 3.0, 1.0):
+            assert float(a(x, make(v)).array) == float(b(x, make(v)).array)
+    said = [str(m.message) for m in w
+            if issubclass(m.category, static_graph.StaticGraphWarning)]
+    if kind in (Refusing, Doubling):
+        assert len(said) == 1 and 'defines __' in said[0], said
+    else:
+        assert not said, said
 
 
 class Branches(chainer.Chain):

@@ -8,7 +8,7 @@ import chainer
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import cuts  # NOQA  (its Variable wrappers: graph_accessors)
-from static_graph import link_values
+from static_graph import frozen_values
 from static_graph import signature
 from static_graph import traced
 
@@ -147,7 +147,7 @@ def containers(args, kwargs):
     the method gets them (new ones, signature.rebuild): what it changes in
     them (``stats['n'] += 1``, ``hidden.append(h)``) replay would not
     change."""
-    return [(at, v, link_values.freeze(v, ARGUMENT_ITEMS))
+    return [(at, v, frozen_values.freeze(v, ARGUMENT_ITEMS))
             for at, v in list(enumerate(args)) + list(kwargs.items())
             if isinstance(v, _CONTAINERS)]
 
@@ -174,7 +174,7 @@ def check_containers(rec, before, made, inner, leaves, method, chain):
                     if back is not v:
                         d[k] = back
     changed = [at for at, v, frozen in before if frozen is not None and
-               not link_values.holds(v, frozen, ARGUMENT_ITEMS)]
+               not frozen_values.holds(v, frozen, ARGUMENT_ITEMS)]
     if not changed:
         return
     if rec is not None:

@@ -15,6 +15,7 @@ from schedules import planner
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import diagnostics
+from static_graph import frozen_values
 from static_graph import graphs
 from static_graph import link_values
 from static_graph import lower_pass
@@ -70,7 +71,7 @@ def link_structure(chain, written=(), held=()):
             if link_values.structural(v):
                 # (A Variable that is no Parameter with its array too:
                 # ``self.mask.array = new`` between calls.)
-                same.append((d, k, v, link_values.variable_array(v)))
+                same.append((d, k, v, frozen_values.variable_array(v)))
         # Chain: a set of names; ChainList: a list of links. (Not of a
         # held link: the entry would keep it alive, where its owner may
         # hold it weakly.)

@@ -19,6 +19,7 @@ from schedules import ir
 from static_graph import arrayutil
 from static_graph import analysis
 from static_graph import entry as entry_module
+from static_graph import frozen_values
 from static_graph import link_values
 from static_graph import traced
 
@@ -48,7 +49,7 @@ def held_links(chain):
         path, link = todo.pop()
         for k, v in list(link.__dict__.items()):
             if k in link_values.MANAGED or arrayutil.dead_proxy(v) or \
-                    isinstance(v, link_values.SCALARS):
+                    isinstance(v, frozen_values.SCALARS):
                 continue
             for where, found in _links_in(v):
                 if id(found.__dict__) in seen:
@@ -117,7 +118,7 @@ def _links_in(v, depth=1):
         items = [('[%d]' % i, x) for i, x in enumerate(v)]
     else:
         return []
-    if len(items) > link_values.MAX_ITEMS:
+    if len(items) > frozen_values.MAX_ITEMS:
         return []
     return [(where + more, x) for where, item in items
             if not arrayutil.dead_proxy(item)
@@ -189,7 +190,7 @@ def attr_changes(rec, snapshot, detached=()):
         elif arrayutil.is_array(v):
             a = rec.untrace(v, 'attribute ' + k)
             writes.append((d, k, rec.buffer_of(a, 'attribute ' + k), 'A'))
-        elif link_values.same_value(v, old):
+        elif frozen_values.same_value(v, old):
             continue     # (a Variable or array before: not ==)
         elif v is None:
             # (L.Classifier's ``self.accuracy = None`` once compute_accuracy

@@ -30,7 +30,6 @@ forward: reach.py) are watched like its own, and those functions' default
 argument values.
 """
 import argparse
-import math
 import types
 import weakref
 
@@ -40,11 +39,10 @@ import chainer
 
 from static_graph import arrayutil
 from static_graph import reach
+from static_graph.frozen_values import (
+    SCALARS, _CONTAINERS, _TOO_BIG, _equal, _holds, _numbers_inside,
+    _same_kinds, freeze, variable_array)
 
-SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
-           numpy.dtype)
-_CONTAINERS = (tuple, list, dict, set, frozenset)
-MAX_ITEMS = 64
 HELPER_DEPTH = 3     # self.a.b.c: helper attributes watched to this depth
 MAX_FIELDS = 256     # helper-object attributes watched in all
 NAMESPACES = _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
@@ -65,158 +63,7 @@ def size(d):
     them there)."""
     return len(d) - ('_static_graph_caches' in d)
 
-_TOO_BIG = object()
 _ModuleType = types.ModuleType
-
-
-class _Same(object):
-    """An element of a container compared by identity (a function, a link,
-    an array in a list)."""
-    __slots__ = ('obj',)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __eq__(self, other):
-        return type(other) is _Same and other.obj is self.obj
-
-    def __ne__(self, other):
-        return not self.__eq__(other)
-
-    def __hash__(self):
-        return id(self.obj)
-
-
-class _SameVariable(_Same):
-    """A Variable that is no Parameter, compared by identity and by its
-    array's (``v.array = new``: the recording read the old one)."""
-    __slots__ = ('array',)
-
-    def __init__(self, obj):
-        self.obj = obj
-        self.array = obj.raw_array
-
-    def __eq__(self, other):
-        return type(other) is _SameVariable and other.obj is self.obj and \
-            other.array is self.array
-
-
-def variable_array(v):
-    """The array of ``v`` where it is a Variable that is no Parameter (its
-    array is part of what a recording read), else None."""
-    if isinstance(v, chainer.Variable) and \
-            not isinstance(v, chainer.Parameter):
-        return v.raw_array
-    return None
-
-
-def _freeze(v, budget):
-    """A value of ``v`` that later changes to it do not reach, comparable
-    with ==; ``budget``: [elements left]. A tuple of scalars is its own."""
-    if isinstance(v, SCALARS):
-        return v
-    if not isinstance(v, _CONTAINERS):
-        if variable_array(v) is not None:
-            return _SameVariable(v)
-        return _Same(v)
-    budget[0] -= len(v)
-    if budget[0] < 0:
-        return _TOO_BIG
-    t = type(v)
-    if isinstance(v, dict):    # OrderedDict, defaultdict too
-        items = tuple((_freeze(k, budget), _freeze(x, budget))
-                      for k, x in v.items())
-    elif isinstance(v, (set, frozenset)):
-        items = frozenset(_freeze(x, budget) for x in v)
-    else:
-        items = tuple(_freeze(x, budget) for x in v)
-        if t is tuple and budget[0] >= 0 and \
-                all(x is y for x, y in zip(items, v)):
-            return v      # immutable all the way down
-    return _TOO_BIG if budget[0] < 0 else (t, items)
-
-
-def freeze(v, items=MAX_ITEMS):
-    """``v`` frozen for comparison (see _freeze), or None for a container
-    of more than ``items`` elements in all."""
-    frozen = _freeze(v, [items])
-    return None if frozen is _TOO_BIG else frozen
-
-
-def same_value(a, b):
-    """Do ``a`` and ``b`` hold the same scalars or containers of them?"""
-    if not isinstance(a, SCALARS + _CONTAINERS) or type(a) is not type(b):
-        return False
-    fa, fb = freeze(a), freeze(b)
-    try:
-        return fa is not None and fb is not None and bool(fa == fb)
-    except Exception:
-        return False
-
-
-def _holds(v, frozen, items=MAX_ITEMS):
-    """Does container ``v`` still hold ``frozen`` (freeze's value of it
-    then, of at most ``items`` elements; an immutable tuple is its own)?"""
-    return v is frozen or _equal(freeze(v, items), frozen)
-
-
-holds = _holds
-
-
-def _equal(now, then):
-    try:
-        return bool(now == then) and _same_kinds((now,), (then,))
-    except Exception:
-        # Values == cannot compare (a Variable where None was recorded):
-        # not the recorded value.
-        return False
-
-
-def _same_kinds(now, then):
-    """Of values that are ==: the same types too, and zeros of the same
-    sign (True == 1 == numpy.bool_(True) and -0.0 == 0.0, but ``~`` and
-    numpy.arctan2 tell them apart)."""
-    for a, b in zip(now, then):
-        t = type(a)
-        if t is not type(b):
-            return False
-        if t is tuple:
-            # (at any depth: a frozen list or dict is (type, items), an
-            # item of a dict (key, value); 2.0 -> 2 in a config dict)
-            if not _same_kinds(a, b):
-                return False
-        elif t is frozenset:    # (a frozen set: {2} for {2.0}, {-0.0})
-            if sorted(map(_kind_key, a)) != sorted(map(_kind_key, b)):
-                return False
-        elif isinstance(a, (float, numpy.floating)) and a == 0 and \
-                math.copysign(1.0, a) != math.copysign(1.0, b):
-            return False
-        elif isinstance(a, (complex, numpy.complexfloating)) and (
-                math.copysign(1.0, a.real) != math.copysign(1.0, b.real) or
-                math.copysign(1.0, a.imag) != math.copysign(1.0, b.imag)):
-            return False
-    return True
-
-
-def _kind_key(v):
-    return type(v).__name__, repr(v)
-
-
-_NUMBERS = (int, float, complex, numpy.generic)
-
-
-def _numbers_inside(v):
-    """Could a value equal to ``v`` differ from it in a way ``==`` and the
-    types of the watched values do not see: a zero (its sign), a tuple
-    holding a number at any depth (2.0 for 2, True for 1)?"""
-    if type(v) is tuple:
-        return any(isinstance(x, _NUMBERS) or
-                   type(x) in (tuple, frozenset) and _numbers_inside(x)
-                   for x in v)
-    if type(v) is frozenset:
-        return any(isinstance(x, _NUMBERS) for x in v)
-    return isinstance(v, (complex, numpy.complexfloating)) or \
-        isinstance(v, (float, numpy.inexact)) and v == 0
 
 
 def structural(v):
@@ -245,6 +92,21 @@ def helper_fields(v):
     except Exception:      # __slots__ only
         return None
     return d if type(d) is dict else None
+
+
+def _held_helpers(c, depth):
+    """(``[i]`` or ``['key']``, helper object) for the helper objects a
+    list, tuple or dict holds, and those its containers hold, to ``depth``
+    levels."""
+    items = c.items() if isinstance(c, dict) else enumerate(c) \
+        if isinstance(c, (list, tuple)) else ()
+    for i, x in items:
+        if isinstance(x, _CONTAINERS):
+            if depth > 1:
+                for at, y in _held_helpers(x, depth - 1):
+                    yield '[%r]%s' % (i, at), y
+        elif not isinstance(x, SCALARS) and helper_fields(x) is not None:
+            yield '[%r]' % (i,), x
 
 
 class _Closure(object):
@@ -288,12 +150,17 @@ class _Defaults(object):
 
 class _Names(object):
     """The attribute names a helper object has now, as a mapping's only
-    value (whatever the key)."""
+    value (whatever the key); ``settings``: only those of its settings
+    (not holding an array, a Variable or a link)."""
 
-    def __init__(self, fields):
+    def __init__(self, fields, settings=False):
         self.fields = fields
+        self.settings = settings
 
     def get(self, k, default=None):
+        if self.settings:
+            return tuple(n for n, v in self.fields.items()
+                         if not structural(v))
         return tuple(self.fields)
 
 
@@ -487,10 +354,17 @@ class Watch(object):
         training loop records again, and one the call itself changes
         (``self.counter.n += 1``) is a change replay would not repeat.
         After the links' own entries: changed_by_call counts these."""
-        todo = [(self._name(d, k), v, 1) for d, k, v in self.objects]
+        todo = [(self._name(d, k), v, 1, False) for d, k, v in self.objects]
+        for d, k, _, c in self.frozen:
+            # Helpers held in a list, tuple or dict (a Sequential's
+            # callable-object layers, ``self.acts['scale']``): their
+            # settings, not the arrays and Variables a call leaves on them
+            # (memnn's ``memory.m``, which no later call reads).
+            todo.extend((self._name(d, k) + at, x, 1, True)
+                        for at, x in _held_helpers(c, 2))
         seen = set()
         budget = MAX_FIELDS
-        for name, v, depth in todo:
+        for name, v, depth, settings in todo:
             fields = helper_fields(v)
             if fields is None or id(v) in seen or len(fields) > budget:
                 continue
@@ -499,16 +373,18 @@ class Watch(object):
             self.prefix[id(fields)] = name + '.'
             # An attribute set later that was not there (one shadowing a
             # class default: ``self.n += 1`` with ``n = 0`` on the class).
-            names = _Names(fields)
+            names = _Names(fields, settings)
             self.prefix[id(names)] = ''
             self.pairs.append((names, 'the attribute names of ' + name))
-            self.values.append(tuple(fields))
+            self.values.append(names.get(None))
             self._add_class_attributes([type(v)])
             for k, x in list(fields.items()):
+                if settings and structural(x):
+                    continue
                 self._add(fields, k, x)
                 if depth < HELPER_DEPTH and not isinstance(
                         x, SCALARS + _CONTAINERS):
-                    todo.append((name + '.' + k, x, depth + 1))
+                    todo.append((name + '.' + k, x, depth + 1, settings))
 
     def _name(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""

@@ -1687,6 +1687,59 @@ def test_a_function_a_link_holds_has_its_globals_watched(held):
     assert cache(models[1]).replays == 3
 
 
+class _Scaler(object):
+    """A layer of one's own: scales by its ``k``."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, h):
+        return h * self.k
+
+
+@pytest.mark.parametrize('held', ['sequential', 'list', 'dict', 'nested'])
+def test_an_object_a_link_holds_in_a_container_has_its_attributes_watched(
+        held):
+    """A callable object of one's own held in a container: a layer of a
+    ``Sequential`` (its ``_layers`` list), ``self.acts = [scaler]``,
+    ``self.cfg = {'act': scaler}``; the loop changes its ``k`` between
+    steps. Replay kept the recording's ``k`` (loss 2.22 for 1.17),
+    silently: only objects held directly were looked into. Now the helper
+    objects a link's lists and dicts hold are watched like those."""
+    scalers = []
+
+    def init(self):
+        _mlp(self)
+        s = _Scaler(2.0)
+        scalers.append(s)        # (the link holds it only in a container)
+        if held == 'sequential':
+            with self.init_scope():
+                self.seq = chainer.Sequential(F.relu, s)
+        else:
+            self.held = {'list': [F.relu, s], 'dict': {'act': s},
+                         'nested': {'acts': [s]}}[held]
+
+    def body(self, x):
+        h = self.l1(x)
+        if held == 'sequential':
+            h = self.seq(h)
+        elif held == 'list':
+            h = self.held[1](self.held[0](h))
+        elif held == 'dict':
+            h = self.held['act'](h)
+        else:
+            h = self.held['acts'][0](h)
+        return F.sum(self.l2(h))
+
+    models = make_twins(body, init)
+    for k in (2.0, 2.0, 0.25, 0.25, 1.0, 1.0):
+        for s in scalers:
+            s.k = k
+        train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+    assert cache(models[1]).recordings == 3
+    assert cache(models[1]).replays == 3
+
+
 def test_an_attribute_set_to_a_kept_outputs_array_is_that_array():
     """``self.h = h; self.feat = h.array``: the recording call left a copy
     in ``feat`` (``m.feat is m.h.array`` False), so the caller's in-place

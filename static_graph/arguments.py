@@ -354,6 +354,12 @@ def onto_caller(outputs):
                                   pairs, roots):
             return None
         rec.arguments_spliced = True
+    for _, caller, copy in rec.argument_paths.values():
+        # What the method did to a copy's gradient before (``x.cleargrad()``,
+        # ``x.grad = g``): the caller's, where this backward accumulates.
+        if copy._grad_var is not caller._grad_var or \
+                copy._grad is not caller._grad:
+            caller._set_grad_var_without_check(copy.grad_var)
     return callers
 
 
@@ -370,6 +376,61 @@ def gradients_to_copies(rec):
 _VariableNode = chainer.variable.VariableNode
 
 
+def _rank_read(orig, user_caller):
+    """``rank`` wrapped: read by user code while a call records, of any
+    Variable (an argument's, or one made from it: ``(h * 2).rank``), it
+    depends on the caller's graph (how deep the arguments sit in it),
+    which the key does not hold: a reason. The method is answered with
+    define-by-run's rank (``_caller_rank``)."""
+    def getter(self):
+        rec = traced.active_recording()
+        if rec is None or rec.depth or rec.phase != 'forward':
+            return orig(self)
+        f = user_caller()
+        if f is None:
+            return orig(self)
+        rec.add_reason('it reads the rank of a Variable (.rank) at %s:%d, '
+                       "which follows the caller's graph; replay would "
+                       'take the way the recording took'
+                       % (f.f_code.co_filename, f.f_lineno))
+        node = self if type(self) is _VariableNode else self.node
+        return _caller_rank(rec, node, orig)
+    return getter
+
+
+def _caller_rank(rec, vn, orig):
+    """The rank of VariableNode ``vn`` under define-by-run: an argument
+    copy's is its caller's, and a node's is the largest of its inputs'
+    (FunctionNode.apply)."""
+    memo = {}    # id(function node) -> its rank
+
+    def known(x):
+        v = x.get_variable_or_none()
+        entry = rec.argument_paths.get(id(v)) if v is not None else None
+        if entry is not None:
+            return entry[1].rank
+        node = x.creator_node
+        if node is None:
+            return orig(x)
+        got = memo.get(id(node))
+        return None if got is None else got + 1
+
+    top = known(vn)
+    if top is not None:
+        return top
+    stack = [vn.creator_node]
+    while stack:      # (no recursion: a graph of thousands of ops)
+        node = stack[-1]
+        ranks = [known(x) for x in node.inputs]
+        if None in ranks:
+            stack.extend(x.creator_node for x, r in zip(node.inputs, ranks)
+                         if r is None)
+            continue
+        memo[id(node)] = max(ranks or [0])
+        stack.pop()
+    return known(vn)
+
+
 def graph_accessors(cls, user_caller):
     """({name: wrapped}, {name: original}) of the graph accessors of
     ``cls`` (Variable, or VariableNode: ``h.node.creator``), for
@@ -378,8 +439,9 @@ def graph_accessors(cls, user_caller):
     for name in ('creator', 'creator_node', 'rank'):
         p = cls.__dict__[name]
         orig[name] = p
-        wrapped[name] = property(graph_read(p.fget, '.' + name, user_caller),
-                                 p.fset, doc=p.__doc__)
+        read = _rank_read(p.fget, user_caller) if name == 'rank' else \
+            graph_read(p.fget, '.' + name, user_caller)
+        wrapped[name] = property(read, p.fset, doc=p.__doc__)
     for name in ('unchain', 'unchain_backward'):
         if name in cls.__dict__:
             orig[name] = cls.__dict__[name]

@@ -745,6 +745,44 @@ def test_calls_that_raise_are_no_keys_that_did_not_repeat():
     assert c.recordings == 3 and c.fallback_calls == 0
 
 
+@pytest.mark.parametrize('what', ['cleargrad', 'set'])
+def test_an_arguments_gradient_changed_before_a_backward_inside(what):
+    """The method clears or sets the gradient of a Variable argument (that
+    held one), then runs a backward inside, with another argument from the
+    caller's graph: the recording call moves onto the caller's Variables
+    for that backward, and takes what the method did to the gradient with
+    it (the caller's x.grad was 100 too much, silently)."""
+    def body(self, x, h):
+        if what == 'cleargrad':
+            x.cleargrad()
+        else:
+            x.grad = numpy.zeros_like(x.array)
+        F.sum(self.l3(x) * h).backward()
+        return F.sum(self.l3(x) + h)
+
+    S = type('S', (_StateArg,), {'forward': static_graph.static_graph(body)})
+    A = type('A', (_StateArg,), {'forward': body})
+    numpy.random.seed(0)
+    a = A(what)
+    b = S(what)
+    b.copyparams(a)
+    seen = []
+    for m in (a, b):
+        for i in range(2):
+            rs = numpy.random.RandomState(i)
+            x = chainer.Variable(rs.randn(4, 6).astype('f'))
+            x.grad = numpy.full((4, 6), 100, 'f')
+            h = F.tanh(m.l1(rs.randn(4, 5).astype('f')))
+            m.cleargrads()
+            y = m(x, h)
+            seen.append(x.grad.copy())
+            y.backward()
+            seen.extend([x.grad, m.l1.W.grad, m.l3.W.grad])
+    half = len(seen) // 2
+    for p, q in zip(seen[:half], seen[half:]):
+        assert numpy.array_equal(p, q)
+
+
 class _StateArg(chainer.Chain):
     def __init__(self, use):
         super(_StateArg, self).__init__()
@@ -761,6 +799,8 @@ class _StateArg(chainer.Chain):
             h = h + 1.0
         elif self.use == 'rank':
             h = h * float(h.rank + 1)
+        elif self.use == 'derived rank':
+            h = h * float((h * 2).rank + 1)
         elif self.use == 'unchain_backward':
             h.unchain_backward()
         elif self.use == 'inner backward':
@@ -776,13 +816,16 @@ class _StateArg(chainer.Chain):
 
 @pytest.mark.parametrize('first', ['a leaf', "the caller's"])
 @pytest.mark.parametrize('use', ['creator', 'node.creator', 'rank',
-                                 'unchain_backward', 'inner cut',
-                                 'inner backward', 'inner grad retained'])
+                                 'derived rank', 'unchain_backward',
+                                 'inner cut', 'inner backward',
+                                 'inner grad retained'])
 def test_the_graph_of_an_argument_used_inside_the_method(use, first):
     """The state of an RNN handed in as an argument (``forward(x, h)``),
     its graph used by the method: ``if h.creator is None``, ``h.rank``,
     ``h.unchain_backward()``, a cut inside the call that walks back into
-    it, a backward inside that goes on into it. The recording runs on a
+    it, a backward inside that goes on into it, the rank of a Variable
+    made from it (which replayed the recording's way at every call: loss
+    -1.63 for -16.29, silently). The recording runs on a
     copy of the argument, which has no graph: it took the other branch
     (loss 1.33 for 1.23), or cut nothing where define-by-run cuts the
     earlier calls (0.43 off in l1.W.grad), silently; each is a reason.

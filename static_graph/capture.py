@@ -152,6 +152,7 @@ class Capture(object):
                 rec, set(id(d[3]) for d in detached))
             if outside:
                 rec.add_reason(outside)
+            watch.drop_call_outputs()
             recheck = (watch.changed_by_call() +
                        link_state.added_or_deleted(snapshot)) or None
             if recheck and self.prev is not None and self.prev.recheck:
@@ -167,7 +168,8 @@ class Capture(object):
                 rec, out, lambda: outputs.live_ids(outputs.roots(
                     snapshot, functions, classes, args, kwargs)))
             attr_writes = link_state.attr_changes(
-                rec, snapshot, set(id(d[3]) for d in detached))
+                rec, snapshot + watch.helper_snapshot,
+                set(id(d[3]) for d in detached))
             copies = set(id(v) for v, a in zip(inner, leaves)
                          if v is not a and isinstance(a, chainer.Variable))
             for d, k, _, kind in attr_writes:

@@ -150,17 +150,12 @@ class _Defaults(object):
 
 class _Names(object):
     """The attribute names a helper object has now, as a mapping's only
-    value (whatever the key); ``settings``: only those of its settings
-    (not holding an array, a Variable or a link)."""
+    value (whatever the key)."""
 
-    def __init__(self, fields, settings=False):
+    def __init__(self, fields):
         self.fields = fields
-        self.settings = settings
 
     def get(self, k, default=None):
-        if self.settings:
-            return tuple(n for n, v in self.fields.items()
-                         if not structural(v))
         return tuple(self.fields)
 
 
@@ -354,17 +349,22 @@ class Watch(object):
         training loop records again, and one the call itself changes
         (``self.counter.n += 1``) is a change replay would not repeat.
         After the links' own entries: changed_by_call counts these."""
+        self.in_containers = set()   # ids of those helpers' attributes
+        # [(their attributes, a copy, a name)]: what the call assigns
+        # there, replay assigns too (link_state.attr_changes)
+        self.helper_snapshot = []
         todo = [(self._name(d, k), v, 1, False) for d, k, v in self.objects]
         for d, k, _, c in self.frozen:
             # Helpers held in a list, tuple or dict (a Sequential's
-            # callable-object layers, ``self.acts['scale']``): their
-            # settings, not the arrays and Variables a call leaves on them
-            # (memnn's ``memory.m``, which no later call reads).
+            # callable-object layers, ``self.acts['scale']``, memnn's
+            # memories): an array or Variable the call assigns there
+            # (``memory.m = self.encoder(...)``) replay assigns too, as a
+            # link attribute's (``helper_snapshot``, drop_call_outputs).
             todo.extend((self._name(d, k) + at, x, 1, True)
                         for at, x in _held_helpers(c, 2))
         seen = set()
         budget = MAX_FIELDS
-        for name, v, depth, settings in todo:
+        for name, v, depth, contained in todo:
             fields = helper_fields(v)
             if fields is None or id(v) in seen or len(fields) > budget:
                 continue
@@ -373,18 +373,19 @@ class Watch(object):
             self.prefix[id(fields)] = name + '.'
             # An attribute set later that was not there (one shadowing a
             # class default: ``self.n += 1`` with ``n = 0`` on the class).
-            names = _Names(fields, settings)
+            names = _Names(fields)
             self.prefix[id(names)] = ''
             self.pairs.append((names, 'the attribute names of ' + name))
             self.values.append(names.get(None))
             self._add_class_attributes([type(v)])
+            if contained:
+                self.in_containers.add(id(fields))
+                self.helper_snapshot.append((fields, dict(fields), name))
             for k, x in list(fields.items()):
-                if settings and structural(x):
-                    continue
                 self._add(fields, k, x)
                 if depth < HELPER_DEPTH and not isinstance(
                         x, SCALARS + _CONTAINERS):
-                    todo.append((name + '.' + k, x, depth + 1, settings))
+                    todo.append((name + '.' + k, x, depth + 1, contained))
 
     def _name(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""
@@ -416,6 +417,35 @@ class Watch(object):
             self.objects.append((d, k, v))
         else:
             self.frozen.append((d, k, frozen, v))
+
+    def drop_call_outputs(self):
+        """After the recording call: the arrays and Variables it put on
+        the helper objects a list or dict holds in place of others
+        (memnn's ``memory.m = self.encoder(...)``) are no longer watched,
+        so the next call, which finds them there, replays (and assigns its
+        own there: ``helper_snapshot``). One the call put where there was
+        none or None is watched: the next call records again."""
+        gone = set()
+        entries = [(d, k, v) for d, k, v in self.objects] + \
+            [(d, k, c) for d, k, _, c in self.frozen] + \
+            [(d, k, v) for (d, k), v in zip(self.pairs, self.values)]
+        for d, k, then in entries:
+            if id(d) not in self.in_containers:
+                continue
+            # (Not one that was None or another value: a branch on it.)
+            now = d.get(k, _TOO_BIG)
+            if now is not then and structural(now) and structural(then):
+                gone.add((id(d), k))
+        if gone:
+            self.objects = [e for e in self.objects
+                            if (id(e[0]), e[1]) not in gone]
+            self.frozen = [e for e in self.frozen
+                           if (id(e[0]), e[1]) not in gone]
+            kept = [i for i, (d, k) in enumerate(self.pairs)
+                    if (id(d), k) not in gone]
+            self.pairs = [self.pairs[i] for i in kept]
+            self.values = tuple(self.values[i] for i in kept)
+            self._kinds()
 
     def changed_by_call(self):
         """What the recorded call itself changed, which replay does not

@@ -1740,6 +1740,52 @@ def test_an_object_a_link_holds_in_a_container_has_its_attributes_watched(
     assert cache(models[1]).replays == 3
 
 
+class _Memory(object):
+    """memnn's: a mask the loop may replace, and what the call leaves."""
+
+    def __init__(self):
+        self.mask = numpy.ones((4, 4), 'f')
+        self.p = None
+
+
+@pytest.mark.parametrize('carried', [False, True])
+def test_arrays_and_variables_on_helpers_a_link_holds_in_a_list(carried):
+    """Helper objects held in a list (memnn's memories): the loop replaces
+    one's mask array between steps, which records again (replay kept the
+    old mask, silently); the call leaves a Variable on one (``memory.p =
+    F.softmax(h)``), which each replay leaves there too, as define-by-run
+    does (the next call, finding it there, replays); one the method reads
+    before it assigns it (``carried``: state from call to call) makes the
+    key run define-by-run."""
+    memories = []
+
+    def init(self):
+        _mlp(self)
+        memories.append(_Memory())
+        self.memories = [memories[-1]]
+
+    def body(self, x):
+        mem = self.memories[0]
+        h = self.l1(x)
+        if carried and mem.p is not None:
+            h = h + mem.p.array
+        mem.p = F.softmax(h)
+        return F.sum(self.l2(h * mem.mask))
+
+    models = make_twins(body, init)
+    for i in range(8):
+        if i == 4:
+            for mem in memories:
+                mem.mask = numpy.full((4, 4), 0.5, 'f')
+        train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+        assert numpy.array_equal(memories[0].p.array, memories[1].p.array)
+    c = cache(models[1])
+    if carried:
+        assert c.replays == 0
+    else:
+        assert (c.recordings, c.replays) == (3, 5)
+
+
 def test_an_attribute_set_to_a_kept_outputs_array_is_that_array():
     """``self.h = h; self.feat = h.array``: the recording call left a copy
     in ``feat`` (``m.feat is m.h.array`` False), so the caller's in-place

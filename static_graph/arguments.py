@@ -394,24 +394,28 @@ def _rank_read(orig, user_caller):
                        'take the way the recording took'
                        % (f.f_code.co_filename, f.f_lineno))
         node = self if type(self) is _VariableNode else self.node
-        return _caller_rank(rec, node, orig)
+        return _caller_rank(rec, node)
     return getter
 
 
-def _caller_rank(rec, vn, orig):
+def _caller_rank(rec, vn):
     """The rank of VariableNode ``vn`` under define-by-run: an argument
-    copy's is its caller's, and a node's is the largest of its inputs'
-    (FunctionNode.apply)."""
+    copy's is its caller's, a detached leaf's its link Variable's
+    (link_state.detach_link_variables), and a node's is the largest of its
+    inputs' (FunctionNode.apply)."""
     memo = {}    # id(function node) -> its rank
 
     def known(x):
         v = x.get_variable_or_none()
         entry = rec.argument_paths.get(id(v)) if v is not None else None
         if entry is not None:
-            return entry[1].rank
+            return entry[1].node._rank
+        held = rec.detached_from.get(id(v)) if v is not None else None
+        if held is not None:       # (a link's state from an earlier call)
+            return held.node._rank
         node = x.creator_node
         if node is None:
-            return orig(x)
+            return x._rank
         got = memo.get(id(node))
         return None if got is None else got + 1
 

@@ -168,8 +168,8 @@ class Capture(object):
                 rec, out, lambda: outputs.live_ids(outputs.roots(
                     snapshot, functions, classes, args, kwargs)))
             attr_writes = link_state.attr_changes(
-                rec, snapshot + watch.helper_snapshot,
-                set(id(d[3]) for d in detached))
+                rec, snapshot, set(id(d[3]) for d in detached),
+                watch.helper_snapshot)
             copies = set(id(v) for v, a in zip(inner, leaves)
                          if v is not a and isinstance(a, chainer.Variable))
             for d, k, _, kind in attr_writes:

@@ -162,15 +162,21 @@ def _read_by(rec, old):
         if arrayutil.is_array(buf.storage))
 
 
-def attr_changes(rec, snapshot, detached=()):
+def attr_changes(rec, snapshot, detached=(), helpers=()):
     """The link attributes the method assigned, as (dict, name, buffer id,
     'V' or 'A'; or None, 'N' where it set None); one it read before
     assigning it is state carried from call to call (``self.h =
     h.array``), which the recording's reason list gets (``detached``: ids
-    of recurrent Variables, handled by reattach)."""
+    of recurrent Variables, handled by reattach). ``helpers``: helper
+    objects' attributes, as ``snapshot``; of those only the arrays and
+    Variables assigned (the watch sees the rest: changed_by_call)."""
     changed = [(d, k, v, before.get(k, arrayutil.MISSING))
                for d, before, _ in snapshot for k, v in list(d.items())
                if before.get(k, arrayutil.MISSING) is not v]
+    changed += [(d, k, v, before.get(k, arrayutil.MISSING))
+                for d, before, _ in helpers for k, v in list(d.items())
+                if before.get(k, arrayutil.MISSING) is not v and (
+                    isinstance(v, chainer.Variable) or arrayutil.is_array(v))]
     # Before the writes below add buffers (``self.a, self.b = self.b,
     # self.a`` reads neither).
     for d, k, v, old in changed:
@@ -226,6 +232,7 @@ def detach_link_variables(chain, rec, slots=()):
                 leaf = chainer.Variable(arrayutil.copy_exact(v.raw_array),
                                         requires_grad=v.requires_grad)
                 rec.arrays.append(leaf.raw_array)   # ids stay unique
+                rec.detached_from[id(leaf)] = v     # (arguments: its rank)
                 d[k] = leaf
                 out.append((d, k, v, leaf, '%s/%s' % (path.rstrip('/'), k)))
     return out

@@ -159,6 +159,17 @@ class _Names(object):
         return tuple(self.fields)
 
 
+class _Held(object):
+    """Whether a mapping holds something other than None under a name,
+    as a mapping (name -> True or False)."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def get(self, k, default=None):
+        return self.d.get(k) is not None
+
+
 class _Alive(object):
     """Whether a ``weakref.ref`` or proxy still refers to its object, as
     a mapping's only value: the id of that object (of its ``__dict__``,
@@ -211,6 +222,7 @@ class Watch(object):
         pairs, values = self.pairs, self.values
         for d, before, path in snapshot:
             self.prefix[id(d)] = path
+            there = None
             for k, v in before.items():
                 if type(v) in arrayutil.PROXIES:   # (dead or not)
                     self._add(d, k, v)
@@ -219,6 +231,17 @@ class Watch(object):
                     values.append(v)
                 elif k not in MANAGED and not structural(v):
                     self._add(d, k, v)
+                elif type(v) is chainer.Variable or (
+                        type(v) is numpy.ndarray and
+                        k not in d.get('_persistent', ())):
+                    # A call's Variable or array (entry.link_structure's,
+                    # replay's to assign): whether it is there (``if
+                    # self.m is None``, the loop resetting it).
+                    if there is None:
+                        there = _Held(d)
+                        self.prefix[id(there)] = path
+                    pairs.append((there, k))
+                    values.append(True)
         self.n_link_pairs = len(self.pairs)
         self.n_link_frozen = len(self.frozen)
         self.n_link_objects = len(self.objects)
@@ -378,9 +401,11 @@ class Watch(object):
             self.pairs.append((names, 'the attribute names of ' + name))
             self.values.append(names.get(None))
             self._add_class_attributes([type(v)])
+            # (What the call assigns there, replay assigns too; a direct
+            # helper's change makes the next call record again.)
+            self.helper_snapshot.append((fields, dict(fields), name))
             if contained:
                 self.in_containers.add(id(fields))
-                self.helper_snapshot.append((fields, dict(fields), name))
             for k, x in list(fields.items()):
                 self._add(fields, k, x)
                 if depth < HELPER_DEPTH and not isinstance(
@@ -444,7 +469,18 @@ class Watch(object):
             kept = [i for i, (d, k) in enumerate(self.pairs)
                     if (id(d), k) not in gone]
             self.pairs = [self.pairs[i] for i in kept]
-            self.values = tuple(self.values[i] for i in kept)
+            values = [self.values[i] for i in kept]
+            helds = {}
+            for d, k, _ in entries:
+                if (id(d), k) in gone:
+                    # (Still whether there is one: ``if m.p is None``.)
+                    held = helds.get(id(d))
+                    if held is None:
+                        held = helds[id(d)] = _Held(d)
+                        self.prefix[id(held)] = self.prefix.get(id(d), '')
+                    self.pairs.append((held, k))
+                    values.append(True)
+            self.values = tuple(values)
             self._kinds()
 
     def changed_by_call(self):

@@ -299,11 +299,13 @@ _PROTOCOL = ('__len__', '__iter__', '__getitem__', 'items', 'keys',
 
 def _overridden(cls):
     """The container methods a subclass of tuple, list or dict defines
-    over its base's (a namedtuple defines none), as text, or ''. The
-    ``collections`` module's (OrderedDict's are its order, the walk's)."""
-    if cls.__module__ == 'collections':
+    over its base's (a namedtuple defines none), as text, or ''; the base
+    of one of the ``collections`` module's own (OrderedDict: its order is
+    the walk's) is that."""
+    base = next(b for b in cls.__mro__ if b in _PLAIN_CONTAINERS or
+                b.__module__ == 'collections')
+    if base is cls:
         return ''
-    base = next(b for b in cls.__mro__ if b in _PLAIN_CONTAINERS)
     return ', '.join(n for n in _PROTOCOL if getattr(cls, n, None) is not
                      getattr(base, n, None))
 

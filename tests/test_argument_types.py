@@ -181,19 +181,25 @@ class Items(chainer.Chain):
         return F.sum(self.l1(x)) * float(n)
 
 
+class MyOrderedDict(collections.OrderedDict):
+    pass
+
+
 @pytest.mark.parametrize('kind', [Refusing, Doubling, collections.OrderedDict,
+                                  MyOrderedDict,
                                   collections.namedtuple('Pair', 'a b')])
 def test_a_container_subclass_with_its_own_protocol_runs_define_by_run(kind):
     """A list subclass that defines ``__len__`` or ``__getitem__`` itself:
     the key's walk does not go through them (the first raised from the
     walk, where define-by-run's method runs). It runs define-by-run,
     warned; the collections module's own (an OrderedDict, a namedtuple)
-    are walked as their bases."""
+    are walked as their bases, and so are subclasses of those that define
+    none of it (one of OrderedDict ran define-by-run)."""
     a = Items()
     b = type('S', (Items,), {'forward': static(Items.forward)})()
     b.copyparams(a)
     x = numpy.random.RandomState(0).randn(3, 4).astype('f')
-    if kind is collections.OrderedDict:
+    if issubclass(kind, collections.OrderedDict):
         make = lambda v: kind([(0, v), (1, 2.0)])    # NOQA
     elif kind in (Refusing, Doubling):
         make = lambda v: kind([v, 2.0])    # NOQA

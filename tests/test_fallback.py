@@ -783,6 +783,46 @@ def test_an_arguments_gradient_changed_before_a_backward_inside(what):
         assert numpy.array_equal(p, q)
 
 
+class _StateOnLink(chainer.Chain):
+    def __init__(self):
+        super(_StateOnLink, self).__init__()
+        with self.init_scope():
+            self.u = L.Linear(4, 4)
+            self.l = L.Linear(4, 4)
+        self.h = None
+
+    def forward(self, x):
+        k = self.l(x) + self.h
+        self.h = k
+        return F.sum(k * 10 if self.h.rank > 5 else k)
+
+
+def test_the_rank_of_state_a_link_holds_from_earlier_calls():
+    """``self.h.rank`` of the state an earlier call left (deep in the
+    caller's graph): the recording swaps in a detached leaf for it, and
+    the method got its rank (0), not define-by-run's, so the other way
+    (loss -2.11 for -21.12); before that, reading the rank of a leaf that
+    is no argument raised AttributeError."""
+    S = type('S', (_StateOnLink,), {
+        'forward': static_graph.static_graph(_StateOnLink.forward)})
+    seen = []
+    for cls in (_StateOnLink, S):
+        numpy.random.seed(0)
+        m = cls()
+        m.h = F.tanh(F.tanh(F.tanh(m.u(numpy.ones((2, 4), 'f')))))
+        out = []
+        for i in range(3):
+            x = numpy.random.RandomState(i).randn(2, 4).astype('f')
+            m.cleargrads()
+            y = m(x)
+            y.backward()
+            out.append((y.array, m.u.W.grad.copy(), m.l.W.grad.copy()))
+        seen.append(out)
+    for a, b in zip(*seen):
+        for p, q in zip(a, b):
+            assert numpy.array_equal(p, q)
+
+
 class _StateArg(chainer.Chain):
     def __init__(self, use):
         super(_StateArg, self).__init__()
@@ -801,6 +841,8 @@ class _StateArg(chainer.Chain):
             h = h * float(h.rank + 1)
         elif self.use == 'derived rank':
             h = h * float((h * 2).rank + 1)
+        elif self.use == 'own rank':
+            h = h * float(self.l3(h).rank + self.l3.W.rank + 1)
         elif self.use == 'unchain_backward':
             h.unchain_backward()
         elif self.use == 'inner backward':
@@ -816,7 +858,8 @@ class _StateArg(chainer.Chain):
 
 @pytest.mark.parametrize('first', ['a leaf', "the caller's"])
 @pytest.mark.parametrize('use', ['creator', 'node.creator', 'rank',
-                                 'derived rank', 'unchain_backward',
+                                 'derived rank', 'own rank',
+                                 'unchain_backward',
                                  'inner cut', 'inner backward',
                                  'inner grad retained'])
 def test_the_graph_of_an_argument_used_inside_the_method(use, first):

@@ -404,6 +404,9 @@ def _caller_rank(rec, vn):
     (link_state.detach_link_variables), and a node's is the largest of its
     inputs' (FunctionNode.apply)."""
     memo = {}    # id(function node) -> its rank
+    # (A node the recording did not make has define-by-run's rank already:
+    # a decorated call's, the caller's.)
+    made = set(id(op.node) for op in rec.forward_ops)
 
     def known(x):
         v = x.get_variable_or_none()
@@ -414,7 +417,7 @@ def _caller_rank(rec, vn):
         if held is not None:       # (a link's state from an earlier call)
             return held.node._rank
         node = x.creator_node
-        if node is None:
+        if node is None or id(node) not in made:
             return x._rank
         got = memo.get(id(node))
         return None if got is None else got + 1

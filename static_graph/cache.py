@@ -186,6 +186,9 @@ class Cache(object):
         # unchain_backward() they have no graph).
         self.state_slots = []
         self.written = []
+        # (dict, name) of the arrays and Variables calls keep (on links, on
+        # helpers): whether each holds one now is part of the key
+        self.kept = []
         # Keys a recording of which saw a parameter array replaced between
         # its call and its backward (replaced_midway).
         self._replaced_midway = collections.OrderedDict()
@@ -289,11 +292,12 @@ class Cache(object):
         elif first[0] != key and first[1] == reason:
             self.family_fallbacks[fam] = reason
 
-    def note_slots(self, state, written):
-        """A recording read ``state`` and wrote ``written``."""
+    def note_slots(self, state, written, kept=()):
+        """A recording read ``state`` and wrote ``written`` (Variables),
+        and kept arrays or Variables at ``kept``."""
         with self.lock:
             for slots, new in ((self.state_slots, state),
-                               (self.written, written)):
+                               (self.written, written), (self.kept, kept)):
                 known = set((id(d), k) for d, k in slots)
                 for d, k in new:
                     if (id(d), k) not in known:
@@ -303,8 +307,11 @@ class Cache(object):
     def state_key(self):
         """What the state slots hold now, for the key: a Variable's shape,
         dtype, device, requires_grad, name and layout (as an argument's);
-        None; another type."""
-        out = []
+        None; another type. Then whether each slot where calls keep an
+        array or a Variable holds None (``if self.m is None``; the loop
+        resets it, as ``reset_state()`` does)."""
+        out = [('K', tuple([d.get(k) is None for d, k in self.kept]))] \
+            if self.kept else []
         for d, k in self.state_slots:
             v = d.get(k)
             if v is None:

@@ -67,6 +67,8 @@ class Capture(object):
         self.stand_in = stand_in   # (stand_in.py)
         self.spliced = False       # its nodes moved onto the caller's
         self.failed = False        # its recorded backward raised
+        self.unreachable = False   # its key lacks slots it found (cache.kept)
+        self.base = None           # (its key's arguments, config): decorator
         self.method = method
         self.name = name
         self.cache = cache
@@ -211,9 +213,15 @@ class Capture(object):
         e.recurrent = tuple((r[0], r[1]) for r in recurrent)
         if recurrent or self.hidden_slots:   # (kept on links, maybe long)
             self.patched.release()
+        before = len(self.cache.kept)
         self.cache.note_slots(
             e.recurrent,
-            [(d, k) for d, k, _, kind in attr_writes if kind == 'V'])
+            [(d, k) for d, k, _, kind in attr_writes if kind == 'V'],
+            [(d, k) for d, k, _, kind in attr_writes if kind in 'VA'])
+        # Keys from now on say whether those slots hold one (cache.kept):
+        # none will be this one, whose entry is built for its own backward
+        # only.
+        self.unreachable = len(self.cache.kept) > before
         written = set((id(d), k) for d, k, _, _ in attr_writes)
         self.written = written
         held_links = link_state.held_links(chain)    # (after the call)
@@ -315,7 +323,8 @@ class Capture(object):
             return out
         if not self._try_build():
             return out
-        self.cache.put(self.key, e)
+        if not self.unreachable:
+            self.cache.put(self.key, e)
         vals = []
         for v, copy in zip(self.inner_outs, e.out_copy):
             vals.append(chainer.Variable(arrayutil.copy_exact(v.raw_array),
@@ -340,6 +349,11 @@ class Capture(object):
         e = self.entry
         e.move(entry_module.FALLBACK, reason)
         self.cache.put(self.key, e)
+        if self.unreachable and self.base is not None:
+            # (Under the key the next call will have, the state it left.)
+            spec, config = self.base
+            self.cache.put(signature.Key(
+                (spec + (self.cache.state_key(),), config)), e)
         self.cache.fell_back(self.key, reason)
         diagnostics.warn_once(
             (type(self.chain), self.name, reason),
@@ -590,7 +604,9 @@ class Capture(object):
             # got more gradients stays.
             kept = self.cache.covering(self.key, e, e.grad_out_mask,
                                        self.chain)
-            if kept is None or kept.grad_out_mask == e.grad_out_mask:
+            if self.unreachable:
+                self.cache.discard(self.key, e)
+            elif kept is None or kept.grad_out_mask == e.grad_out_mask:
                 self.cache.put(self.key, e)
         if e.state != entry_module.COMPLETE:
             return result

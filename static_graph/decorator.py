@@ -157,7 +157,8 @@ def static_graph(method=None, **options):
                                                   e))
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
-        if cache.state_slots:
+        base = spec
+        if cache.state_slots or cache.kept:
             # Recurrent state the links hold: its presence and shape decide
             # which ops run (L.LSTM after reset_state() has no h).
             spec = spec + (cache.state_key(),)
@@ -259,6 +260,7 @@ def static_graph(method=None, **options):
             return _define_by_run(method, self, args, kwargs)
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
+        cap.base = base, config
         try:
             return _record(cap, method, self, args, kwargs, leaves, paths)
         except BaseException:

@@ -74,6 +74,9 @@ def _spec_text(spec):
     if tag is dict:
         return '{%s}' % ', '.join('%r: %s' % (k, _spec_text(v))
                                   for k, v in spec[1])
+    if tag == 'K':      # where calls keep arrays: None or not (cache.kept)
+        return 'kept %s' % ' '.join('None' if none else 'set'
+                                    for none in spec[1])
     return repr(spec[1])
 
 

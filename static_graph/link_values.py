@@ -94,6 +94,12 @@ def helper_fields(v):
     return d if type(d) is dict else None
 
 
+def _kept(v):
+    """Is ``v`` what a call keeps and replay assigns: an array or a
+    Variable that is no Parameter?"""
+    return variable_array(v) is not None or arrayutil.is_array(v)
+
+
 def _held_helpers(c, depth):
     """(``[i]`` or ``['key']``, helper object) for the helper objects a
     list, tuple or dict holds, and those its containers hold, to ``depth``
@@ -159,17 +165,6 @@ class _Names(object):
         return tuple(self.fields)
 
 
-class _Held(object):
-    """Whether a mapping holds something other than None under a name,
-    as a mapping (name -> True or False)."""
-
-    def __init__(self, d):
-        self.d = d
-
-    def get(self, k, default=None):
-        return self.d.get(k) is not None
-
-
 class _Alive(object):
     """Whether a ``weakref.ref`` or proxy still refers to its object, as
     a mapping's only value: the id of that object (of its ``__dict__``,
@@ -222,7 +217,6 @@ class Watch(object):
         pairs, values = self.pairs, self.values
         for d, before, path in snapshot:
             self.prefix[id(d)] = path
-            there = None
             for k, v in before.items():
                 if type(v) in arrayutil.PROXIES:   # (dead or not)
                     self._add(d, k, v)
@@ -231,17 +225,6 @@ class Watch(object):
                     values.append(v)
                 elif k not in MANAGED and not structural(v):
                     self._add(d, k, v)
-                elif type(v) is chainer.Variable or (
-                        type(v) is numpy.ndarray and
-                        k not in d.get('_persistent', ())):
-                    # A call's Variable or array (entry.link_structure's,
-                    # replay's to assign): whether it is there (``if
-                    # self.m is None``, the loop resetting it).
-                    if there is None:
-                        there = _Held(d)
-                        self.prefix[id(there)] = path
-                    pairs.append((there, k))
-                    values.append(True)
         self.n_link_pairs = len(self.pairs)
         self.n_link_frozen = len(self.frozen)
         self.n_link_objects = len(self.objects)
@@ -457,9 +440,11 @@ class Watch(object):
         for d, k, then in entries:
             if id(d) not in self.in_containers:
                 continue
-            # (Not one that was None or another value: a branch on it.)
+            # (Not one that was None or another value: a branch on it;
+            # not a link: replay assigns arrays and Variables only. Whether
+            # it holds one is the key's: cache.kept.)
             now = d.get(k, _TOO_BIG)
-            if now is not then and structural(now) and structural(then):
+            if now is not then and _kept(now) and _kept(then):
                 gone.add((id(d), k))
         if gone:
             self.objects = [e for e in self.objects
@@ -469,18 +454,7 @@ class Watch(object):
             kept = [i for i, (d, k) in enumerate(self.pairs)
                     if (id(d), k) not in gone]
             self.pairs = [self.pairs[i] for i in kept]
-            values = [self.values[i] for i in kept]
-            helds = {}
-            for d, k, _ in entries:
-                if (id(d), k) in gone:
-                    # (Still whether there is one: ``if m.p is None``.)
-                    held = helds.get(id(d))
-                    if held is None:
-                        held = helds[id(d)] = _Held(d)
-                        self.prefix[id(held)] = self.prefix.get(id(d), '')
-                    self.pairs.append((held, k))
-                    values.append(True)
-            self.values = tuple(values)
+            self.values = tuple(self.values[i] for i in kept)
             self._kinds()
 
     def changed_by_call(self):

@@ -797,6 +797,56 @@ class _StateOnLink(chainer.Chain):
         return F.sum(k * 10 if self.h.rank > 5 else k)
 
 
+def test_the_rank_of_another_decorated_calls_output():
+    """A Variable another decorated chain returned, reached other than
+    as an argument (a dict the loop keeps), its rank read inside the
+    recording: a replayed call's output has define-by-run's rank, which
+    the walk through the recorded nodes must not recompute (it answered
+    2 for 4, and the recording call took the other way, silently)."""
+    class Enc(chainer.Chain):
+        def __init__(self):
+            super(Enc, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(4, 4)
+
+        def forward(self, x):
+            return F.tanh(F.tanh(self.l(x)))
+
+    store = {}
+
+    class Dec(chainer.Chain):
+        def __init__(self):
+            super(Dec, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(4, 4)
+
+        def forward(self, x):
+            z = store['z'] * 1
+            y = self.l(x) + z
+            return F.sum(y * 10 if z.rank > 3 else y)
+
+    seen = []
+    for static in (False, True):
+        deco = static_graph.static_graph if static else (lambda f: f)
+        E = type('E', (Enc,), {'forward': deco(Enc.forward)})
+        D = type('D', (Dec,), {'forward': deco(Dec.forward)})
+        numpy.random.seed(0)
+        enc, dec = E(), D()
+        out = []
+        for i in range(4):
+            rs = numpy.random.RandomState(i)
+            store['z'] = enc(rs.randn(2, 4).astype('f'))
+            loss = dec(rs.randn(2, 4).astype('f'))
+            enc.cleargrads()
+            dec.cleargrads()
+            loss.backward()
+            out.append((loss.array, enc.l.W.grad.copy()))
+        seen.append(out)
+    for a, b in zip(*seen):
+        for p, q in zip(a, b):
+            assert numpy.array_equal(p, q)
+
+
 def test_the_rank_of_state_a_link_holds_from_earlier_calls():
     """``self.h.rank`` of the state an earlier call left (deep in the
     caller's graph): the recording swaps in a detached leaf for it, and

@@ -17,7 +17,6 @@ import weakref
 
 import chainer
 
-from schedules import ir
 from static_graph import arrayutil
 from static_graph import analysis
 from static_graph import arguments
@@ -391,36 +390,6 @@ class Capture(object):
         return True
 
     # -- the backward ---------------------------------------------------------
-    def _outputs_and_gradients(self, grad_outputs, keep):
-        """The distinct outputs that get a gradient, their gradients, and
-        [(index, gradient)] for an output returned again. ``keep``: the
-        gradients as copies in GRAD_OUT buffers, whose ids come fourth
-        (None for an output without one); else as Chainer handed them
-        (double backpropagation follows their graph)."""
-        rec = self.rec
-        outs, gys, more, bids = [], [], [], []
-        self.grad_copies = []
-        position = {}   # id(output Variable) -> its index in outs
-        grad_outputs = nodes.empty_gradients(self.inner_outs, grad_outputs)
-        for o, g in zip(self.inner_outs, grad_outputs):
-            if g is None or not o.requires_grad:
-                bids.append(None)
-                continue
-            if keep:
-                ga = arrayutil.copy_exact(nodes.raw(g))
-                bids.append(rec.new_buffer(ga, ir.GRAD_OUT, name='grad'))
-                self.grad_copies.append((nodes.raw(g), ga))
-                g = chainer.Variable(ga)
-            else:
-                g = chainer.as_variable(g)
-            if id(o) in position:
-                more.append((position[id(o)], g))
-                continue
-            position[id(o)] = len(outs)
-            gys.append(g)
-            outs.append(o)
-        return outs, gys, more, bids
-
     def _backprop(self, outs, gys, more, earlier=None, **options):
         # ``return h, h``: chainer.grad keeps one gradient per output
         # Variable, so the gradients of the copies are added first (an op
@@ -469,7 +438,7 @@ class Capture(object):
         # nodes get them under define-by-run; a node that writes into its
         # gradient, F.hinge, writes into what other nodes read.)
         outs_for_grad, gys, more, grad_out_bids = \
-            self._outputs_and_gradients(grad_outputs, keep=recording)
+            reloads.outputs_and_gradients(self, grad_outputs, keep=recording)
         if recording:
             rec.phase = 'backward'
             rec.labels = {id(op.node): op.source for op in rec.forward_ops}
@@ -494,7 +463,7 @@ class Capture(object):
                 # inner graph's backward again, as define-by-run runs it
                 # (not recorded), before the build lets the graph go.
                 rec.phase = 'done'
-                true = self._backprop(*self._outputs_and_gradients(
+                true = self._backprop(*reloads.outputs_and_gradients(self, 
                     given, keep=False)[:3])
                 true = [None if g is None else
                         arrayutil.copy_exact(g.raw_array) for g in true]

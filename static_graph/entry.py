@@ -225,7 +225,7 @@ class Entry(object):
         before, to the target's one contribution (build.late_sums)? Where
         it is an array of that contribution's type, shape, dtype and
         device; anything else Chainer adds after the backward
-        (``nodes.accumulate``), raising where define-by-run raises."""
+        (``reloads.accumulate``), raising where define-by-run raises."""
         late = self.late_sums.get(k)
         if late is None:
             return False

@@ -24,7 +24,7 @@ from static_graph import arrayutil
 from static_graph import cuts
 from static_graph import diagnostics
 from static_graph import masked
-from static_graph import reloads
+from static_graph.reloads import accumulate, empty_gradients, raw
 from static_graph import signature
 from static_graph import splice
 
@@ -95,69 +95,6 @@ def detach_outputs(outs, which):
     for i in which:
         outs[i] = chainer.Variable(outs[i].raw_array, requires_grad=False)
     return outs
-
-
-def empty_gradients(outs, grad_outputs):
-    """``grad_outputs`` with an empty gradient for each output of no
-    elements that needs one and got None. Define-by-run runs the backward
-    of every node it reaches, gradient or not: ChainerMN's ``send``
-    returns such an empty "delegate variable", whose backward (receiving
-    the gradient from the other process) runs when it is backpropagated
-    without one. An empty gradient carries no number, so this changes no
-    result; it makes the recorded and replayed backward go through it."""
-    if all(g is not None for g in grad_outputs):
-        return grad_outputs
-    out = list(grad_outputs)
-    for i, (o, g) in enumerate(zip(outs, grad_outputs)):
-        a = o.raw_array if isinstance(o, chainer.Variable) else o
-        if g is None and a is not None and a.size == 0 and (
-                not isinstance(o, chainer.Variable) or o.requires_grad):
-            out[i] = backend.get_array_module(a).empty_like(a)
-    return tuple(out)
-
-
-def raw(g):
-    """A gradient's array: Chainer passes on what chainer.grad's
-    ``grad_outputs`` got, a Variable or an array."""
-    return g.raw_array if isinstance(g, chainer.Variable) else g
-
-
-def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
-    """``backward_accumulate`` for our nodes. Chainer takes the gradients
-    accumulated so far out of the input variables before calling it; if our
-    backward fails (an exception, KeyboardInterrupt) one that no node of
-    this backward added to yet is put back, so parameters keep their
-    gradients; one that other calls' contributions were added to stays
-    taken, as define-by-run leaves it (Chainer's table of the failed
-    backward is dropped). A replay adds such a gradient where
-    define-by-run does (``ReplayNode.backward``'s ``earlier``). A
-    gradient Chainer took from an output's ``.grad`` is left out
-    (reloads.py)."""
-    taken = reloads.take(node, grad_outputs)
-    if taken:
-        entry = node.entry if node.entry is not None else getattr(
-            node, 'built', None)
-        grad_outputs = reloads.left_out(
-            node, grad_outputs, taken,
-            entry.sibling_outputs if entry is not None else {})
-        if all(g is None for g in grad_outputs):
-            return tuple(grad_inputs)
-    try:
-        gxs, included = node.backward_from(
-            target_input_indexes, grad_outputs, grad_inputs)
-    except BaseException:
-        for i, g in zip(target_input_indexes, grad_inputs):
-            if g is None:
-                continue
-            vn = node.inputs[i]
-            var = vn.get_variable_or_none()
-            if var is not None and var.grad_var is None and \
-                    reloads.untouched(vn, g):
-                var.grad_var = g
-        raise
-    return tuple(gx if g is None or i in included else
-                 g if gx is None else g + gx
-                 for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
 
 
 def _snapshot(entry):

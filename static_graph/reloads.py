@@ -1,4 +1,6 @@
-"""Gradients Chainer hands a call that no node of this backward computed.
+"""Gradients Chainer hands a call's node: ``accumulate`` (our nodes'
+``backward_accumulate``), the recording's copies of them
+(``outputs_and_gradients``), and those no node of this backward computed.
 
 Chainer's backward, for each node it runs, takes each output's gradient
 from its table of this backward, or, where the output has none there, from
@@ -17,7 +19,12 @@ and puts them back on their Variables, where define-by-run leaves them
 """
 import weakref
 
+import chainer
 from chainer import _backprop_utils
+from chainer import backend
+
+from schedules import ir
+from static_graph import arrayutil
 
 _FLAG = '_static_graph_reloaded'
 _orig = getattr(_backprop_utils, '_grad_var_from_alive_node', None)
@@ -109,3 +116,99 @@ def _reached(rec, bids, out_bids):
         if reach.intersection(op.inputs):
             reach.update(op.outputs)
     return frozenset(j for j, b in enumerate(out_bids) if b in reach)
+
+
+def empty_gradients(outs, grad_outputs):
+    """``grad_outputs`` with an empty gradient for each output of no
+    elements that needs one and got None. Define-by-run runs the backward
+    of every node it reaches, gradient or not: ChainerMN's ``send``
+    returns such an empty "delegate variable", whose backward (receiving
+    the gradient from the other process) runs when it is backpropagated
+    without one. An empty gradient carries no number, so this changes no
+    result; it makes the recorded and replayed backward go through it."""
+    if all(g is not None for g in grad_outputs):
+        return grad_outputs
+    out = list(grad_outputs)
+    for i, (o, g) in enumerate(zip(outs, grad_outputs)):
+        a = o.raw_array if isinstance(o, chainer.Variable) else o
+        if g is None and a is not None and a.size == 0 and (
+                not isinstance(o, chainer.Variable) or o.requires_grad):
+            out[i] = backend.get_array_module(a).empty_like(a)
+    return tuple(out)
+
+
+def raw(g):
+    """A gradient's array: Chainer passes on what chainer.grad's
+    ``grad_outputs`` got, a Variable or an array."""
+    return g.raw_array if isinstance(g, chainer.Variable) else g
+
+
+def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
+    """``backward_accumulate`` for our nodes. Chainer takes the gradients
+    accumulated so far out of the input variables before calling it; if our
+    backward fails (an exception, KeyboardInterrupt) one that no node of
+    this backward added to yet is put back, so parameters keep their
+    gradients; one that other calls' contributions were added to stays
+    taken, as define-by-run leaves it (Chainer's table of the failed
+    backward is dropped). A replay adds such a gradient where
+    define-by-run does (``ReplayNode.backward``'s ``earlier``). A
+    gradient Chainer took from an output's ``.grad`` is left out
+    (reloads.py)."""
+    taken = take(node, grad_outputs)
+    if taken:
+        entry = node.entry if node.entry is not None else getattr(
+            node, 'built', None)
+        grad_outputs = left_out(
+            node, grad_outputs, taken,
+            entry.sibling_outputs if entry is not None else {})
+        if all(g is None for g in grad_outputs):
+            return tuple(grad_inputs)
+    try:
+        gxs, included = node.backward_from(
+            target_input_indexes, grad_outputs, grad_inputs)
+    except BaseException:
+        for i, g in zip(target_input_indexes, grad_inputs):
+            if g is None:
+                continue
+            vn = node.inputs[i]
+            var = vn.get_variable_or_none()
+            if var is not None and var.grad_var is None and \
+                    untouched(vn, g):
+                var.grad_var = g
+        raise
+    return tuple(gx if g is None or i in included else
+                 g if gx is None else g + gx
+                 for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
+
+
+def outputs_and_gradients(cap, grad_outputs, keep):
+    """Of the recording call ``cap`` (capture.Capture): the distinct
+    outputs that get a gradient, their gradients, and
+    [(index, gradient)] for an output returned again. ``keep``: the
+    gradients as copies in GRAD_OUT buffers, whose ids come fourth
+    (None for an output without one); else as Chainer handed them
+    (double backpropagation follows their graph)."""
+    rec = cap.rec
+    outs, gys, more, bids = [], [], [], []
+    cap.grad_copies = []
+    position = {}   # id(output Variable) -> its index in outs
+    grad_outputs = empty_gradients(cap.inner_outs, grad_outputs)
+    for o, g in zip(cap.inner_outs, grad_outputs):
+        if g is None or not o.requires_grad:
+            bids.append(None)
+            continue
+        if keep:
+            ga = arrayutil.copy_exact(raw(g))
+            bids.append(rec.new_buffer(ga, ir.GRAD_OUT, name='grad'))
+            cap.grad_copies.append((raw(g), ga))
+            g = chainer.Variable(ga)
+        else:
+            g = chainer.as_variable(g)
+        if id(o) in position:
+            more.append((position[id(o)], g))
+            continue
+        position[id(o)] = len(outs)
+        gys.append(g)
+        outs.append(o)
+    return outs, gys, more, bids
+

@@ -170,6 +170,7 @@ def double_backprop(capture, grad_outputs):
     inputs. Replay cannot give either, so the key runs define-by-run from
     now on."""
     from static_graph import entry as entry_module
+    from static_graph import reloads
     e = capture.entry
     reason = ('its backward was asked for double backpropagation '
               '(enable_double_backprop=True), which replay cannot give')
@@ -177,8 +178,8 @@ def double_backprop(capture, grad_outputs):
         capture.fall_back(reason)
     n = len(capture.leaves)
     can_move = movable(capture.inner_outs)
-    outs, gys, more, _ = capture._outputs_and_gradients(grad_outputs,
-                                                     keep=False)
+    outs, gys, more, _ = reloads.outputs_and_gradients(
+        capture, grad_outputs, keep=False)
     made = Made()
     if can_move or not any(t < n for t in capture.targets):
         with made:

@@ -415,7 +415,7 @@ def _caller_rank(rec, vn):
             return entry[1].node._rank
         held = rec.detached_from.get(id(v)) if v is not None else None
         if held is not None:       # (a link's state from an earlier call)
-            return held.node._rank
+            return held
         node = x.creator_node
         if node is None or id(node) not in made:
             return x._rank

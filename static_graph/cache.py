@@ -82,6 +82,8 @@ SIGHTINGS = 3
 # Calls whose arguments held too many values for a key skip the walk that
 # found it this many times, then one walks again (signature.TooManyValues).
 TOO_MANY_SKIPS = 256
+# Slots where calls keep arrays and Variables, whose None-ness keys hold.
+KEPT_SLOTS = 32
 # Under probation, every RECORDING_WINDOW recordings of new keys followed
 # by too few replays double the sightings a new key needs (keys that come
 # back only after the cache let them go: more cycling shapes than
@@ -294,7 +296,9 @@ class Cache(object):
 
     def note_slots(self, state, written, kept=()):
         """A recording read ``state`` and wrote ``written`` (Variables),
-        and kept arrays or Variables at ``kept``."""
+        and kept arrays or Variables at ``kept`` (the last KEPT_SLOTS of
+        those: a loop that replaces a helper object leaves its old one's
+        behind)."""
         with self.lock:
             for slots, new in ((self.state_slots, state),
                                (self.written, written), (self.kept, kept)):
@@ -303,6 +307,7 @@ class Cache(object):
                     if (id(d), k) not in known:
                         known.add((id(d), k))
                         slots.append((d, k))
+            del self.kept[:-KEPT_SLOTS]
 
     def state_key(self):
         """What the state slots hold now, for the key: a Variable's shape,

@@ -232,7 +232,9 @@ def detach_link_variables(chain, rec, slots=()):
                 leaf = chainer.Variable(arrayutil.copy_exact(v.raw_array),
                                         requires_grad=v.requires_grad)
                 rec.arrays.append(leaf.raw_array)   # ids stay unique
-                rec.detached_from[id(leaf)] = v     # (arguments: its rank)
+                # (Its rank, for arguments._caller_rank: not the Variable,
+                # which holds the earlier call's node and recording.)
+                rec.detached_from[id(leaf)] = v.node._rank
                 d[k] = leaf
                 out.append((d, k, v, leaf, '%s/%s' % (path.rstrip('/'), k)))
     return out

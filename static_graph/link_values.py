@@ -480,7 +480,9 @@ class Watch(object):
         for (d, k), then in zip(self.pairs[pairs_from:],
                                 self.values[pairs_from:]):
             now = d.get(k)
-            if now is not then and not _equal(now, then):
+            # (An array or Variable where a number or None was: changed,
+            # without ``==``, whose bool() of a traced array is a read.)
+            if now is not then and (_kept(now) or not _equal(now, then)):
                 out.append((d, k))
         return out
 

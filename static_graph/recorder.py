@@ -179,7 +179,8 @@ class Recording(object):
         # A backward inside the method moved the recording so far onto the
         # caller's Variables (arguments.onto_caller)
         self.arguments_spliced = False
-        # id(a detached leaf) -> the link's Variable it stands for
+        # id(a detached leaf) -> the rank of the link's Variable it stands
+        # for
         self.detached_from = {}
         self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.chain_held = set()   # ids of the links' array attributes

@@ -1869,6 +1869,52 @@ def test_a_link_a_helper_in_a_list_holds_swapped_by_the_call():
                                               models[0].l1)
 
 
+def test_calls_that_keep_a_variable_and_never_get_a_backward():
+    """Evaluation with backprop enabled (no backward) of a method that
+    keeps a Variable on self (``L.Classifier``'s ``self.y``): each
+    recording held the link's previous Variable, and through it every
+    earlier call's recording; every call recorded and memory grew by the
+    activations of each (0.6 MB a call). It runs define-by-run after a few
+    recordings, as such calls do."""
+    def body(self, x):
+        h = self.l1(x)
+        self.y = h
+        return F.sum(self.l2(h))
+
+    models = make_twins(body)
+    x = data(4, 3)
+    for i in range(40):
+        for m in models:
+            m(x)
+    c = cache(models[1])
+    assert c.recordings <= 8 and c.fallback_calls >= 30
+
+
+def test_an_array_the_call_puts_where_a_helper_in_a_list_held_none():
+    """``mem.m = h.array`` on a helper a list holds, where it held None:
+    the check of what changed compared the traced array with None, whose
+    bool() counted as the method reading values, and the key ran
+    define-by-run for good; it replays, leaving each call's array."""
+    mems = []
+
+    def init(self):
+        _mlp(self)
+        mems.append(types.SimpleNamespace(m=None))
+        self.mems = [mems[-1]]
+
+    def body(self, x):
+        h = self.l1(x)
+        self.mems[0].m = h.array
+        return F.sum(self.l2(h))
+
+    models = make_twins(body, init)
+    for i in range(6):
+        train_alike(models, [(data(4, 3),)], rtol=0, atol=0)
+        assert numpy.array_equal(mems[0].m, mems[1].m)
+    c = cache(models[1])
+    assert c.fallback_calls == 0 and c.replays >= 4
+
+
 def test_a_variable_the_call_puts_on_a_helper_it_holds_directly():
     """``self.aux.v = h * self.aux.k`` on a helper object held directly,
     and the caller's loss built from it: the first backward raised

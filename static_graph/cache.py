@@ -191,6 +191,7 @@ class Cache(object):
         # (dict, name) of the arrays and Variables calls keep (on links, on
         # helpers): whether each holds one now is part of the key
         self.kept = []
+        self.kept_epoch = 0
         # Keys a recording of which saw a parameter array replaced between
         # its call and its backward (replaced_midway).
         self._replaced_midway = collections.OrderedDict()
@@ -307,7 +308,10 @@ class Cache(object):
                     if (id(d), k) not in known:
                         known.add((id(d), k))
                         slots.append((d, k))
-            del self.kept[:-KEPT_SLOTS]
+            if len(self.kept) > KEPT_SLOTS:
+                # (Keys from now on mean other slots: no earlier key's.)
+                del self.kept[:-KEPT_SLOTS]
+                self.kept_epoch += 1
 
     def state_key(self):
         """What the state slots hold now, for the key: a Variable's shape,
@@ -315,8 +319,8 @@ class Cache(object):
         None; another type. Then whether each slot where calls keep an
         array or a Variable holds None (``if self.m is None``; the loop
         resets it, as ``reset_state()`` does)."""
-        out = [('K', tuple([d.get(k) is None for d, k in self.kept]))] \
-            if self.kept else []
+        out = [('K', tuple([d.get(k) is None for d, k in self.kept]),
+                self.kept_epoch)] if self.kept else []
         for d, k in self.state_slots:
             v = d.get(k)
             if v is None:

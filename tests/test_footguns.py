@@ -1915,6 +1915,23 @@ def test_an_array_the_call_puts_where_a_helper_in_a_list_held_none():
     assert c.fallback_calls == 0 and c.replays >= 4
 
 
+def test_keys_after_the_kept_slots_are_evicted_mean_other_slots():
+    """At most KEPT_SLOTS slots where calls keep arrays are part of keys;
+    one more evicts the oldest, after which the same None-or-not tuple
+    describes other slots: such keys differ from every earlier one, so no
+    entry recorded for another state is matched."""
+    from static_graph import cache as cache_module
+    c = cache_module.Cache('M.forward', 16, True, True, True, True)
+    holders = [{'m': None} for _ in range(cache_module.KEPT_SLOTS + 1)]
+    c.note_slots((), (), [(d, 'm') for d in holders[:-1]])
+    before = c.state_key()
+    c.note_slots((), (), [(holders[-1], 'm')])
+    after = c.state_key()
+    assert len(c.kept) == cache_module.KEPT_SLOTS
+    assert before != after
+    assert before[0][1] == after[0][1]     # (the same None-ness)
+
+
 def test_a_variable_the_call_puts_on_a_helper_it_holds_directly():
     """``self.aux.v = h * self.aux.k`` on a helper object held directly,
     and the caller's loss built from it: the first backward raised

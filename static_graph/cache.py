@@ -297,9 +297,9 @@ class Cache(object):
 
     def note_slots(self, state, written, kept=()):
         """A recording read ``state`` and wrote ``written`` (Variables),
-        and kept arrays or Variables at ``kept`` (the last KEPT_SLOTS of
-        those: a loop that replaces a helper object leaves its old one's
-        behind)."""
+        and kept arrays or Variables at ``kept`` (of those, at most
+        KEPT_SLOTS or this recording's: a loop that replaces a helper
+        object leaves its old one's behind)."""
         with self.lock:
             for slots, new in ((self.state_slots, state),
                                (self.written, written), (self.kept, kept)):
@@ -308,9 +308,17 @@ class Cache(object):
                     if (id(d), k) not in known:
                         known.add((id(d), k))
                         slots.append((d, k))
-            if len(self.kept) > KEPT_SLOTS:
+            # Past KEPT_SLOTS, the oldest this recording did not write go
+            # (not those it wrote: a model that keeps an array on each of
+            # 40 layers keeps every slot, and replays).
+            mine = set((id(d), k) for d, k in kept)
+            extra = len(self.kept) - max(KEPT_SLOTS, len(mine))
+            if extra > 0:
+                gone = set([(id(d), k) for d, k in self.kept
+                            if (id(d), k) not in mine][:extra])
+                self.kept[:] = [(d, k) for d, k in self.kept
+                                if (id(d), k) not in gone]
                 # (Keys from now on mean other slots: no earlier key's.)
-                del self.kept[:-KEPT_SLOTS]
                 self.kept_epoch += 1
 
     def state_key(self):

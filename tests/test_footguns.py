@@ -1930,6 +1930,14 @@ def test_keys_after_the_kept_slots_are_evicted_mean_other_slots():
     assert len(c.kept) == cache_module.KEPT_SLOTS
     assert before != after
     assert before[0][1] == after[0][1]     # (the same None-ness)
+    # A recording that keeps arrays on more slots keeps them all, and the
+    # same recording again changes nothing (40 layers that keep one each).
+    many = [(d, 'm') for d in holders] + [({'m': None}, 'm')
+                                          for _ in range(6)]
+    c.note_slots((), (), many)
+    first = c.state_key()
+    c.note_slots((), (), many)
+    assert len(c.kept) == len(many) and c.state_key() == first
 
 
 def test_a_variable_the_call_puts_on_a_helper_it_holds_directly():

@@ -85,14 +85,19 @@ def sync_gradients(rec, inner, leaves, paths):
         if v is a or not isinstance(a, chainer.Variable) or \
                 not isinstance(v, chainer.Variable):
             continue
-        if v._grad_var is not a._grad_var or v._grad is not a._grad:
-            a._set_grad_var_without_check(v.grad_var)
+        _carry_gradient(v, a)
         if v.name != a.name:
             a.name = v.name
             if rec is not None:
                 rec.add_reason('the method names its argument %s (.name '
                                '= %r); replay would not' % (paths[i],
                                                             v.name))
+
+
+def _carry_gradient(src, dst):
+    """``dst`` gets the gradient ``src`` holds, where they differ."""
+    if src._grad_var is not dst._grad_var or src._grad is not dst._grad:
+        dst._set_grad_var_without_check(src.grad_var)
 
 
 def _copies_sharing(leaves):
@@ -304,28 +309,16 @@ def graph_read(orig, what, user_caller, cut=False):
     on the state handed in cuts the earlier calls, as define-by-run's
     does; before 2026-11-28 the recording call did neither, silently)."""
     return _on_argument(orig, what, user_caller, _GRAPH_USED,
-                        _cut_both if cut else _callers)
+                        _cut_both if cut else _callers_answer)
 
 
-def _callers(orig, copy, caller, args, kwargs):
+def _callers_answer(orig, copy, caller, args, kwargs):
     return orig(caller, *args, **kwargs)
 
 
 def _cut_both(orig, copy, caller, args, kwargs):
     orig(caller, *args, **kwargs)
     return orig(copy, *args, **kwargs)
-
-
-def caller_cut(rec, vn):
-    """A cut inside the call (``unchain_backward``) walked back to an
-    argument's copy ``vn`` (a VariableNode): define-by-run's walk goes on
-    into the caller's graph behind it, so the caller's Variable is cut
-    too."""
-    v = vn.get_variable_or_none()
-    entry = rec.argument_paths.get(id(v)) if v is not None else None
-    if entry is not None and isinstance(entry[1], chainer.Variable) and \
-            entry[1].creator_node is not None:
-        entry[1].unchain_backward()
 
 
 def onto_caller(outputs):
@@ -343,9 +336,9 @@ def onto_caller(outputs):
     if rec is None or rec.depth or rec.phase != 'forward' or \
             not rec.argument_paths:
         return None
-    callers = dict((vid, e[1]) for vid, e in rec.argument_paths.items())
     if not rec.arguments_spliced:
-        if not any(c.creator_node is not None for c in callers.values()):
+        if all(e[1].creator_node is None
+               for e in rec.argument_paths.values()):
             return None
         from static_graph import splice
         pairs = [(e[2], e[1]) for e in rec.argument_paths.values()]
@@ -357,10 +350,13 @@ def onto_caller(outputs):
     for _, caller, copy in rec.argument_paths.values():
         # What the method did to a copy's gradient before (``x.cleargrad()``,
         # ``x.grad = g``): the caller's, where this backward accumulates.
-        if copy._grad_var is not caller._grad_var or \
-                copy._grad is not caller._grad:
-            caller._set_grad_var_without_check(copy.grad_var)
-    return callers
+        _carry_gradient(copy, caller)
+    return _callers(rec)
+
+
+def _callers(rec):
+    """{id(an argument's copy): the caller's Variable}."""
+    return dict((vid, e[1]) for vid, e in rec.argument_paths.items())
 
 
 def gradients_to_copies(rec):
@@ -368,9 +364,7 @@ def gradients_to_copies(rec):
     Variables (``onto_caller``): the gradients it left on them, on the
     copies the method holds too (``x.grad`` read after it)."""
     for _, caller, copy in rec.argument_paths.values():
-        if copy._grad_var is not caller._grad_var or \
-                copy._grad is not caller._grad:
-            copy._set_grad_var_without_check(caller.grad_var)
+        _carry_gradient(caller, copy)
 
 
 _VariableNode = chainer.variable.VariableNode
@@ -501,8 +495,7 @@ def _grad(orig):
         elif rec.arguments_spliced:
             # (A penalty's after such a backward: its graph reads the
             # caller's Variables now.)
-            callers = dict((vid, e[1])
-                           for vid, e in rec.argument_paths.items())
+            callers = _callers(rec)
         else:
             callers = None
         if callers is None:

@@ -212,7 +212,7 @@ class Capture(object):
         e.recurrent = tuple((r[0], r[1]) for r in recurrent)
         if recurrent or self.hidden_slots:   # (kept on links, maybe long)
             self.patched.release()
-        before = len(self.cache.kept)
+        before = len(self.cache.kept), self.cache.kept_epoch
         self.cache.note_slots(
             e.recurrent,
             [(d, k) for d, k, _, kind in attr_writes if kind == 'V'],
@@ -220,7 +220,8 @@ class Capture(object):
         # Keys from now on say whether those slots hold one (cache.kept):
         # none will be this one, whose entry is built for its own backward
         # only.
-        self.unreachable = len(self.cache.kept) > before
+        self.unreachable = (len(self.cache.kept),
+                            self.cache.kept_epoch) != before
         written = set((id(d), k) for d, k, _, _ in attr_writes)
         self.written = written
         held_links = link_state.held_links(chain)    # (after the call)
@@ -463,8 +464,8 @@ class Capture(object):
                 # inner graph's backward again, as define-by-run runs it
                 # (not recorded), before the build lets the graph go.
                 rec.phase = 'done'
-                true = self._backprop(*reloads.outputs_and_gradients(self, 
-                    given, keep=False)[:3])
+                true = self._backprop(*reloads.outputs_and_gradients(
+                    self, given, keep=False)[:3])
                 true = [None if g is None else
                         arrayutil.copy_exact(g.raw_array) for g in true]
             result = self._finish(arrays, grad_out_bids, result)

@@ -100,9 +100,11 @@ def _reaches_argument(rec, vn):
             'whose graph (the caller\'s) define-by-run would cut too; the '
             'recording runs on a copy of it'
             % signature.path_text(rec.argument_paths[id(v)][0]))
-        if rec.phase == 'forward':
-            from static_graph import arguments
-            arguments.caller_cut(rec, vn)
+        # (The recording call cuts the caller's Variable too, as
+        # define-by-run's walk goes on into it.)
+        caller = rec.argument_paths[id(v)][1]
+        if rec.phase == 'forward' and caller.creator_node is not None:
+            caller.unchain_backward()
 
 
 def _positions(node, vn):

@@ -29,13 +29,22 @@ RAISES_BY_VALUES = frozenset(('cholesky', 'inv', 'solve', 'tensorinv',
                               'tensorsolve', 'matrix_power'))
 
 
-def raises_by_values(name, func, args):
-    """Is ``func`` one of RAISES_BY_VALUES (``matrix_power`` only with a
-    negative exponent, which inverts)?"""
-    return name in RAISES_BY_VALUES and 'linalg' in getattr(
-        func, '__module__', '') and not (
+def by_values(name, func, args):
+    """What a call of NumPy's ``func`` on traced arrays reads of their
+    values beyond its result's (a value read), or None: whether one of
+    RAISES_BY_VALUES raises (``matrix_power`` only with a negative
+    exponent, which inverts), or the dtype of ``real_if_close``'s and
+    ``numpy.emath``'s results (complex where emath.sqrt meets a negative
+    number)."""
+    module = getattr(func, '__module__', '') or ''
+    if name in RAISES_BY_VALUES and 'linalg' in module and not (
             name == 'matrix_power' and len(args) > 1 and
-            isinstance(args[1], int) and args[1] >= 0)
+            isinstance(args[1], int) and args[1] >= 0):
+        return ('numpy.linalg.%s() (whether it raises depends on the '
+                'values)' % name)
+    if name == 'real_if_close' or 'scimath' in module:
+        return "numpy.%s() (its result's dtype depends on the values)" % name
+    return None
 INTO = {'copyto': 'dst', 'put': 'a', 'putmask': 'a', 'place': 'arr',
         'fill_diagonal': 'a', 'put_along_axis': 'arr'}
 

@@ -10,6 +10,7 @@ the built entry can run without them."""
 from chainer import backend as backend_module
 
 from static_graph import entry as entry_module
+from static_graph import user_nodes
 
 
 def order_tie(rec):
@@ -108,7 +109,7 @@ def state_gradients(cap, grad_outputs):
     (ChainerMN): its backward would run twice."""
     fill = [i for i in state_outputs(cap) if grad_outputs[i] is None and
             cap.inner_outs[i].requires_grad]
-    if not fill or any(type(op.node).__module__.startswith('chainermn')
+    if not fill or any(user_nodes.communicates(op.node)
                        for op in cap.rec.forward_ops):
         return grad_outputs
     out = list(grad_outputs)

@@ -211,4 +211,3 @@ def outputs_and_gradients(cap, grad_outputs, keep):
         gys.append(g)
         outs.append(o)
     return outs, gys, more, bids
-

@@ -338,16 +338,9 @@ class TracedArray(numpy.ndarray):
             # (a dtype of a 0-d array: value-based casting, NumPy 1)
             flag('numpy.%s()' % name)
             return result
-        if numpy_rules.raises_by_values(name, func, args):
-            flag('numpy.linalg.%s() (whether it raises depends on the '
-                 'values)' % name)
-            return result
-        if name == 'real_if_close' or 'scimath' in getattr(
-                func, '__module__', ''):
-            # Their result's dtype depends on the values (complex where
-            # numpy.emath.sqrt meets a negative number).
-            flag('numpy.%s() (its result\'s dtype depends on the values)'
-                 % name)
+        read = numpy_rules.by_values(name, func, args)
+        if read is not None:
+            flag(read)
             return result
         rec = active_recording()
         if rec is not None and calls is not None and not by_values:

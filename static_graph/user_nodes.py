@@ -10,6 +10,7 @@ import numpy
 
 from static_graph import arrayutil
 from static_graph import node_attrs
+from static_graph import patches
 from static_graph import recorder
 from static_graph import traced
 
@@ -57,18 +58,22 @@ def rerun_communicating_steps(rec, reruns_ok):
     replay, whatever it returns; where it cannot, the recording falls
     back (a rank that skipped it would leave the others waiting)."""
     for step in rec.steps:
-        if step.rerun:
-            continue
-        node = step.node
-        fn = getattr(node, '_function', None)     # (old-style Function)
-        kind = type(fn if fn is not None else node)
-        if not kind.__module__.startswith('chainermn'):
+        if step.rerun or not communicates(step.node):
             continue
         if reruns_ok(step):
             step.rerun = True
         else:
             rec.add_reason('the backward of %s communicates (ChainerMN), '
-                           'and replay cannot run it again' % kind.__name__)
+                           'and replay cannot run it again'
+                           % patches.op_kind(step.node))
+
+
+def communicates(node):
+    """Is ``node`` ChainerMN's (an old-style Function's by its
+    function)?"""
+    fn = getattr(node, '_function', None)
+    return type(fn if fn is not None else node).__module__.startswith(
+        'chainermn')
 
 
 # What a forward may set on its node that is the same at every call of a

@@ -760,12 +760,7 @@ def test_an_arguments_gradient_changed_before_a_backward_inside(what):
         F.sum(self.l3(x) * h).backward()
         return F.sum(self.l3(x) + h)
 
-    S = type('S', (_StateArg,), {'forward': static_graph.static_graph(body)})
-    A = type('A', (_StateArg,), {'forward': body})
-    numpy.random.seed(0)
-    a = A(what)
-    b = S(what)
-    b.copyparams(a)
+    a, b = _state_arg_twins(what, body)
     seen = []
     for m in (a, b):
         for i in range(2):
@@ -906,6 +901,19 @@ class _StateArg(chainer.Chain):
         return F.sum(self.l2(h) ** 2), h
 
 
+def _state_arg_twins(use, forward=_StateArg.forward):
+    """(define-by-run, decorated) _StateArg twins with ``forward``, of the
+    same parameters."""
+    A = type('A', (_StateArg,), {'forward': forward})
+    S = type('S', (_StateArg,), {
+        'forward': static_graph.static_graph(forward)})
+    numpy.random.seed(0)
+    a = A(use)
+    b = S(use)
+    b.copyparams(a)
+    return a, b
+
+
 @pytest.mark.parametrize('first', ['a leaf', "the caller's"])
 @pytest.mark.parametrize('use', ['creator', 'node.creator', 'rank',
                                  'derived rank', 'own rank',
@@ -927,12 +935,7 @@ def test_the_graph_of_an_argument_used_inside_the_method(use, first):
     answers with the caller's graph, cuts it, backpropagates into it
     (before 2026-11-28 it took the other branch: loss -6.04 for -12.07;
     or left v0 without its gradient)."""
-    S = type('S', (_StateArg,), {
-        'forward': static_graph.static_graph(_StateArg.forward)})
-    numpy.random.seed(0)
-    a = _StateArg(use)
-    b = S(use)
-    b.copyparams(a)
+    a, b = _state_arg_twins(use)
     seen = []
     for m in (a, b):
         v0 = chainer.Variable(numpy.full((4, 6), 0.5, 'f'))

@@ -20,7 +20,13 @@ the call. So:
   through it carries a gradient on past the cut (``h.unchain_backward()``
   after a first loss, then a second loss of ``y = out(h)``). Such an
   output gets a ``Severed`` creator: a backward that reaches it is an
-  error (before 2026-11-28 it got nothing through the call, silently).
+  error (before 2026-11-28 it got nothing through the call, silently),
+  unless the functions define-by-run keeps lead only to inputs of the
+  call whose own functions its walk cut (``L.StatefulZoneoutLSTM``'s
+  ``c``, a mix of the previous ``c`` and this call's, while the walk
+  came in through ``h``): there define-by-run's gradient stops at those
+  Variables, now leaves, and the creator drops it, as silently
+  (``walked``: the Variables whose functions the walk cut).
 * ``h.unchain()`` cuts ``h``'s edge alone, as in define-by-run; a backward
   that comes into the call afterwards raises where ``h`` is one of the
   outputs other ops of the call read (``check``). ``Variable.unchain`` is
@@ -60,9 +66,11 @@ def _unchain_backward(self):
     cand_funcs = []
     seen_set = set()
     entered = {}
+    walked = weakref.WeakSet()    # (not kept alive: see unchain's count)
 
     def add_cand(cand, via):
         if cand is not None:
+            walked.add(via)
             if 'cut' in cand.__dict__:       # a call of ours
                 entered.setdefault(cand, set()).update(_positions(cand, via))
             if cand not in seen_set:
@@ -83,10 +91,12 @@ def _unchain_backward(self):
             func.unchain()
     for func, positions in entered.items():
         func.entered = positions
+        func.walked = walked
         try:
             func.unchain()
         finally:
             func.__dict__.pop('entered', None)
+            func.__dict__.pop('walked', None)
 
 
 def _reaches_argument(rec, vn):
@@ -149,24 +159,29 @@ def unchain(node, may_backward, method_name, default, schedule=None):
         ops, outputs, inputs = schedule
         needs = set(b for b, vn in zip(inputs, node.inputs)
                     if vn.requires_grad)
-        for i in uncut_outputs(ops, outputs, entered, needs):
+        walked = node.__dict__.get('walked', ())
+        cut = set(b for b, vn in zip(inputs, node.inputs) if vn in walked)
+        severed, dropped = uncut_outputs(ops, outputs, entered, needs, cut)
+        for i in severed + dropped:
             vn = node.outputs[i]() if i < len(node.outputs) else None
             if vn is not None:
-                keep.append(vn)
+                keep.append((vn, i in severed))
     default(node)
-    for vn in keep:
-        _sever(vn, method_name)
+    for vn, raises in keep:
+        _sever(vn, method_name, raises)
 
 
-def uncut_outputs(ops, outputs, entered, needs):
-    """Positions of ``outputs`` (buffer ids) made by an op that no output
-    at the positions ``entered`` was computed from (the outputs whose
-    functions define-by-run's walk, entering there, leaves in place) and
-    computed, through such ops, from an input that takes a gradient
-    (``needs``: a parameter, an argument that needs one): where a later
-    backward through define-by-run's functions would give one. (Through
-    functions that reach only what the walk cut, it would give one only to
-    the cut Variable, as a leaf: ``h.grad``; not told apart.)"""
+def uncut_outputs(ops, outputs, entered, needs, cut=()):
+    """The positions of ``outputs`` (buffer ids) made by an op that no
+    output at the positions ``entered`` was computed from (the outputs
+    whose functions define-by-run's walk, entering there, leaves in place)
+    and computed, through such ops, from an input that takes a gradient
+    (``needs``: a parameter, an argument that needs one), in two lists:
+    where a later backward through define-by-run's functions would carry
+    that gradient on, and where it would stop at inputs whose functions
+    the walk cut (``cut``: inputs that had a creator, read by an op the
+    walk reached), which then are leaves. (A leaf's gradient is kept on
+    its Variable, where one lives: ``h.grad``; not told apart.)"""
     made_by = {}
     for k, op in enumerate(ops):
         for b in op.outputs:
@@ -182,40 +197,50 @@ def uncut_outputs(ops, outputs, entered, needs):
         if k is not None and k not in reached:
             reached.add(k)
             todo.extend(ops[k].inputs)
-    out = []
+    # (Inputs define-by-run's walk cut: read by an op it reached.)
+    stops = set(cut) & set(x for k in reached for x in ops[k].inputs)
+    severed, dropped = [], []
     for i, b in enumerate(outputs):
         k = made_by.get(b)
         if i in entered or k is None or k in reached:
             continue
-        todo, seen_ops = [k], set()
+        todo, seen_ops, gets = [k], set(), None
         while todo:
             k = todo.pop()
             if k in seen_ops:
                 continue
             seen_ops.add(k)
-            if any(x in needs for x in ops[k].inputs):
-                out.append(i)
+            read = [x for x in ops[k].inputs if x in needs]
+            if any(x not in stops for x in read):
+                gets = severed
                 break
+            if read:
+                gets = dropped
             todo.extend(made_by[x] for x in ops[k].inputs
                         if x in made_by and made_by[x] not in reached)
-    return out
+        if gets is not None:
+            gets.append(i)
+    return severed, dropped
 
 
 class Severed(function_node.FunctionNode):
     """The creator of an output left uncut by define-by-run's walk (see
-    the module docstring): a backward that brings it a gradient raises."""
+    the module docstring): a backward that brings it a gradient raises
+    (``raises``) or goes no further, as define-by-run's stops at the
+    Variables its walk cut."""
 
-    def __init__(self, method_name):
+    def __init__(self, method_name, raises=True):
         self.method_name = method_name
+        self.raises = raises
 
     def backward(self, indexes, grad_outputs):
-        if any(g is not None for g in grad_outputs):
+        if self.raises and any(g is not None for g in grad_outputs):
             raise RuntimeError(SEVERED % self.method_name)
         return (None,) * len(indexes)
 
 
-def _sever(vn, method_name):
-    node = Severed(method_name)
+def _sever(vn, method_name, raises=True):
+    node = Severed(method_name, raises)
     # (An input that takes a gradient: Chainer skips a node without one.)
     node.anchor = chainer.Variable(numpy.zeros((), numpy.float32))
     node.inputs = (node.anchor.node,)

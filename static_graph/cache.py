@@ -407,14 +407,15 @@ class Cache(object):
         (while nothing of their configuration replays)."""
         config = key[1]
         at = (config, outline)
-        hits = self._family_hits
-        n = hits[2] + 1 if hits is not None and hits[0] == at and \
-            hits[1] == reason else 1
-        self._family_hits = (at, reason, n)
-        if n >= SHORTCUT_AFTER and not any(
-                e.state == 'complete' and k[1] == config
-                for k, e in list(self.entries.items())):
-            self.shortcuts[at] = reason
+        with self.lock:     # (other threads' calls reorder the entries)
+            hits = self._family_hits
+            n = hits[2] + 1 if hits is not None and hits[0] == at and \
+                hits[1] == reason else 1
+            self._family_hits = (at, reason, n)
+            if n >= SHORTCUT_AFTER and not any(
+                    e.state == 'complete' and k[1] == config
+                    for k, e in self.entries.items()):
+                self.shortcuts[at] = reason
 
     def family_fallback(self, key):
         """The reason a key's family falls back, or None."""

@@ -521,7 +521,10 @@ class Capture(object):
         now = analysis.chain_arrays(self.chain, self.written)
         now.update(link_state.foreign_parameters(rec, now)
                    if self.foreign else ())
-        replaced = set(now) != set(self.chain_map)
+        # (A recording of another thread may have traced views of the
+        # links' arrays on them now.)
+        views = link_state.HELD_VIEWS
+        replaced = set(views.get(i, i) for i in now) != set(self.chain_map)
         # (A stand-in backward runs at the method's next call, not where a
         # backward of the user's would: arrays replaced before it are not
         # replaced midway; the entry is let go and the key records again.)

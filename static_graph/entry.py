@@ -126,6 +126,10 @@ class Entry(object):
         # until they die, and their backward writes into none of them.
         self.repeat_backward = False
         self.recording_saved = None
+        # The recording call's values of the static buffers, put aside by
+        # a replay of another thread that ran before that call's node was
+        # bound to the entry (nodes.RecordNode.bind).
+        self.unbound_snapshot = None
         self.uninit_params = ()      # build.py
         self.empty_outputs = ()
         # The rank of the recording's last node (nodes.deepen), which each

@@ -156,7 +156,9 @@ def cached(chain, method=None):
         if method is not None and name != method and (
                 fn is None or cache.method is not fn):
             continue
-        for key, e in list(cache.entries.items()):
+        with cache.lock:
+            entries = list(cache.entries.items())
+        for key, e in entries:
             out.append(CachedSchedule(name, key_text(key), e.state, e.reason,
                                       e.forward, e.backward, e))
     return out
@@ -176,78 +178,83 @@ def explain(chain):
         return '%s has no static-graph cache (never called, or the flag ' \
                'use_static_graph was off)' % type(chain).__name__
     for name, cache in sorted(caches.items()):
-        lines.append('%s: %d recordings, %d replays, %d define-by-run calls '
-                     'after a fallback, %d cached keys (at most %d)' % (
-                         cache.owner_name, cache.recordings, cache.replays,
-                         cache.fallback_calls, len(cache.entries),
-                         cache.size))
-        if cache.define_by_run is not None:
-            lines.append('  every call runs define-by-run: %s'
-                         % cache.define_by_run)
-        if cache.probation is not None:
-            lines.append('  new keys run define-by-run until they repeat: %s'
-                         % cache.probation)
-        for fam, reason in cache.family_fallbacks.items():
-            lines.append('  every size of %s runs define-by-run (two sizes '
-                         'fell back for the same reason): %s'
-                         % (key_text(fam), reason))
-        for (config, outline), reason in cache.shortcuts.items():
-            lines.append('  every call %s | %s runs define-by-run without '
-                         'computing its key (calls of such arguments fell '
-                         'back for one reason %d times in a row): %s' % (
-                             outline_text(outline), flags_text(config),
-                             cache_module.SHORTCUT_AFTER, reason))
-        if cache.too_many:
-            # (Not at import: signature needs Chainer 7, and the library
-            # imports on older Chainers as a pass-through.)
-            from static_graph import signature
-        for config, types in list(cache.too_many):
-            lines.append('  every call with arguments of types %s | %s runs '
-                         'define-by-run: its lists, tuples and dicts held '
-                         'more than %d values' % (
-                             ', '.join(getattr(t, '__name__', str(t))
-                                       for t in types),
-                             flags_text(config),
-                             signature.MAX_KEY_VALUES))
-        extra = _varying_flags(list(cache.entries) +
-                               list(cache.forward_only) + list(cache.backoff))
-        for key, reason in cache.forward_only.items():
-            lines.append(
-                '  %s runs define-by-run: %s' % (key_text(key, extra), reason)
-                if reason is not None else
-                '  %s: its calls get no backward; its backward was recorded '
-                'from a stand-in gradient' % key_text(key, extra))
-        for key, (left, wait) in cache.backoff.items():
-            if left > 0:
-                lines.append(
-                    '  %s runs define-by-run for %d more calls (of %d), then '
-                    'records again: its recordings went stale before they '
-                    'replayed (the value they read changes at every call)'
-                    % (key_text(key, extra), left, wait))
-        for key, e in cache.entries.items():
-            line = '  %s: %s' % (key_text(key, extra), e.state)
-            if e.state == 'complete':
-                line += ' (forward %d ops%s)' % (
-                    len(e.forward.ops),
-                    ', backward %d ops' % len(e.backward.ops)
-                    if e.backward is not None else ', no backward')
-                reruns = [op for op in (e.backward.ops if e.backward
-                                        is not None else ())
-                          if op.fn is not None and
-                          op.fn.__name__ == 'rerun_backward']
-                if reruns:
-                    line += '\n    define-by-run in backward (its ' \
-                        'backward() runs again: a mask built in Python, a ' \
-                        'message): ' + ', '.join(
-                            '%s at %s' % (op.kind[:-len('.backward')],
-                                          op.source or '?')
-                            for op in reruns)
-                graph = graphs.describe(e)
-                if graph:
-                    line += '\n    ' + graph
-            elif e.state == 'recording':
-                line += ' (waiting for its first backward)'
-            if e.reason:
-                line += '\n    reason: %s' % e.reason
-            lines.append(line)
+        with cache.lock:    # (other threads' calls change the entries)
+            _explain_cache(cache, lines)
     return '\n'.join(lines)
+
+
+def _explain_cache(cache, lines):
+    lines.append('%s: %d recordings, %d replays, %d define-by-run calls '
+                 'after a fallback, %d cached keys (at most %d)' % (
+                     cache.owner_name, cache.recordings, cache.replays,
+                     cache.fallback_calls, len(cache.entries),
+                     cache.size))
+    if cache.define_by_run is not None:
+        lines.append('  every call runs define-by-run: %s'
+                     % cache.define_by_run)
+    if cache.probation is not None:
+        lines.append('  new keys run define-by-run until they repeat: %s'
+                     % cache.probation)
+    for fam, reason in cache.family_fallbacks.items():
+        lines.append('  every size of %s runs define-by-run (two sizes '
+                     'fell back for the same reason): %s'
+                     % (key_text(fam), reason))
+    for (config, outline), reason in cache.shortcuts.items():
+        lines.append('  every call %s | %s runs define-by-run without '
+                     'computing its key (calls of such arguments fell '
+                     'back for one reason %d times in a row): %s' % (
+                         outline_text(outline), flags_text(config),
+                         cache_module.SHORTCUT_AFTER, reason))
+    if cache.too_many:
+        # (Not at import: signature needs Chainer 7, and the library
+        # imports on older Chainers as a pass-through.)
+        from static_graph import signature
+    for config, types in list(cache.too_many):
+        lines.append('  every call with arguments of types %s | %s runs '
+                     'define-by-run: its lists, tuples and dicts held '
+                     'more than %d values' % (
+                         ', '.join(getattr(t, '__name__', str(t))
+                                   for t in types),
+                         flags_text(config),
+                         signature.MAX_KEY_VALUES))
+    extra = _varying_flags(list(cache.entries) +
+                           list(cache.forward_only) + list(cache.backoff))
+    for key, reason in cache.forward_only.items():
+        lines.append(
+            '  %s runs define-by-run: %s' % (key_text(key, extra), reason)
+            if reason is not None else
+            '  %s: its calls get no backward; its backward was recorded '
+            'from a stand-in gradient' % key_text(key, extra))
+    for key, (left, wait) in cache.backoff.items():
+        if left > 0:
+            lines.append(
+                '  %s runs define-by-run for %d more calls (of %d), then '
+                'records again: its recordings went stale before they '
+                'replayed (the value they read changes at every call)'
+                % (key_text(key, extra), left, wait))
+    for key, e in cache.entries.items():
+        line = '  %s: %s' % (key_text(key, extra), e.state)
+        if e.state == 'complete':
+            line += ' (forward %d ops%s)' % (
+                len(e.forward.ops),
+                ', backward %d ops' % len(e.backward.ops)
+                if e.backward is not None else ', no backward')
+            reruns = [op for op in (e.backward.ops if e.backward
+                                    is not None else ())
+                      if op.fn is not None and
+                      op.fn.__name__ == 'rerun_backward']
+            if reruns:
+                line += '\n    define-by-run in backward (its ' \
+                    'backward() runs again: a mask built in Python, a ' \
+                    'message): ' + ', '.join(
+                        '%s at %s' % (op.kind[:-len('.backward')],
+                                      op.source or '?')
+                        for op in reruns)
+            graph = graphs.describe(e)
+            if graph:
+                line += '\n    ' + graph
+        elif e.state == 'recording':
+            line += ' (waiting for its first backward)'
+        if e.reason:
+            line += '\n    reason: %s' % e.reason
+        lines.append(line)

@@ -299,6 +299,13 @@ def write_back_inputs(rec, leaves, inner, leaf_bids):
         chainer.backend.get_array_module(leaf).copyto(leaf, mine)
 
 
+# id(view) -> id(array) of the traced views trace_held_arrays put on links,
+# while they are there: the backward of a recording of another thread that
+# ends meanwhile (capture._finish) takes them for their arrays, not for
+# arrays the user replaced.
+HELD_VIEWS = {}
+
+
 def trace_held_arrays(chain, rec):
     """Hand the method the links' NumPy array attributes as traced views,
     as its inputs are: writing into one or reading its values is caught,
@@ -322,6 +329,8 @@ def trace_held_arrays(chain, rec):
                 rec.chain_held.add(id(v))
                 d[k] = rec.trace(v, check=False)
                 held.append((d, k, v, d[k]))
+    for _, _, v, view in held:
+        HELD_VIEWS[id(view)] = id(v)
     return held
 
 
@@ -331,6 +340,8 @@ def untrace_held(chain, held):
     if not held:
         return
     views = dict((id(view), a) for _, _, a, view in held)
+    for i in views:
+        HELD_VIEWS.pop(i, None)
     for link in chain.links():
         d = link.__dict__
         for k, v in list(d.items()):

@@ -400,6 +400,13 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
                 owner = entry.owner()
                 if owner is not None and not owner.done:
                     owner.snapshot = _snapshot(entry)
+            elif entry.recording_saved is not None and \
+                    entry.unbound_snapshot is None:
+                # (The recording call, whose backward built the entry in
+                # another thread, is not bound to it yet: its values.)
+                entry.unbound_snapshot = (
+                    _snapshot(entry) if entry.static_storages else None,
+                    _node_values(entry) if entry.node_values else None)
             # (Also while there are no static storages: a graph captured
             # in this very call adds some.)
             entry.owner = weakref.ref(self)
@@ -478,12 +485,24 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         """The entry built from this call: the static buffers hold this
         call's values, its saved arrays are the recording's."""
         self.entry = entry
-        self.bound_replays = entry.replays
-        self.saved, entry.recording_saved = entry.recording_saved, None
-        if entry.node_values:
-            self.node_values = _node_values(entry)
         with entry.lock:
-            entry.owner = weakref.ref(self)
+            self.saved, entry.recording_saved = entry.recording_saved, None
+            self.bound_replays = entry.replays
+            unbound, entry.unbound_snapshot = entry.unbound_snapshot, None
+            if unbound is None:
+                if entry.node_values:
+                    self.node_values = _node_values(entry)
+                entry.owner = weakref.ref(self)
+            else:
+                # A call of another thread replayed since the build: the
+                # static buffers and the nodes hold its values; this
+                # call's were put aside (ReplayNode.forward). (That replay
+                # counts as one since: it rebound what the recorded nodes
+                # hold.)
+                self.snapshot, values = unbound
+                if values is not None:
+                    self.node_values = values
+                self.bound_replays -= 1
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
         self.backward_ran = True     # (cuts.py)

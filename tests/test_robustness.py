@@ -1331,6 +1331,156 @@ def test_threads_recording_keys_of_one_chain_with_persistents(
         assert cache(b).replays - before == len(states)
 
 
+def _paused_in(module, name, cls=None):
+    """Patch ``module.name`` (or ``cls.name``) to wait, in threads other
+    than the main one, for ``go`` after setting ``paused``."""
+    paused, go = threading.Event(), threading.Event()
+    owner = cls if cls is not None else module
+    orig = getattr(owner, name)
+
+    def wait_then(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            paused.set()
+            assert go.wait(20)
+        return orig(*args, **kwargs)
+
+    return mock.patch.object(owner, name, wait_then), paused, go
+
+
+def test_a_replay_before_the_recording_call_is_bound(fast_switching):
+    """The recording call's backward makes its key's entry replayable,
+    then binds the call to it (``RecordNode.bind``). A replay of another
+    thread in between took the static buffers; the bind took them back
+    unseen: that replay's backward raised ("buffers were reused by a
+    later call"; in 2 of 60 runs of four threads), and a second backward
+    through the recording call would have read the replay's values. Both
+    backward passes now get define-by-run's gradients."""
+    class Conv(chainer.Chain):
+        def __init__(self):
+            super(Conv, self).__init__()
+            with self.init_scope():
+                self.c = L.Convolution2D(2, 4, 3, pad=1)
+                self.l = L.Linear(4 * 3 * 3, 5)
+
+        def forward(self, x):
+            h = F.relu(self.c(x))     # (a static buffer: returned)
+            return F.sum(self.l(F.max_pooling_2d(h, 2)) ** 2) + F.sum(h)
+
+    S = type('S', (Conv,), {
+        'forward': static_graph.static_graph(Conv.forward)})
+    numpy.random.seed(0)
+    a, b = Conv(), S()
+    b.copyparams(a)
+    x1, x2 = data(2, 2, 6, 6), data(2, 2, 6, 6)
+    expected = {}
+    for name, x in (('rec', x1), ('replay', x2)):
+        xv = chainer.Variable(x.copy())
+        loss = a(xv)
+        expected[name] = chainer.grad([loss], [xv])[0].array
+    patch, paused, go = _paused_in(None, 'bind', static_graph.nodes
+                                   .RecordNode)
+    grads = {}
+    with patch:
+        xv1 = chainer.Variable(x1.copy())
+        loss1 = b(xv1)                        # records
+
+        def backward_of_the_recording():
+            grads['rec'] = chainer.grad([loss1], [xv1])[0].array
+            # a second backward through the recording call
+            grads['rec again'] = chainer.grad([loss1], [xv1])[0].array
+
+        t = threading.Thread(target=backward_of_the_recording)
+        t.start()
+        try:
+            assert paused.wait(20)
+            e, = [c.entry for c in static_graph.cached(b)]
+            assert e.state == 'complete' and e.static_storages
+            xv2 = chainer.Variable(x2.copy())
+            loss2 = b(xv2)                    # replays before the bind
+            grads['replay'] = chainer.grad([loss2], [xv2])[0].array
+        finally:
+            go.set()
+            t.join(20)
+    assert cache(b).replays == 1
+    for name in ('rec', 'replay'):
+        assert numpy.array_equal(grads[name], expected[name]), name
+    assert numpy.array_equal(grads['rec again'], expected['rec'])
+
+
+def _infer(m, x):
+    with chainer.using_config('train', False), chainer.no_backprop_mode():
+        m(x)
+
+
+def test_another_threads_recording_replaces_no_array(fast_switching):
+    """A recording holds traced views of the links' arrays on them while
+    its call runs (BatchNormalization's statistics); the backward of
+    another thread's recording call ending meanwhile took them for arrays
+    the user replaced: its entry was let go, and at the second time the
+    key fell back for good ("a parameter or persistent array is
+    replaced")."""
+    class WithBN(Base):
+        def __init__(self):
+            super(WithBN, self).__init__()
+            with self.init_scope():
+                self.bn = L.BatchNormalization(4)
+
+        def forward(self, x):
+            return F.sum(self.l2(F.relu(self.bn(self.l1(x)))))
+
+    S = type('S', (WithBN,), {
+        'forward': static_graph.static_graph(WithBN.forward)})
+    from static_graph import link_state
+    b = S()
+    for trial in range(2):
+        patch, paused, go = _paused_in(link_state, 'untrace_held')
+        with patch, chainer.using_config('train', False):
+            xv = chainer.Variable(data(3, 3))
+            loss = b(xv)                      # records a key of batch 3
+            t = threading.Thread(target=_infer, args=(b, data(4 + trial, 3)))
+            t.start()                         # records another, paused
+            try:
+                assert paused.wait(20)
+                chainer.grad([loss], [xv])
+            finally:
+                go.set()
+                t.join(20)
+    text = static_graph.explain(b)
+    assert 'replaced' not in text, text
+    assert [c.state for c in static_graph.cached(b)] == ['complete'] * 3
+
+
+def test_threads_with_a_key_that_falls_back(fast_switching):
+    """One thread's key falls back (a value read at batch 1) while seven
+    others record and replay theirs: counting that key's define-by-run
+    calls walked the cache's entries without its lock, and other threads'
+    calls moved them ("OrderedDict mutated during iteration", in 21 of 30
+    runs); ``explain()`` likewise."""
+    def body(self, x):
+        h = F.relu(self.l1(x))
+        if len(x) == 1 and float(h.array.sum()) > -1e9:
+            h = h * 1
+        return self.l2(h)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for trial in range(4):
+            a, b = make_twins(body)
+            start = threading.Barrier(8)
+
+            def go(k):
+                x = data(1 if k == 0 else 1 + k % 7, 3)
+                with chainer.no_backprop_mode():
+                    for it in range(150):
+                        if it < 2:
+                            start.wait(20)
+                        b(x)
+                        if k == 7:
+                            static_graph.explain(b)
+
+            run_threads(go, 8)
+
+
 def test_thread_local_config_is_in_the_key(fast_switching):
     """A thread in eval mode and one in train mode share one chain."""
     def body(self, x):

@@ -34,11 +34,8 @@ number used in Python), a reduction to one value, anything whose result's
 shape depends on the values (traced.py), arguments other than arrays and
 plain constants. CuPy's generators are not covered (device_reads.py).
 """
-import os
-
 import numpy
 
-import chainer
 from chainer import function_node
 
 from static_graph import traced
@@ -48,11 +45,7 @@ from static_graph import traced
 # the other noise functions draw inside theirs, which replay runs). (Its
 # initializers and link hooks draw once, for state they keep: not an op of
 # every call.)
-DRAWING_DIRS = (
-    os.path.join(os.path.dirname(chainer.__file__), 'distributions') +
-    os.sep,
-    os.path.join(os.path.dirname(chainer.__file__), 'functions', 'noise',
-                 'gumbel_softmax.py'))
+DRAWING_DIRS = traced.USER_LIKE
 
 _NONE = object()
 # Functions of the global generator that set its state or write into their

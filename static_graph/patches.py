@@ -142,7 +142,7 @@ def _user_caller():
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename == _VARIABLE_FILE:
         f = f.f_back
-    if f is None or traced.internal_file(f.f_code.co_filename):
+    if f is None or not traced.reads_as_user(f.f_code.co_filename):
         return None
     return f
 

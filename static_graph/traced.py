@@ -66,6 +66,29 @@ def active_recording():
 
 
 _internal_files = {}   # file name -> is it in INTERNAL_DIRS?
+# Chainer's code that computes with the values of Variables outside its
+# functions' nodes and builds nodes from them: chainer.distributions
+# (``Categorical.log_prob`` indexes with ``x.data.astype(int32)``,
+# ``Exponential.log_prob`` masks with ``x.array >= 0``, samples draw from
+# ``p.data``), Gumbel-softmax's draw. Its reads of Variables' arrays are
+# looked at as user code's are (``reads_as_user``).
+CHAINER_DIR = os.path.dirname(chainer.__file__)
+USER_LIKE = (os.path.join(CHAINER_DIR, 'distributions') + os.sep,
+             os.path.join(CHAINER_DIR, 'functions', 'noise',
+                          'gumbel_softmax.py'))
+_user_like_files = {}
+
+
+def reads_as_user(name):
+    """Are reads of array values by code of file ``name`` the method's
+    own (user code, or ``USER_LIKE``)? (Remembered per name.)"""
+    user = _user_like_files.get(name)
+    if user is None:
+        if len(_user_like_files) > 4096:
+            _user_like_files.clear()
+        user = _user_like_files[name] = not internal_file(name) or \
+            name.startswith(USER_LIKE)
+    return user
 
 
 def internal_file(name):
@@ -503,9 +526,8 @@ def _zero_d_traced(args):
 
 
 def _from_user(depth):
-    """Is the caller ``depth`` frames up user code?"""
-    return not sys._getframe(depth + 1).f_code.co_filename.startswith(
-        INTERNAL_DIRS)
+    """Is the caller ``depth`` frames up user code (``reads_as_user``)?"""
+    return reads_as_user(sys._getframe(depth + 1).f_code.co_filename)
 
 
 def holds_traced(x):

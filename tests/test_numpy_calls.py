@@ -134,12 +134,42 @@ def gumbel(self, x):
     return self.l2(F.gumbel_softmax(self.l1(x), tau=0.5))
 
 
+def _by_row(v, n):
+    return F.broadcast_to(F.expand_dims(v, 1), (v.shape[0], n))
+
+
+def categorical_log_prob(self, x):
+    """A policy gradient's ``d.log_prob(d.sample())``: the distribution
+    indexes its log-probabilities with ``x.data.astype(int32)``, read in
+    Chainer's code, which replay froze (the recording's actions: 3.4 off,
+    silently) until chainer.distributions' reads were traced as user
+    code's are."""
+    h = self.l1(x)
+    d = D.Categorical(logit=h)
+    return self.l2(h * _by_row(d.log_prob(d.sample()), 4))
+
+
+def greedy_log_prob(self, x):
+    h = self.l1(x)
+    d = D.Categorical(logit=h)
+    return self.l2(h * _by_row(d.log_prob(F.argmax(h * 2, axis=1)), 4))
+
+
+def exponential_log_prob(self, x):
+    """``Exponential.log_prob`` masks with ``x.array >= 0``."""
+    h = self.l1(x)
+    lp = D.Exponential(F.exp(h)).log_prob(h - 0.2)
+    xp = self.xp
+    return self.l2(F.where(xp.isinf(lp.array), xp.zeros_like(lp.array), lp))
+
+
 REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             variable_arithmetic, permutation_index, where_mask,
             concatenated_draw, constructor_copies, discarded_draw,
             numpy_internals, argmax_per_row, top_two_by_methods,
             array_of_rows, masked_sum,
-            gumbel]
+            gumbel, categorical_log_prob, greedy_log_prob,
+            exponential_log_prob]
 
 
 def twins(base, body, optimizer=lambda: chainer.optimizers.SGD(0.01)):

@@ -60,19 +60,26 @@ def _unchain(self):
 def _unchain_backward(self):
     """Chainer's ``unchain_backward`` (the same walk), except that a call
     run as one node is cut last, once the walk has found every output it
-    enters the call through (``entered``)."""
+    enters the call through (``entered``), and that the walk goes on only
+    into the inputs of the call that define-by-run's, entering there,
+    reaches (``_inputs_entered``; again where it enters through more)."""
     if self._has_chainerx_array:
         return _orig_unchain_backward(self)
     cand_funcs = []
     seen_set = set()
     entered = {}
+    went_into = {}    # a call of ours -> the input positions walked into
     walked = weakref.WeakSet()    # (not kept alive: see unchain's count)
 
     def add_cand(cand, via):
         if cand is not None:
             walked.add(via)
             if 'cut' in cand.__dict__:       # a call of ours
-                entered.setdefault(cand, set()).update(_positions(cand, via))
+                at = entered.setdefault(cand, set())
+                new = _positions(cand, via) - at
+                at |= new
+                if new and cand in seen_set:
+                    cand_funcs.append(cand)     # (walked into further)
             if cand not in seen_set:
                 cand_funcs.append(cand)
                 seen_set.add(cand)
@@ -83,7 +90,14 @@ def _unchain_backward(self):
         not rec.depth else None
     while cand_funcs:
         func = cand_funcs.pop()
-        for var in func.inputs:
+        inputs = func.inputs
+        if func in entered:
+            done = went_into.setdefault(func, set())
+            more = [j for j in _inputs_entered(func, entered[func])
+                    if j not in done]
+            done.update(more)
+            inputs = [inputs[j] for j in more]
+        for var in inputs:
             if arguments and var.creator_node is None:
                 _reaches_argument(rec, var)
             add_cand(var.creator_node, var)
@@ -119,6 +133,41 @@ def _reaches_argument(rec, vn):
 
 def _positions(node, vn):
     return set(i for i, ref in enumerate(node.outputs or ()) if ref() is vn)
+
+
+def _inputs_entered(node, positions):
+    """The positions of ``node.inputs`` (a call of ours) that
+    define-by-run's walk, entering the call at its outputs ``positions``,
+    goes on into: those read by the ops it reaches (all where the call's
+    schedule is not known)."""
+    schedule = node.cut_schedule()[2]
+    if schedule is None or len(schedule[2]) != len(node.inputs):
+        return range(len(node.inputs))
+    ops, outputs, inputs = schedule
+    seen = _walk(ops, outputs, positions)[2]
+    return [j for j, b in enumerate(inputs) if b in seen]
+
+
+def _walk(ops, outputs, positions):
+    """Define-by-run's walk back from ``outputs`` at ``positions`` through
+    ``ops``: (op index by buffer made, the ops reached, every buffer
+    reached)."""
+    made_by = {}
+    for k, op in enumerate(ops):
+        for b in op.outputs:
+            made_by[b] = k
+    reached, seen = set(), set()
+    todo = [outputs[i] for i in positions if i < len(outputs)]
+    while todo:
+        b = todo.pop()
+        if b in seen:
+            continue
+        seen.add(b)
+        k = made_by.get(b)
+        if k is not None and k not in reached:
+            reached.add(k)
+            todo.extend(ops[k].inputs)
+    return made_by, reached, seen
 
 
 chainer.Variable.unchain = _unchain
@@ -179,26 +228,11 @@ def uncut_outputs(ops, outputs, entered, needs, cut=()):
     (``needs``: a parameter, an argument that needs one), in two lists:
     where a later backward through define-by-run's functions would carry
     that gradient on, and where it would stop at inputs whose functions
-    the walk cut (``cut``: inputs that had a creator, read by an op the
-    walk reached), which then are leaves. (A leaf's gradient is kept on
-    its Variable, where one lives: ``h.grad``; not told apart.)"""
-    made_by = {}
-    for k, op in enumerate(ops):
-        for b in op.outputs:
-            made_by[b] = k
-    reached, seen = set(), set()
-    todo = [outputs[i] for i in entered if i < len(outputs)]
-    while todo:
-        b = todo.pop()
-        if b in seen:
-            continue
-        seen.add(b)
-        k = made_by.get(b)
-        if k is not None and k not in reached:
-            reached.add(k)
-            todo.extend(ops[k].inputs)
-    # (Inputs define-by-run's walk cut: read by an op it reached.)
-    stops = set(cut) & set(x for k in reached for x in ops[k].inputs)
+    the walk cut (``cut``: inputs whose creator the walk cut), which then
+    are leaves. (A leaf's gradient is kept on its Variable, where one
+    lives: ``h.grad``; not told apart.)"""
+    made_by, reached, _ = _walk(ops, outputs, entered)
+    stops = set(cut)
     severed, dropped = [], []
     for i, b in enumerate(outputs):
         k = made_by.get(b)

@@ -126,9 +126,11 @@ class Entry(object):
         # until they die, and their backward writes into none of them.
         self.repeat_backward = False
         self.recording_saved = None
-        # The recording call's values of the static buffers, put aside by
-        # a replay of another thread that ran before that call's node was
-        # bound to the entry (nodes.RecordNode.bind).
+        # While the recording call's backward builds the entry and until
+        # it binds the call to it (nodes.RecordNode.backward): the
+        # recording's values of the static buffers, put aside by a replay
+        # of another thread that runs meanwhile.
+        self.bind_pending = False
         self.unbound_snapshot = None
         self.uninit_params = ()      # build.py
         self.empty_outputs = ()

@@ -158,9 +158,10 @@ class _Replayed(object):
     aside while a later call used them; ``done`` once no backward can come
     any more."""
 
-    def unchain(self):
-        """A cut through this call (cuts.py): Chainer's, or an error while
-        a backward may still come through it."""
+    def cut_schedule(self):
+        """For cuts.py: whether a backward may still come through this
+        call, the method's name, and the call's forward ops with its output
+        and input buffer ids (None where not known)."""
         entry = self.entry
         schedule = None
         if entry is not None:
@@ -179,6 +180,12 @@ class _Replayed(object):
                 name = again.name
                 schedule = again.rec.forward_ops, again.out_bids, list(
                     again.leaf_bids) + [b for b, _, _ in again.params]
+        return may, name, schedule
+
+    def unchain(self):
+        """A cut through this call (cuts.py): Chainer's, or an error while
+        a backward may still come through it."""
+        may, name, schedule = self.cut_schedule()
         cuts.unchain(self, may, name, function_node.FunctionNode.unchain,
                      schedule)
 
@@ -400,8 +407,7 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
                 owner = entry.owner()
                 if owner is not None and not owner.done:
                     owner.snapshot = _snapshot(entry)
-            elif entry.recording_saved is not None and \
-                    entry.unbound_snapshot is None:
+            elif entry.bind_pending and entry.unbound_snapshot is None:
                 # (The recording call, whose backward built the entry in
                 # another thread, is not bound to it yet: its values.)
                 entry.unbound_snapshot = (
@@ -489,6 +495,7 @@ class RecordNode(_Replayed, function_node.FunctionNode):
             self.saved, entry.recording_saved = entry.recording_saved, None
             self.bound_replays = entry.replays
             unbound, entry.unbound_snapshot = entry.unbound_snapshot, None
+            entry.bind_pending = False
             if unbound is None:
                 if entry.node_values:
                     self.node_values = _node_values(entry)
@@ -557,12 +564,15 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         # lives, as define-by-run's would.
         capture.keep_graph = sum(
             ref() is not None for ref in self.outputs or ()) > 1
+        built = self.built
+        built.bind_pending = True       # (until self.bind)
         try:
             grads = capture.backward(grad_outputs)
         except BaseException:
             # (A node's backward raised, or KeyboardInterrupt: this
             # recording builds nothing. A backward again, loss.backward()
             # retried, runs the inner graph's, unrecorded.)
+            _no_bind(built)
             capture.failed = True
             self.built = None
             self.again = capture
@@ -579,5 +589,12 @@ class RecordNode(_Replayed, function_node.FunctionNode):
                 from static_graph import build
                 weakref.finalize(self, build.release_nodes, capture.rec)
         else:
+            _no_bind(e)
             self.again = capture
         return tuple(grads[i] for i in indexes)
+
+
+def _no_bind(entry):
+    with entry.lock:
+        entry.bind_pending = False
+        entry.unbound_snapshot = None

@@ -436,19 +436,81 @@ def test_outputs_a_cut_leaves_classified():
     the walk cut (an input read by an op the walk reached)."""
     from types import SimpleNamespace as Op
     from static_graph import cuts
-    # inputs: 1 (state, had a creator), 2 (a parameter), 3 (state read
-    # only outside the reached ops); op 0 reached, ops 1-3 not
+    # inputs: 1 (state, read by the reached op: its creator cut), 2 (a
+    # parameter), 3 (state read only outside the reached ops); op 0
+    # reached, ops 1-3 not
     ops = [Op(inputs=[1, 2], outputs=[10]),     # h = f(c_prev, W)
            Op(inputs=[1, 10], outputs=[11]),    # c = mix(c_prev, h)
            Op(inputs=[2, 10], outputs=[12]),    # m = g(W, h)
            Op(inputs=[3], outputs=[13])]        # n = k(n_prev)
     outputs = [10, 11, 12, 13]
-    severed, dropped = cuts.uncut_outputs(ops, outputs, {0}, {1, 2, 3},
-                                          cut={1, 3})
-    assert (severed, dropped) == ([2, 3], [1])
+    assert cuts.uncut_outputs(ops, outputs, {0}, {1, 2, 3}, cut={1}) == \
+        ([2, 3], [1])
+    # n_prev's creator cut too (the walk reached it another way).
+    assert cuts.uncut_outputs(ops, outputs, {0}, {1, 2, 3}, cut={1, 3}) \
+        == ([2], [1, 3])
     # Without the walk's cuts known, every such output raises (as before).
     assert cuts.uncut_outputs(ops, outputs, {0}, {1, 2, 3}) == \
         ([1, 2, 3], [])
+
+
+class _TwoStates(chainer.Chain):
+    """h goes on through the calls; c too, on a path of its own (l3), and
+    ``y`` is computed from c alone."""
+
+    def __init__(self, use):
+        super(_TwoStates, self).__init__()
+        self.use = use
+        with self.init_scope():
+            self.l1 = L.Linear(3, 4)
+            self.l2 = L.Linear(4, 4, nobias=True)
+            self.l3 = L.Linear(4, 4)
+
+    def forward(self, x, h, c):
+        h2 = F.tanh(self.l1(x) + self.l2(h))
+        c2 = F.tanh(self.l3(c))
+        return h2, c2, (c2 * c if self.use == 'c' else c2 * 2.0)
+
+
+@pytest.mark.parametrize('use', ['c', 'scaled'])
+def test_a_cut_from_h_leaves_the_other_state_path(use):
+    """``F.sum(h).backward(); h.unchain_backward()``, then a loss of an
+    earlier call's ``y``, computed from c alone: define-by-run's walk from
+    h never reaches c's functions, and the second backward gives l3 its
+    gradient. The walk through the calls, run as one node each, went on
+    into every input, c too, so the earlier calls counted c's ops as cut:
+    l3 got nothing, silently (a first version of the dropped outputs; and
+    with ``y = c2 * 2`` before it). Now the walk goes only where
+    define-by-run's would, and such a backward is the error of a cut
+    between two backward passes."""
+    S = type('S', (_TwoStates,), {
+        'forward': static_graph.static_graph(_TwoStates.forward)})
+    rs = numpy.random.RandomState(1)
+    models = []
+    for cls in (_TwoStates, S):
+        numpy.random.seed(0)
+        models.append(cls(use))
+    for window in range(3):
+        c0 = rs.randn(2, 4).astype('f')
+        xs = rs.randn(3, 2, 3).astype('f')
+        for m in models:
+            cls = type(m)
+            h = chainer.Variable(numpy.zeros((2, 4), 'f'))
+            c = chainer.Variable(c0.copy())
+            ys = []
+            for x in xs:
+                h, c, y = m(x, h, c)
+                ys.append(y)
+            F.sum(h).backward()
+            h.unchain_backward()
+            m.cleargrads()
+            if cls is S:
+                with pytest.raises(RuntimeError, match='after a cut'):
+                    F.sum(ys[1]).backward()
+            else:
+                F.sum(ys[1]).backward()
+                assert m.l3.W.grad is not None
+    assert ' 6 replays' in static_graph.explain(models[1])
 
 
 def test_a_list_of_variables_is_no_costly_key():

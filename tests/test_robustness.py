@@ -1407,6 +1407,21 @@ def test_a_replay_before_the_recording_call_is_bound(fast_switching):
     assert numpy.array_equal(grads['rec again'], expected['rec'])
 
 
+def test_entries_no_recording_call_binds_keep_no_snapshot():
+    """A replay puts the recording's values aside only while a recording
+    call's backward is about to bind it: a first version did so at the
+    first replay of every entry without a backward (no_backprop_mode) and
+    kept them for good."""
+    a, b = make_twins(mlp)
+    x = data(5, 3)
+    with chainer.no_backprop_mode():
+        for _ in range(3):
+            b(x)
+    e, = [c.entry for c in static_graph.cached(b)]
+    assert cache(b).replays == 2
+    assert e.unbound_snapshot is None and not e.bind_pending
+
+
 def _infer(m, x):
     with chainer.using_config('train', False), chainer.no_backprop_mode():
         m(x)

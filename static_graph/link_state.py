@@ -177,6 +177,18 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
                 for d, before, _ in helpers for k, v in list(d.items())
                 if before.get(k, arrayutil.MISSING) is not v and (
                     isinstance(v, chainer.Variable) or arrayutil.is_array(v))]
+    for d, before, name in helpers:
+        for k, v in list(d.items()):
+            if isinstance(v, _CONTAINERS) and _holds_made(rec, v, 3):
+                # (Chainer's cached properties: a distribution kept on the
+                # chain, ``self.prior.scale``.)
+                rec.add_reason(
+                    'it leaves a Variable it made, which takes a gradient, '
+                    'in a %s at %s.%s (a cache filled by the first call: '
+                    "a distribution's cached property); a later call "
+                    "reads it and backpropagates into this call's graph "
+                    'in define-by-run, where replay would compute it '
+                    'again' % (type(v).__name__, name, k))
     # Before the writes below add buffers (``self.a, self.b = self.b,
     # self.a`` reads neither).
     for d, k, v, old in changed:
@@ -207,6 +219,26 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
                            'replay would not repeat'
                            % (k, type(v).__name__))
     return writes
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _holds_made(rec, v, depth):
+    """Does container ``v`` hold (``depth`` levels deep, 256 items at
+    most) a Variable this recording made that takes a gradient?"""
+    items = v.values() if isinstance(v, dict) else v
+    for n, x in enumerate(items):
+        if n >= 256:
+            return False
+        if isinstance(x, chainer.Variable):
+            if x.requires_grad and x.creator_node is not None and \
+                    rec.is_recorded(x.raw_array):
+                return True
+        elif depth > 1 and isinstance(x, _CONTAINERS) and \
+                _holds_made(rec, x, depth - 1):
+            return True
+    return False
 
 
 def detach_link_variables(chain, rec, slots=()):

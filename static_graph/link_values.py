@@ -75,6 +75,12 @@ def structural(v):
         arrayutil.is_array(v)
 
 
+# Chainer's classes whose objects a link may hold and the call runs the code
+# of: link hooks; distributions (a learnable prior kept on the chain, whose
+# cached properties the first call fills: ``Normal.scale``).
+_CHAINER_HELPERS = (chainer.LinkHook, chainer.Distribution)
+
+
 def helper_fields(v):
     """The attribute dict of helper object ``v`` (see the module), or None.
     Read without running the object's own code (``__getattr__``)."""
@@ -85,7 +91,7 @@ def helper_fields(v):
     cls = type(v)
     if isinstance(v, (type, _ModuleType, chainer.Variable)) or \
             arrayutil.is_link(v) or not (
-                reach.user_class(cls) or isinstance(v, chainer.LinkHook)):
+                reach.user_class(cls) or isinstance(v, _CHAINER_HELPERS)):
         return None
     try:
         d = object.__getattribute__(v, '__dict__')

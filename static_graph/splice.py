@@ -88,7 +88,8 @@ def outside_graph(rec, own):
         for vn in op.node.inputs or ():
             creator = vn.creator_node
             if creator is not None:
-                if id(creator) not in recorded:
+                # (One that takes no gradient has none to lose.)
+                if id(creator) not in recorded and vn.requires_grad:
                     return ('the op at %s (%s) reads a Variable made '
                             'outside the call (by %s) that is no argument; '
                             'replay would not backpropagate into its graph '

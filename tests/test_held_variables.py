@@ -3,6 +3,8 @@ chain's Parameters: a Variable attribute whose array the loop replaces,
 one that is learned without being a Parameter, and the Parameters of a
 link kept outside ``init_scope``. Each twin pair trains alike, bit for
 bit."""
+import warnings
+
 import numpy
 import pytest
 
@@ -120,3 +122,70 @@ def test_learned_without_being_the_chains_parameter(kind):
         static_graph.explain(ours)
     assert '0 define-by-run calls after a fallback' in \
         static_graph.explain(ours)
+
+
+class _WithPrior(chainer.Chain):
+    """A VAE's prior kept on the chain as a distribution, learnable (from
+    Parameters) or fixed (from arrays): its cached properties
+    (``Normal.scale``, ``variance``) are filled by the first call and read
+    by every later one."""
+
+    def __init__(self, learnable):
+        super(_WithPrior, self).__init__()
+        with self.init_scope():
+            self.l = chainer.links.Linear(3, 8)
+            if learnable:
+                self.mu = chainer.Parameter(numpy.zeros((6, 4), 'f'))
+                self.log_s = chainer.Parameter(numpy.zeros((6, 4), 'f'))
+        if learnable:
+            self.prior = chainer.distributions.Normal(
+                self.mu, log_scale=self.log_s)
+        else:
+            self.prior = chainer.distributions.Normal(
+                numpy.zeros((6, 4), 'f'),
+                log_scale=numpy.full((6, 4), 0.5, 'f'))
+
+    def forward(self, x):
+        h = self.l(x)
+        q = chainer.distributions.Normal(h[:, :4], log_scale=h[:, 4:])
+        return F.sum(chainer.kl_divergence(q, self.prior))
+
+
+@pytest.mark.parametrize('learnable', [True, False])
+def test_a_distribution_kept_on_the_chain(learnable):
+    """Chainer caches ``scale = exp(log_scale)`` on the prior at the first
+    call; later calls read that Variable, whose graph leads into the
+    first call and to ``log_s``. Replay computed it again from the current
+    ``log_s`` (loss 20.04 for 20.45, silently). A learnable prior now
+    falls back at its first call, its reason naming the cache; a fixed
+    one, whose cache holds constants, replays."""
+    S = type('S', (_WithPrior,), {
+        'forward': static(_WithPrior.forward)})
+    models = []
+    for cls in (_WithPrior, S):
+        numpy.random.seed(0)
+        m = cls(learnable)
+        models.append((m, chainer.optimizers.SGD(0.001).setup(m)))
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for step in range(5):
+            x = rs.randn(6, 3).astype('f')
+            seen = []
+            for m, opt in models:
+                m.cleargrads()
+                loss = m(x)
+                loss.backward()
+                opt.update()
+                seen.append([loss.array] + [p.array.copy()
+                                            for p in m.params()])
+            for a, b in zip(*seen):
+                assert numpy.array_equal(a, b), step
+    text = static_graph.explain(models[1][0])
+    w = [str(x.message) for x in w
+         if issubclass(x.category, static_graph.StaticGraphWarning)]
+    if learnable:
+        assert len(w) == 1 and 'a cache filled by the first call' in w[0]
+        assert ' 4 define-by-run calls' in text
+    else:
+        assert not w and ' 0 replays' not in text, text

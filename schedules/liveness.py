@@ -77,6 +77,29 @@ def of(schedule):
     return Liveness(schedule)
 
 
+def ancestors(ops, bids):
+    """Walk back from buffers ``bids`` through ``ops``: (op index by the
+    buffer it makes, the indexes of the ops reached, every buffer
+    reached). What an export keeps (the ops its outputs need); the ops a
+    graph cut reaches inside a call (static_graph/cuts.py)."""
+    made_by = {}
+    for k, op in enumerate(ops):
+        for b in op.outputs:
+            made_by[b] = k
+    reached, seen = set(), set()
+    todo = list(bids)
+    while todo:
+        b = todo.pop()
+        if b in seen:
+            continue
+        seen.add(b)
+        k = made_by.get(b)
+        if k is not None and k not in reached:
+            reached.add(k)
+            todo.extend(ops[k].inputs)
+    return made_by, reached, seen
+
+
 def _root(bufs, b):
     """The buffer whose memory ``b`` is (following ``Buffer.view_of``)."""
     r, seen = b, set()

@@ -40,6 +40,8 @@ import numpy
 import chainer
 from chainer import function_node
 
+from schedules import liveness
+
 from static_graph import signature
 from static_graph import traced
 
@@ -152,22 +154,8 @@ def _walk(ops, outputs, positions):
     """Define-by-run's walk back from ``outputs`` at ``positions`` through
     ``ops``: (op index by buffer made, the ops reached, every buffer
     reached)."""
-    made_by = {}
-    for k, op in enumerate(ops):
-        for b in op.outputs:
-            made_by[b] = k
-    reached, seen = set(), set()
-    todo = [outputs[i] for i in positions if i < len(outputs)]
-    while todo:
-        b = todo.pop()
-        if b in seen:
-            continue
-        seen.add(b)
-        k = made_by.get(b)
-        if k is not None and k not in reached:
-            reached.add(k)
-            todo.extend(ops[k].inputs)
-    return made_by, reached, seen
+    return liveness.ancestors(
+        ops, [outputs[i] for i in positions if i < len(outputs)])
 
 
 chainer.Variable.unchain = _unchain

@@ -1282,6 +1282,16 @@ def test_threads_recording_the_same_key_at_once(fast_switching):
         assert states == ['complete'], states
 
 
+class WithBN(Base):
+    def __init__(self):
+        super(WithBN, self).__init__()
+        with self.init_scope():
+            self.bn = L.BatchNormalization(4)
+
+    def forward(self, x):
+        return self.l2(F.relu(self.bn(self.l1(x))))
+
+
 def test_threads_recording_keys_of_one_chain_with_persistents(
         fast_switching):
     """Inference on one model with BatchNormalization from four threads,
@@ -1290,15 +1300,6 @@ def test_threads_recording_keys_of_one_chain_with_persistents(
     recording took them for arrays computed with NumPy: keys fell back for
     good (in 6 runs of 6, most never replayed again). A call made while
     another thread records the chain now runs define-by-run."""
-    class WithBN(Base):
-        def __init__(self):
-            super(WithBN, self).__init__()
-            with self.init_scope():
-                self.bn = L.BatchNormalization(4)
-
-        def forward(self, x):
-            return self.l2(F.relu(self.bn(self.l1(x))))
-
     S = type('S', (WithBN,), {
         'forward': static_graph.static_graph(WithBN.forward)})
     for trial in range(3):
@@ -1434,15 +1435,6 @@ def test_another_threads_recording_replaces_no_array(fast_switching):
     the user replaced: its entry was let go, and at the second time the
     key fell back for good ("a parameter or persistent array is
     replaced")."""
-    class WithBN(Base):
-        def __init__(self):
-            super(WithBN, self).__init__()
-            with self.init_scope():
-                self.bn = L.BatchNormalization(4)
-
-        def forward(self, x):
-            return F.sum(self.l2(F.relu(self.bn(self.l1(x)))))
-
     S = type('S', (WithBN,), {
         'forward': static_graph.static_graph(WithBN.forward)})
     from static_graph import link_state
@@ -1451,7 +1443,7 @@ def test_another_threads_recording_replaces_no_array(fast_switching):
         patch, paused, go = _paused_in(link_state, 'untrace_held')
         with patch, chainer.using_config('train', False):
             xv = chainer.Variable(data(3, 3))
-            loss = b(xv)                      # records a key of batch 3
+            loss = F.sum(b(xv))               # records a key of batch 3
             t = threading.Thread(target=_infer, args=(b, data(4 + trial, 3)))
             t.start()                         # records another, paused
             try:

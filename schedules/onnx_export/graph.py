@@ -4,6 +4,7 @@ the live ops of a schedule with the converters of ``CONVERTERS``."""
 import numpy
 
 from schedules import ir
+from schedules import liveness
 from schedules.onnx_export.common import (
     CONVERTERS, INT64_MIN, UnsupportedOpError, _address, _arrays_in,
     _as_slices, _onnx_dtype, _root, _to_numpy, sanitize_name)
@@ -480,22 +481,7 @@ class _Context(object):
         self.used_names.update(output_names)
 
         # Live ops only.
-        producer = {}
-        for i, op in enumerate(sched.ops):
-            for b in op.outputs:
-                producer[b] = i
-        live = set()
-        needed = list(sched.outputs)
-        seen = set()
-        while needed:
-            b = needed.pop()
-            if b in seen:
-                continue
-            seen.add(b)
-            i = producer.get(b)
-            if i is not None and i not in live:
-                live.add(i)
-                needed.extend(sched.ops[i].inputs)
+        producer, live, _ = liveness.ancestors(sched.ops, sched.outputs)
 
         # Name op results that are graph outputs after the output.
         renamed = set()

@@ -3,7 +3,13 @@ recorded (``freeze``), and whether it still holds it (``holds``): by
 value element by element, by identity for what is no scalar, with the
 kinds ``==`` does not see (2.0 for 2, -0.0 for 0.0). Used by the watch of
 link_values.py."""
+import array
+import collections
+import functools
+import itertools
 import math
+import types
+import weakref
 
 import numpy
 
@@ -11,7 +17,18 @@ import chainer
 
 SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
            numpy.dtype)
-_CONTAINERS = (tuple, list, dict, set, frozenset)
+# Python's other containers: their items by value, as a tuple's, a list's
+# or a dict's (a deque a loop appends to or the call pops from, an
+# array.array, a ChainMap of settings); a memoryview by its bytes; a
+# functools.partial by its function, arguments and keywords (changed in
+# place: ``p.keywords['slope'] = 0.3``).
+_MAPPINGS = (dict, collections.UserDict, collections.ChainMap,
+             types.MappingProxyType, weakref.WeakValueDictionary,
+             weakref.WeakKeyDictionary)
+_SEQUENCES = (tuple, list, collections.deque, collections.UserList,
+              array.array, bytearray)
+_CONTAINERS = _MAPPINGS + _SEQUENCES + (set, frozenset, memoryview,
+                                        functools.partial)
 MAX_ITEMS = 64
 
 _TOO_BIG = object()
@@ -66,14 +83,30 @@ def _freeze(v, budget):
     if not isinstance(v, _CONTAINERS):
         if variable_array(v) is not None:
             return _SameVariable(v)
+        if type(v) is itertools.count:      # (its next value: its text)
+            return (itertools.count, repr(v))
         return _Same(v)
-    budget[0] -= len(v)
+    t = type(v)
+    if t is functools.partial or isinstance(v, functools.partial):
+        budget[0] -= 1
+        return (t, _Same(v.func), _freeze(v.args, budget),
+                _freeze(v.keywords, budget))
+    if isinstance(v, memoryview):
+        budget[0] -= max(v.nbytes // 64, 1)
+        if budget[0] < 0 or v.obj is None:
+            return _TOO_BIG
+        return (t, _Same(v.obj), v.tobytes())
+    try:
+        budget[0] -= len(v)
+    except TypeError:
+        return _TOO_BIG
     if budget[0] < 0:
         return _TOO_BIG
-    t = type(v)
-    if isinstance(v, dict):    # OrderedDict, defaultdict too
+    if isinstance(v, _MAPPINGS):    # OrderedDict, defaultdict too
         items = tuple((_freeze(k, budget), _freeze(x, budget))
-                      for k, x in v.items())
+                      for k, x in list(v.items()))
+        if isinstance(v, collections.ChainMap):
+            items = (items, tuple(_Same(m) for m in v.maps))
     elif isinstance(v, (set, frozenset)):
         items = frozenset(_freeze(x, budget) for x in v)
     else:
@@ -81,6 +114,10 @@ def _freeze(v, budget):
         if t is tuple and budget[0] >= 0 and \
                 all(x is y for x, y in zip(items, v)):
             return v      # immutable all the way down
+        if t is collections.deque:
+            items = (v.maxlen, items)
+        elif t is array.array:
+            items = (v.typecode, items)
     return _TOO_BIG if budget[0] < 0 else (t, items)
 
 

@@ -30,6 +30,9 @@ forward: reach.py) are watched like its own, and those functions' default
 argument values.
 """
 import argparse
+import itertools
+import queue
+import threading
 import types
 import weakref
 
@@ -75,10 +78,19 @@ def structural(v):
         arrayutil.is_array(v)
 
 
-# Chainer's classes whose objects a link may hold and the call runs the code
-# of: link hooks; distributions (a learnable prior kept on the chain, whose
-# cached properties the first call fills: ``Normal.scale``).
-_CHAINER_HELPERS = (chainer.LinkHook, chainer.Distribution)
+# Classes of Chainer and of Python's own library whose objects a link may
+# hold, and whose state the call may read or change: link and function
+# hooks (they run inside the call; a TimerHook's history), distributions
+# (a learnable prior kept on the chain, whose cached properties the first
+# call fills: ``Normal.scale``), an optimizer or its hyperparameters (a
+# penalty warmed up by ``self.opt.t``, ``hp.lr``), an iterator
+# (``epoch_detail``), an initializer called in the call, an event or a
+# queue.
+_CHAINER_HELPERS = (chainer.LinkHook, chainer.FunctionHook,
+                    chainer.Distribution, chainer.Optimizer,
+                    chainer.optimizer.Hyperparameter,
+                    chainer.dataset.Iterator, chainer.Initializer,
+                    threading.Event, queue.Queue)
 
 
 def helper_fields(v):
@@ -426,6 +438,7 @@ class Watch(object):
             self.pairs.append((alive, 'refers to the same object'))
             self.values.append(alive.get(None))
         frozen = freeze(v) if isinstance(v, _CONTAINERS) or \
+            type(v) is itertools.count or \
             variable_array(v) is not None else None
         if frozen is None:
             self.objects.append((d, k, v))

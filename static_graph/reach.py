@@ -90,12 +90,17 @@ def _library_file(filename):
         'site-packages' not in filename and 'dist-packages' not in filename
 
 
+_LRU_WRAPPER = type(functools.lru_cache()(lambda: None))
+
+
 def _user_function(v):
     """``v`` as a plain Python function of user code (not Chainer's,
     NumPy's, CuPy's, Python's own library's or this package's: a static
     method's or class method's too), or None."""
     if isinstance(v, (staticmethod, classmethod)):
         v = v.__func__
+    if type(v) is _LRU_WRAPPER:      # (functools.lru_cache, cache)
+        v = getattr(v, '__wrapped__', None)
     if type(v) is not types.FunctionType or \
             _library_file(v.__code__.co_filename):
         return None

@@ -1,0 +1,179 @@
+"""Objects a link holds that the method reads or changes, other than
+scalars, lists, dicts and the user's own classes: Python's other
+containers, a partial, an itertools counter, and Chainer's and Python's
+stateful objects. Each changes between calls or by the call; each twin
+pair trains alike, bit for bit, and the keys replay where nothing
+changed. (Found by a hunt: all replayed what the recording read,
+silently.)"""
+import array
+import collections
+import functools
+import itertools
+import queue
+import threading
+import warnings
+
+import numpy
+import pytest
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+import static_graph
+
+
+class Base(chainer.Chain):
+    def __init__(self):
+        super(Base, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(5, 6)
+            self.l2 = L.Linear(6, 3)
+
+    def head(self, h, t, scale):
+        return F.softmax_cross_entropy(self.l2(h), t) + scale * F.mean(h * h)
+
+
+SCALE = [1.0]
+
+
+@functools.lru_cache(maxsize=None)
+def _scale():
+    return SCALE[0]
+
+
+def _set(name, value):
+    def before(m, i):
+        setattr(m, name, value(m, i))
+    return before
+
+
+# name: (state made in __init__, read in forward, change before step i)
+CASES = {
+    'deque appended to': (
+        lambda m: collections.deque([1.0]),
+        lambda m: m.s[-1],
+        lambda m, i: m.s.append(1.0 + i)),
+    'deque popped by the call': (
+        lambda m: collections.deque(float(k) for k in range(20)),
+        lambda m: m.s.popleft(),
+        None),
+    'array.array': (
+        lambda m: array.array('f', [1.0]),
+        lambda m: m.s[0],
+        lambda m, i: m.s.__setitem__(0, 1.0 + i)),
+    'bytearray': (
+        lambda m: bytearray(b'\x01'),
+        lambda m: float(m.s[0]),
+        lambda m, i: m.s.__setitem__(0, i + 1)),
+    'ChainMap': (
+        lambda m: collections.ChainMap({}, {'k': 1.0}),
+        lambda m: m.s['k'],
+        lambda m, i: m.s.maps[1].__setitem__('k', 1.0 + i)),
+    'UserDict': (
+        lambda m: collections.UserDict(k=1.0),
+        lambda m: m.s['k'],
+        lambda m, i: m.s.__setitem__('k', 1.0 + i)),
+    'partial keywords': (
+        lambda m: functools.partial(max, default=1.0),
+        lambda m: m.s([]),
+        lambda m, i: m.s.keywords.__setitem__('default', 1.0 + i)),
+    'itertools.count': (
+        lambda m: itertools.count(1),
+        lambda m: float(next(m.s)),
+        None),
+    'queue.Queue': (
+        lambda m: _queue(20),
+        lambda m: m.s.get(),
+        None),
+    'threading.Event': (
+        lambda m: threading.Event(),
+        lambda m: 2.0 if m.s.is_set() else 1.0,
+        lambda m, i: m.s.set() if i == 2 else None),
+    'optimizer.t': (
+        lambda m: chainer.optimizers.SGD(0.1),
+        lambda m: min(1.0, m.s.t / 4.0),
+        lambda m, i: setattr(m.s, 't', i)),
+    'Hyperparameter': (
+        lambda m: _hyperparameter(),
+        lambda m: m.s.lr,
+        lambda m, i: setattr(m.s, 'lr', 0.5 ** i)),
+    'lru_cache': (
+        lambda m: None,
+        lambda m: _scale(),
+        lambda m, i: (SCALE.__setitem__(0, 1.0 + i), _scale.cache_clear())),
+}
+
+
+def _queue(n):
+    q = queue.Queue()
+    for k in range(n):
+        q.put(float(k))
+    return q
+
+
+def _hyperparameter():
+    hp = chainer.optimizer.Hyperparameter()
+    hp.lr = 1.0
+    return hp
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_state_held_on_the_chain(case):
+    make, read, change = CASES[case]
+
+    def forward(self, x, t):
+        return self.head(F.relu(self.l1(x)), t, read(self))
+
+    plain = type('Plain', (Base,), {'forward': forward})
+    static = type('Static', (Base,), {
+        'forward': static_graph.static_graph(forward)})
+    models = []
+    for cls in (plain, static):
+        numpy.random.seed(0)
+        m = cls()
+        m.s = make(m)
+        models.append(m)
+    SCALE[0] = 1.0
+    _scale.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(6):
+            r = numpy.random.RandomState(i)
+            x = r.randn(4, 5).astype('f')
+            t = r.randint(0, 3, 4).astype('i')
+            if change is not None:
+                change(models[0], i)
+            seen = []
+            for m in models:
+                if change is not None and m is not models[0]:
+                    if case == 'lru_cache':
+                        _scale.cache_clear()
+                    else:
+                        change(m, i)
+                m.cleargrads()
+                loss = m(x, t)
+                loss.backward()
+                seen.append((loss.array, m.l1.W.grad.copy()))
+            for a, b in zip(*seen):
+                assert numpy.array_equal(a, b), (case, i)
+
+
+def test_a_deque_nothing_changes_replays():
+    """Watched by value, a deque that stays as it is replays."""
+    class Net(Base):
+        def __init__(self):
+            super(Net, self).__init__()
+            self.s = collections.deque([0.5, 2.0], maxlen=4)
+
+        @static_graph.static_graph
+        def forward(self, x, t):
+            return self.head(F.relu(self.l1(x)), t, self.s[-1])
+
+    m = Net()
+    x = numpy.ones((4, 5), 'f')
+    t = numpy.zeros(4, 'i')
+    for _ in range(4):
+        m.cleargrads()
+        m(x, t).backward()
+    assert ' 3 replays' in static_graph.explain(m)

@@ -262,13 +262,21 @@ def static_graph(method=None, **options):
         cap.entry.stale = stale
         cap.base = base, config
         try:
-            return _record(cap, method, self, args, kwargs, leaves, paths)
+            out = _record(cap, method, self, args, kwargs, leaves, paths)
         except BaseException:
             if counted:
                 # (A call that raised, InvalidType say, is no new key the
                 # method recorded: not one that did not repeat.)
                 cache.new_keys -= 1
             raise
+        if out is _ELSEWHERE:
+            # (Define-by-run while another thread records a chain holding
+            # one of its links: no new key recorded either.)
+            if counted:
+                cache.new_keys -= 1
+            cache.fallback_calls += 1
+            return method(self, *args, **kwargs)
+        return out
 
     wrapper.__static_graph__ = True
     return wrapper
@@ -328,9 +336,13 @@ def _records_elsewhere(chain):
     return owner is not None and owner != threading.get_ident()
 
 
+_ELSEWHERE = object()
+
+
 def _record(cap, method, chain, args, kwargs, leaves, paths):
-    """``cap.forward``, unless another thread records ``chain`` now (one
-    model called from several threads): this call then runs
+    """``cap.forward``, unless another thread records a chain holding one
+    of ``chain``'s links now (one model called from several threads, a
+    child link shared): then ``_ELSEWHERE``, and the call runs
     define-by-run."""
     me = threading.get_ident()
     mine = []
@@ -338,7 +350,7 @@ def _record(cap, method, chain, args, kwargs, leaves, paths):
         for link in chain.links():
             owner = _recording.setdefault(id(link), me)
             if owner != me:
-                return method(chain, *args, **kwargs)
+                return _ELSEWHERE
             mine.append(id(link))
         return cap.forward(args, kwargs, leaves, paths)
     finally:

@@ -1488,6 +1488,59 @@ def test_threads_with_a_key_that_falls_back(fast_switching):
             run_threads(go, 8)
 
 
+def test_calls_while_another_thread_records_a_child_are_no_new_keys(
+        fast_switching):
+    """Calls of a parent run define-by-run while another thread records
+    its decorated child: each was counted as a new key recorded, and after
+    four the parent warned that its keys do not repeat, and new keys ran
+    define-by-run until called three times."""
+    class Child(chainer.Chain):
+        def __init__(self):
+            super(Child, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(5, 8)
+
+        @static_graph.static_graph
+        def forward(self, x):
+            return self.l(x)
+
+    class Parent(chainer.Chain):
+        def __init__(self, c):
+            super(Parent, self).__init__()
+            with self.init_scope():
+                self.c = c
+                self.o = L.Linear(8, 2)
+
+        @static_graph.static_graph
+        def forward(self, x):
+            return F.sum(self.o(F.relu(self.c.l(x))))
+
+    from static_graph import capture
+    c = Child()
+    p = Parent(c)
+    xs = [data(n, 5) for n in range(1, 9)]
+    patch, paused, go = _paused_in(capture.Capture, 'forward',
+                                   capture.Capture)
+    with patch, warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        t = threading.Thread(target=c, args=(xs[0],))
+        t.start()
+        try:
+            assert paused.wait(20)
+            for x in xs[1:6]:       # five new keys, while the child records
+                p.cleargrads()
+                p(x).backward()
+        finally:
+            go.set()
+            t.join(20)
+        for x in xs[6:8]:
+            for _ in range(2):
+                p.cleargrads()
+                p(x).backward()
+    assert not [x for x in w if 'do not repeat' in str(x.message)]
+    assert ' 2 recordings, 2 replays' in static_graph.explain(p)
+
+
 def test_thread_local_config_is_in_the_key(fast_switching):
     """A thread in eval mode and one in train mode share one chain."""
     def body(self, x):

@@ -203,9 +203,21 @@ def unchain(node, may_backward, method_name, default, schedule=None):
             vn = node.outputs[i]() if i < len(node.outputs) else None
             if vn is not None:
                 keep.append((vn, i in severed))
+        # An argument the call returns as it is: define-by-run's output is
+        # the argument's Variable, whose graph the walk did not enter
+        # there.
+        made = set(b for op in ops for b in op.outputs)
+        for i, b in enumerate(outputs):
+            vn = node.outputs[i]() if i < len(node.outputs) else None
+            if i not in entered and b not in made and b in inputs and \
+                    vn is not None:
+                keep.append((vn, node.inputs[list(inputs).index(b)]))
     default(node)
-    for vn, raises in keep:
-        _sever(vn, method_name, raises)
+    for vn, how in keep:
+        if isinstance(how, bool):
+            _sever(vn, method_name, how)
+        else:
+            _pass_on(vn, how)
 
 
 def uncut_outputs(ops, outputs, entered, needs, cut=()):
@@ -268,6 +280,25 @@ def _sever(vn, method_name, raises=True):
     node.inputs = (node.anchor.node,)
     node.outputs = (weakref.ref(vn),)
     node.rank = max(vn.rank - 1, 0)
+    vn.creator_node = node
+
+
+class PassedOn(function_node.FunctionNode):
+    """The creator of an output that is an argument returned as it is,
+    once a cut took the call's node away: its gradient goes on to the
+    argument's node as it is, as define-by-run's (the argument's Variable
+    itself) would."""
+
+    def backward(self, indexes, grad_outputs):
+        return grad_outputs
+
+
+def _pass_on(vn, source):
+    node = PassedOn()
+    node.inputs = (source,)
+    node.outputs = (weakref.ref(vn),)
+    # (After the argument's other users, before its own creator.)
+    node.rank = source.rank
     vn.creator_node = node
 
 

@@ -705,3 +705,51 @@ def test_one_function_decorated_twice_keeps_each_decorations_options():
     from static_graph.decorator import caches_of
     sizes = sorted((c.size, c.replays) for c in caches_of(m).values())
     assert sizes == [(1, 0), (8, 2)], sizes
+
+
+class _PassesOn(chainer.Chain):
+    """A step that hands a memory ``m`` back as it is."""
+
+    def __init__(self):
+        super(_PassesOn, self).__init__()
+        with self.init_scope():
+            self.wx = L.Linear(3, 4)
+            self.wh = L.Linear(4, 4, nobias=True)
+            self.oy = L.Linear(4, 4)
+
+    def forward(self, x, h, m):
+        h2 = F.tanh(self.wx(x) + self.wh(h))
+        return h2, m, self.oy(h2)
+
+
+def test_an_argument_returned_as_it_is_keeps_its_graph_after_a_cut():
+    """``loss.backward(); loss.unchain_backward()`` over the ys, then a
+    loss of the ``m`` the step returned as it is (an encoder's output):
+    define-by-run's ``m`` is the encoder's Variable, which the walk never
+    reached; the call, cut whole, left its ``m`` without a creator, and
+    the encoder got no gradient (0.44 in define-by-run), silently. Now
+    such an output's gradient goes on to the argument."""
+    S = type('S', (_PassesOn,), {
+        'forward': static_graph.static_graph(_PassesOn.forward)})
+    grads = []
+    for cls in (_PassesOn, S):
+        numpy.random.seed(0)
+        cell, enc, rd = cls(), L.Linear(3, 4), L.Linear(4, 1)
+        rs = numpy.random.RandomState(1)
+        m = F.tanh(enc(rs.randn(2, 3).astype('f')))
+        h = chainer.Variable(numpy.zeros((2, 4), 'f'))
+        grads.append([])
+        for window in range(4):
+            ys = []
+            for t in range(3):
+                h, m, y = cell(rs.randn(2, 3).astype('f'), h, m)
+                ys.append(y)
+            loss = sum(F.sum(y * y) for y in ys)
+            loss.backward()
+            loss.unchain_backward()
+            enc.cleargrads()
+            F.sum(rd(m)).backward()
+            grads[-1].append(enc.W.grad)
+    for a, b in zip(*grads):
+        assert a is not None and numpy.array_equal(a, b)
+    assert ' 9 replays' in static_graph.explain(cell)

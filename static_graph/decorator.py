@@ -275,7 +275,7 @@ def static_graph(method=None, **options):
             if counted:
                 cache.new_keys -= 1
             cache.fallback_calls += 1
-            return method(self, *args, **kwargs)
+            return _define_by_run(method, self, args, kwargs)
         return out
 
     wrapper.__static_graph__ = True

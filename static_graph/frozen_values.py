@@ -22,13 +22,13 @@ SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
 # array.array, a ChainMap of settings); a memoryview by its bytes; a
 # functools.partial by its function, arguments and keywords (changed in
 # place: ``p.keywords['slope'] = 0.3``).
+_WEAK = (weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
 _MAPPINGS = (dict, collections.UserDict, collections.ChainMap,
-             types.MappingProxyType, weakref.WeakValueDictionary,
-             weakref.WeakKeyDictionary)
+             types.MappingProxyType) + _WEAK
 _SEQUENCES = (tuple, list, collections.deque, collections.UserList,
               array.array, bytearray)
 _CONTAINERS = _MAPPINGS + _SEQUENCES + (set, frozenset, memoryview,
-                                        functools.partial)
+                                        weakref.WeakSet, functools.partial)
 MAX_ITEMS = 64
 
 _TOO_BIG = object()
@@ -50,6 +50,9 @@ class _Same(object):
 
     def __hash__(self):
         return id(self.obj)
+
+    def __repr__(self):      # (_kind_key: the same for the same object)
+        return '_Same(%d)' % id(self.obj)
 
 
 class _SameVariable(_Same):
@@ -91,34 +94,78 @@ def _freeze(v, budget):
         budget[0] -= 1
         return (t, _Same(v.func), _freeze(v.args, budget),
                 _freeze(v.keywords, budget))
-    if isinstance(v, memoryview):
-        budget[0] -= max(v.nbytes // 64, 1)
-        if budget[0] < 0 or v.obj is None:
+    if isinstance(v, (memoryview, array.array, bytearray)):
+        # Their bytes: numbers compared bit for bit (a NaN is no change).
+        try:
+            data = bytes(v) if t is bytearray else v.tobytes()
+        except ValueError:      # (a released memoryview)
             return _TOO_BIG
-        return (t, _Same(v.obj), v.tobytes())
+        budget[0] -= max(len(data) // 8, 1)
+        if budget[0] < 0:
+            return _TOO_BIG
+        return (t, getattr(v, 'typecode', None), data)
     try:
         budget[0] -= len(v)
     except TypeError:
         return _TOO_BIG
     if budget[0] < 0:
         return _TOO_BIG
-    if isinstance(v, _MAPPINGS):    # OrderedDict, defaultdict too
+    if isinstance(v, _WEAK):
+        # (Weakly: the watch must not keep alive what the dict lets go.)
+        items = tuple((_weakly(k) if t is weakref.WeakKeyDictionary else
+                       _freeze(k, budget),
+                       _weakly(x) if t is not weakref.WeakKeyDictionary else
+                       _freeze(x, budget)) for k, x in list(v.items()))
+    elif isinstance(v, _MAPPINGS):    # OrderedDict, defaultdict too
         items = tuple((_freeze(k, budget), _freeze(x, budget))
                       for k, x in list(v.items()))
         if isinstance(v, collections.ChainMap):
             items = (items, tuple(_Same(m) for m in v.maps))
+    elif isinstance(v, weakref.WeakSet):
+        items = frozenset(_weakly(x) for x in list(v))
     elif isinstance(v, (set, frozenset)):
         items = frozenset(_freeze(x, budget) for x in v)
     else:
-        items = tuple(_freeze(x, budget) for x in v)
+        # (A copy first, in C: a deque another thread appends to.)
+        items = tuple(_freeze(x, budget) for x in tuple(v))
         if t is tuple and budget[0] >= 0 and \
                 all(x is y for x, y in zip(items, v)):
             return v      # immutable all the way down
         if t is collections.deque:
             items = (v.maxlen, items)
-        elif t is array.array:
-            items = (v.typecode, items)
     return _TOO_BIG if budget[0] < 0 else (t, items)
+
+
+class _Weak(object):
+    """An object a weak container holds, compared by identity while it
+    lives, without keeping it alive."""
+    __slots__ = ('ref', 'key')
+
+    def __init__(self, obj):
+        self.ref = weakref.ref(obj)
+        self.key = id(obj)
+
+    def __eq__(self, other):
+        if type(other) is not _Weak:
+            return False
+        a = self.ref()
+        return a is not None and a is other.ref()
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return self.key
+
+    def __repr__(self):
+        return '_Weak(%d)' % self.key
+
+
+def _weakly(x):
+    try:
+        return _Weak(x)
+    except TypeError:       # (not weakly referable: a number, a string)
+        return x
 
 
 def freeze(v, items=MAX_ITEMS):

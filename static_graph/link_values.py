@@ -79,18 +79,35 @@ def structural(v):
 
 
 # Classes of Chainer and of Python's own library whose objects a link may
-# hold, and whose state the call may read or change: link and function
-# hooks (they run inside the call; a TimerHook's history), distributions
-# (a learnable prior kept on the chain, whose cached properties the first
+# hold, and whose state the call may read or change: link hooks (they run
+# inside the call), and, where the code the method reaches names the
+# attribute that holds one (``_NAMED``: an optimizer kept on the chain and
+# never read by the method changes at every update), function hooks
+# (entered inside the method: a TimerHook's history), distributions (a
+# learnable prior kept on the chain, whose cached properties the first
 # call fills: ``Normal.scale``), an optimizer or its hyperparameters (a
 # penalty warmed up by ``self.opt.t``, ``hp.lr``), an iterator
 # (``epoch_detail``), an initializer called in the call, an event or a
 # queue.
-_CHAINER_HELPERS = (chainer.LinkHook, chainer.FunctionHook,
-                    chainer.Distribution, chainer.Optimizer,
-                    chainer.optimizer.Hyperparameter,
-                    chainer.dataset.Iterator, chainer.Initializer,
-                    threading.Event, queue.Queue)
+_NAMED = (chainer.FunctionHook, chainer.Distribution, chainer.Optimizer,
+          chainer.optimizer.Hyperparameter, chainer.dataset.Iterator,
+          chainer.Initializer, threading.Event, queue.Queue)
+_CHAINER_HELPERS = (chainer.LinkHook,) + _NAMED
+
+
+def code_names(functions):
+    """The attribute, global, closure variable and argument names the code
+    of ``functions`` mentions (their nested code too: lambdas,
+    comprehensions)."""
+    names, todo = set(), [fn.__code__ for fn in functions
+                          if hasattr(fn, '__code__')]
+    while todo:
+        code = todo.pop()
+        names.update(code.co_names)
+        names.update(code.co_freevars)
+        names.update(code.co_varnames)
+        todo.extend(c for c in code.co_consts if hasattr(c, 'co_names'))
+    return names
 
 
 def helper_fields(v):
@@ -283,6 +300,7 @@ class Watch(object):
         self._classes_seen = set()
         self._add_class_attributes(
             list(classes) + [link.__class__ for _, link in held])
+        self.code_names = code_names(functions)
         self.named_globals = reach.named_globals(functions)
         for glob, k in self.named_globals:
             self._add(glob, k, glob[k])
@@ -377,20 +395,22 @@ class Watch(object):
         # [(their attributes, a copy, a name)]: what the call assigns
         # there, replay assigns too (link_state.attr_changes)
         self.helper_snapshot = []
-        todo = [(self._name(d, k), v, 1, False) for d, k, v in self.objects]
+        todo = [(self._name(d, k), v, 1, False, k)
+                for d, k, v in self.objects]
         for d, k, _, c in self.frozen:
             # Helpers held in a list, tuple or dict (a Sequential's
             # callable-object layers, ``self.acts['scale']``, memnn's
             # memories): an array or Variable the call assigns there
             # (``memory.m = self.encoder(...)``) replay assigns too, as a
             # link attribute's (``helper_snapshot``, drop_call_outputs).
-            todo.extend((self._name(d, k) + at, x, 1, True)
+            todo.extend((self._name(d, k) + at, x, 1, True, k)
                         for at, x in _held_helpers(c, 2))
         seen = set()
         budget = MAX_FIELDS
-        for name, v, depth, contained in todo:
+        for name, v, depth, contained, k in todo:
             fields = helper_fields(v)
-            if fields is None or id(v) in seen or len(fields) > budget:
+            if fields is None or id(v) in seen or len(fields) > budget or \
+                    isinstance(v, _NAMED) and k not in self.code_names:
                 continue
             seen.add(id(v))
             budget -= len(fields) + 1
@@ -411,7 +431,8 @@ class Watch(object):
                 self._add(fields, k, x)
                 if depth < HELPER_DEPTH and not isinstance(
                         x, SCALARS + _CONTAINERS):
-                    todo.append((name + '.' + k, x, depth + 1, contained))
+                    todo.append((name + '.' + k, x, depth + 1, contained,
+                                 k))
 
     def _name(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""

@@ -8,10 +8,12 @@ silently.)"""
 import array
 import collections
 import functools
+import gc
 import itertools
 import queue
 import threading
 import warnings
+import weakref
 
 import numpy
 import pytest
@@ -177,3 +179,84 @@ def test_a_deque_nothing_changes_replays():
         m.cleargrads()
         m(x, t).backward()
     assert ' 3 replays' in static_graph.explain(m)
+
+
+def _nan_array():
+    return array.array('d', [float('nan'), 0.0])
+
+
+def _released_view():
+    v = memoryview(bytearray(b'ab'))
+    v.release()
+    return v
+
+
+# Held on the chain, unchanged or changed only where the method does not
+# look: the key replays. (A first version of the wider watch recorded such
+# keys again at every call: an optimizer kept on the chain, whose ``t``
+# every update changes; an array.array holding a NaN; a set of
+# functions, before it too.)
+UNREAD = {
+    'an optimizer set up on the chain': lambda m: _own_optimizer(m),
+    'an iterator': lambda m: chainer.iterators.SerialIterator(
+        [numpy.zeros(2, 'f')] * 8, 2),
+    'a timer hook': lambda m: chainer.function_hooks.TimerHook(),
+    'array.array with a NaN': lambda m: _nan_array(),
+    'a released memoryview': lambda m: _released_view(),
+    'a set of functions': lambda m: {F.relu, F.tanh},
+    'a weak-valued dict': lambda m: weakref.WeakValueDictionary(),
+}
+
+
+def _own_optimizer(m):
+    opt = chainer.optimizers.Adam()
+    opt.setup(m)
+    return opt
+
+
+@pytest.mark.parametrize('case', sorted(UNREAD))
+def test_state_the_method_does_not_read(case):
+    class Net(Base):
+        @static_graph.static_graph
+        def forward(self, x, t):
+            return self.head(F.relu(self.l1(x)), t, 1.0)
+
+    m = Net()
+    m.held = UNREAD[case](m)
+    opt = getattr(m.held, 'update', None)
+    it = getattr(m.held, 'next', None)
+    x = numpy.ones((4, 5), 'f')
+    t = numpy.zeros(4, 'i')
+    for _ in range(5):
+        m.cleargrads()
+        m(x, t).backward()
+        if isinstance(m.held, chainer.Optimizer):
+            opt()
+        elif isinstance(m.held, chainer.dataset.Iterator):
+            it()
+    assert ' 4 replays' in static_graph.explain(m)
+
+
+def test_a_weak_dict_lets_its_values_go():
+    """The watch holds what a weak dict holds weakly (a first version of
+    it kept the values alive: the dict never emptied)."""
+    class Net(Base):
+        @static_graph.static_graph
+        def forward(self, x, t):
+            return self.head(F.relu(self.l1(x)), t, float(len(self.reg)))
+
+    class Thing(object):
+        pass
+
+    m = Net()
+    m.reg = weakref.WeakValueDictionary()
+    thing = Thing()
+    m.reg['a'] = thing
+    x = numpy.ones((4, 5), 'f')
+    t = numpy.zeros(4, 'i')
+    for _ in range(2):
+        m.cleargrads()
+        m(x, t).backward()
+    del thing
+    gc.collect()
+    assert len(m.reg) == 0

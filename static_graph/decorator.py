@@ -262,7 +262,7 @@ def static_graph(method=None, **options):
         cap.entry.stale = stale
         cap.base = base, config
         try:
-            out = _record(cap, method, self, args, kwargs, leaves, paths)
+            out = _try_record(cap, method, self, args, kwargs, leaves, paths)
         except BaseException:
             if counted:
                 # (A call that raised, InvalidType say, is no new key the
@@ -340,9 +340,19 @@ _ELSEWHERE = object()
 
 
 def _record(cap, method, chain, args, kwargs, leaves, paths):
+    """``cap.forward``, or define-by-run where another thread records a
+    chain holding one of ``chain``'s links now."""
+    out = _try_record(cap, method, chain, args, kwargs, leaves, paths)
+    if out is _ELSEWHERE:
+        cap.cache.fallback_calls += 1
+        return _define_by_run(method, chain, args, kwargs)
+    return out
+
+
+def _try_record(cap, method, chain, args, kwargs, leaves, paths):
     """``cap.forward``, unless another thread records a chain holding one
     of ``chain``'s links now (one model called from several threads, a
-    child link shared): then ``_ELSEWHERE``, and the call runs
+    child link shared): then ``_ELSEWHERE``, and the call is to run
     define-by-run."""
     me = threading.get_ident()
     mine = []

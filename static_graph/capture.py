@@ -21,6 +21,7 @@ from static_graph import arrayutil
 from static_graph import analysis
 from static_graph import arguments
 from static_graph import build
+from static_graph import cuts
 from static_graph import cache as cache_module
 from static_graph import diagnostics
 from static_graph import entry as entry_module
@@ -298,6 +299,8 @@ class Capture(object):
                          self.seen, self if self.stand_in else None)
         weakref.finalize(node, self.patched.release)
         e.rank_depth = nodes.output_depth(inner_outs)
+        e.cut_reach = cuts.reach_of(inner_outs,
+                                    list(inner) + self.param_objs)
         with chainer.force_backprop_mode():  # (forced inside: see above)
             applied = node.apply(list(leaves) + self.param_objs)
         outs = nodes.retain_outputs(nodes.deepen(node, applied, e.rank_depth))

@@ -137,12 +137,43 @@ def _positions(node, vn):
     return set(i for i, ref in enumerate(node.outputs or ()) if ref() is vn)
 
 
+def reach_of(outs, inputs):
+    """For each of a recording's output Variables ``outs``, the positions
+    of ``inputs`` (the Variables the call's node takes, as the recording
+    saw them) that define-by-run's walk back from it reaches along the
+    graph's edges: not through an op made under ``no_backprop_mode()``, or
+    a ``chainer.Variable(m.array)``, which read an input's array without
+    one."""
+    at = {}
+    for j, v in enumerate(inputs):
+        if isinstance(v, chainer.Variable):
+            at.setdefault(id(v.node), []).append(j)
+    out = []
+    for v in outs:
+        hit, seen, todo = set(), set(), [v.node]
+        while todo:
+            vn = todo.pop()
+            hit.update(at.get(id(vn), ()))
+            f = vn.creator_node
+            if f is None or id(f) in seen:
+                continue
+            seen.add(id(f))
+            todo.extend(f.inputs or ())
+        out.append(frozenset(hit))
+    return tuple(out)
+
+
 def _inputs_entered(node, positions):
     """The positions of ``node.inputs`` (a call of ours) that
     define-by-run's walk, entering the call at its outputs ``positions``,
-    goes on into: those read by the ops it reaches (all where the call's
-    schedule is not known)."""
-    schedule = node.cut_schedule()[2]
+    goes on into: those its recording's graph reaches from there
+    (``reach_of``; else those read by the ops of the schedule it reaches,
+    or all where the call's schedule is not known)."""
+    reach = call_reach(node)
+    if reach is not None and len(reach) == len(node.outputs or ()):
+        return sorted(set().union(*(reach[i] for i in positions
+                                    if i < len(reach))))
+    schedule = call_schedule(node)[2]
     if schedule is None or len(schedule[2]) != len(node.inputs):
         return range(len(node.inputs))
     ops, outputs, inputs = schedule
@@ -177,6 +208,49 @@ SEVERED = (
     'them and carries the gradient through; the call, run as one node, '
     'was cut whole. Backpropagate every loss before the cut, or run this '
     'with chainer.config.use_static_graph = False')
+
+
+def call_schedule(node):
+    """Of a call of ours (a ReplayNode, a RecordNode): whether a backward
+    may still come through it, the method's name, and the call's forward
+    ops with its output and input buffer ids (None where not known)."""
+    entry = node.entry
+    schedule = None
+    if entry is not None:
+        # (Once a backward ran through it, the outputs define-by-run
+        # would not cut get a creator that refuses a later backward.)
+        may = not (node.done or node.__dict__.get('backward_ran'))
+        name = entry.method_name
+        f = entry.forward
+        schedule = f.ops, f.outputs, f.inputs
+    else:      # (the recording call, until its backward)
+        capture = getattr(node, 'capture', None)
+        may = capture is not None
+        name = capture.name if may else ''
+        again = node.__dict__.get('again')
+        if again is not None:   # (its key fell back at the build)
+            name = again.name
+            schedule = again.rec.forward_ops, again.out_bids, list(
+                again.leaf_bids) + [b for b, _, _ in again.params]
+    return may, name, schedule
+
+
+def call_reach(node):
+    """Of a call of ours: per output, the input positions define-by-run's
+    walk from it reaches (``reach_of``), or None."""
+    d = node.__dict__
+    for e in (node.entry, d.get('built'),
+              getattr(d.get('again'), 'entry', None),
+              getattr(d.get('capture'), 'entry', None)):
+        if e is not None:
+            return e.cut_reach
+    return None
+
+
+def unchain_call(node, default):
+    """``unchain`` of a call of ours (a ReplayNode, a RecordNode)."""
+    may, name, schedule = call_schedule(node)
+    unchain(node, may, name, default, schedule)
 
 
 def unchain(node, may_backward, method_name, default, schedule=None):

@@ -131,6 +131,9 @@ class Entry(object):
         # recording's values of the static buffers, put aside by a replay
         # of another thread that runs meanwhile.
         self.bind_pending = False
+        # Per output, the input positions a cut's walk from it goes on
+        # into (cuts.reach_of, capture.py).
+        self.cut_reach = None
         self.unbound_snapshot = None
         self.uninit_params = ()      # build.py
         self.empty_outputs = ()

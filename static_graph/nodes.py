@@ -158,36 +158,10 @@ class _Replayed(object):
     aside while a later call used them; ``done`` once no backward can come
     any more."""
 
-    def cut_schedule(self):
-        """For cuts.py: whether a backward may still come through this
-        call, the method's name, and the call's forward ops with its output
-        and input buffer ids (None where not known)."""
-        entry = self.entry
-        schedule = None
-        if entry is not None:
-            # (Once a backward ran through it, the outputs define-by-run
-            # would not cut get a creator that refuses a later backward.)
-            may = not (self.done or self.__dict__.get('backward_ran'))
-            name = entry.method_name
-            f = entry.forward
-            schedule = f.ops, f.outputs, f.inputs
-        else:      # (the recording call, until its backward)
-            capture = getattr(self, 'capture', None)
-            may = capture is not None
-            name = capture.name if may else ''
-            again = self.__dict__.get('again')
-            if again is not None:   # (its key fell back at the build)
-                name = again.name
-                schedule = again.rec.forward_ops, again.out_bids, list(
-                    again.leaf_bids) + [b for b, _, _ in again.params]
-        return may, name, schedule
-
     def unchain(self):
         """A cut through this call (cuts.py): Chainer's, or an error while
         a backward may still come through it."""
-        may, name, schedule = self.cut_schedule()
-        cuts.unchain(self, may, name, function_node.FunctionNode.unchain,
-                     schedule)
+        cuts.unchain_call(self, function_node.FunctionNode.unchain)
 
     def backward_from(self, indexes, grad_outputs, earlier=()):
         """The gradients for ``indexes``, and the indexes whose gradient

@@ -753,3 +753,60 @@ def test_an_argument_returned_as_it_is_keeps_its_graph_after_a_cut():
     for a, b in zip(*grads):
         assert a is not None and numpy.array_equal(a, b)
     assert ' 9 replays' in static_graph.explain(cell)
+
+
+class _ReadsWithoutEdge(chainer.Chain):
+    """A step that reads its argument ``m`` without a graph edge."""
+
+    def __init__(self, how):
+        super(_ReadsWithoutEdge, self).__init__()
+        self.how = how
+        with self.init_scope():
+            self.wx = L.Linear(3, 4)
+            self.wh = L.Linear(4, 4, nobias=True)
+            self.oy = L.Linear(4, 4)
+
+    def forward(self, x, h, m):
+        a = self.wx(x) + self.wh(h)
+        if self.how == 'no_backprop_mode':
+            with chainer.no_backprop_mode():
+                s = F.sigmoid(m)
+        else:
+            s = chainer.Variable(m.array)
+        h2 = F.tanh(a * s)
+        return h2, self.oy(h2)
+
+
+@pytest.mark.parametrize('how', ['no_backprop_mode', 'Variable'])
+def test_a_cut_does_not_walk_into_an_argument_read_without_an_edge(how):
+    """``loss.unchain_backward()`` after the loss of the ys, then an
+    auxiliary loss of the argument ``m`` (an encoder's output) that the
+    step read only without a graph edge: define-by-run's walk never
+    reaches m and the encoder gets its gradient (1.3 to 1.6); the walk
+    through the calls followed their schedule, whose ops read m's array,
+    cut the encoder's graph, and it got nothing, silently. The walk now
+    follows the recording's edges (cuts.reach_of)."""
+    S = type('S', (_ReadsWithoutEdge,), {
+        'forward': static_graph.static_graph(_ReadsWithoutEdge.forward)})
+    grads = []
+    for cls in (_ReadsWithoutEdge, S):
+        numpy.random.seed(0)
+        cell, enc = cls(how), L.Linear(3, 4)
+        rs = numpy.random.RandomState(1)
+        h = chainer.Variable(numpy.zeros((2, 4), 'f'))
+        grads.append([])
+        for window in range(4):
+            m = F.tanh(enc(rs.randn(2, 3).astype('f')))
+            ys = []
+            for t in range(3):
+                h, y = cell(rs.randn(2, 3).astype('f'), h, m)
+                ys.append(y)
+            loss = sum(F.sum(y * y) for y in ys)
+            loss.backward()
+            loss.unchain_backward()
+            enc.cleargrads()
+            F.sum(m * m).backward()
+            grads[-1].append(enc.W.grad)
+    for a, b in zip(*grads):
+        assert a is not None and numpy.array_equal(a, b)
+    assert ' 9 replays' in static_graph.explain(cell)

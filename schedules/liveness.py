@@ -77,11 +77,12 @@ def of(schedule):
     return Liveness(schedule)
 
 
-def ancestors(ops, bids):
+def ancestors(ops, bids, more=None):
     """Walk back from buffers ``bids`` through ``ops``: (op index by the
     buffer it makes, the indexes of the ops reached, every buffer
-    reached). What an export keeps (the ops its outputs need); the ops a
-    graph cut reaches inside a call (static_graph/cuts.py)."""
+    reached). What an export keeps (the ops its outputs need: ``more(b)``,
+    the buffers ``b`` is a view of); the ops a graph cut reaches inside a
+    call (static_graph/cuts.py)."""
     made_by = {}
     for k, op in enumerate(ops):
         for b in op.outputs:
@@ -93,6 +94,8 @@ def ancestors(ops, bids):
         if b in seen:
             continue
         seen.add(b)
+        if more is not None:
+            todo.extend(more(b))
         k = made_by.get(b)
         if k is not None and k not in reached:
             reached.add(k)

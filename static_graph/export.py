@@ -43,6 +43,14 @@ def inference_schedule(chain, args, method='forward', kwargs=None):
         key = signature.Key((spec, signature.config_key()))
     cache = cache_of(chain, fn)
     entry = cache.get(key) if cache is not None else None
+    if entry is None and cache is not None and (cache.state_slots or
+                                                cache.kept):
+        # Keys then hold what the links' state slots held at the call
+        # (decorator.py), which the call changed: the call's own entry
+        # is the last one used of these arguments and flags.
+        with cache.lock:
+            entry = next((e for k, e in reversed(cache.entries.items())
+                          if k[1] == key[1] and k[0][:-1] == key[0]), None)
     if entry is None or entry.state != 'complete':
         reason = entry.reason if entry is not None else \
             "Chainer's debug mode is on" if chainer.is_debug() else \

@@ -1489,3 +1489,44 @@ def test_zz_report_max_abs_diffs(record_property):
     lines = ['%-*s  %.3g' % (width, k, v) for k, v in sorted(DIFFS.items())]
     print('\nONNX Runtime vs Chainer, max abs diff:\n' + '\n'.join(lines))
     record_property('onnx_max_abs_diffs', dict(DIFFS))
+
+
+@pytest.mark.parametrize('fn', [F.fix, F.floor, F.sign],
+                         ids=['fix', 'floor', 'sign'])
+def test_a_numpy_result_returned_is_not_exported(fn, tmp_path):
+    """``return F.fix(x)``: Chainer computes it with NumPy, a call of the
+    schedule, and the output is a view of its result in planned memory.
+    The exporter took that view for a constant: ``F.fix`` exported as the
+    export call's values (9.0 off for another input), ``F.floor`` raised
+    an internal error. It is the NumPy call's refusal now."""
+    _onnx()
+    path = tmp_path / 'model.onnx'
+    with pytest.raises(UnsupportedOpError, match='NumpyCall'):
+        _export_onnx()(_WithBody(lambda self, x: fn(x * 3)),
+                       (_rand(2, 3),), str(path))
+    assert not path.exists()
+
+
+class _KeepsState(chainer.Chain):
+    def __init__(self):
+        super(_KeepsState, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(4, 3)
+
+    @static_graph.static_graph
+    def forward(self, x):
+        self.h = F.relu(self.l1(x))      # kept for later inspection
+        return F.softmax(self.h)
+
+
+def test_a_method_that_keeps_state_is_exported(tmp_path, record_property):
+    """A method that keeps a Variable on the chain (``self.h = ...``): its
+    keys hold whether that slot holds one, which the export's lookup did
+    not, and export_onnx said nothing was recorded."""
+    m = _KeepsState()
+    x = _rand(2, 4)
+    with chainer.using_config('train', False), chainer.no_backprop_mode():
+        for _ in range(3):
+            m(x)
+    _integration('keeps state', m, lambda b: _rand(b, 4), tmp_path,
+                 record_property)

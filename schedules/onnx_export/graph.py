@@ -352,7 +352,17 @@ class _Context(object):
         if buf.role != ir.CONST or buf.storage is None or \
                 _root(buf.storage) is buf.storage:
             return None
-        return self._per_call_memory().get(id(_root(buf.storage)))
+        found = self._per_call_memory().get(id(_root(buf.storage)))
+        if found is None:
+            # A view of memory a buffer of each call's values lives in,
+            # planned into a larger block (``F.fix(x)``'s result, a view
+            # of its NumPy call's): that buffer's values, not constants.
+            for k, o in self.buffers.items():
+                if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and \
+                        o.storage is not None and \
+                        numpy.may_share_memory(o.storage, buf.storage):
+                    return k
+        return found
 
     def _view(self, b, base):
         """ONNX for the view ``b`` of ``base``: a Reshape (same memory in C
@@ -480,8 +490,16 @@ class _Context(object):
                 raise ValueError('output name %r is also an input name' % n)
         self.used_names.update(output_names)
 
-        # Live ops only.
-        producer, live, _ = liveness.ancestors(sched.ops, sched.outputs)
+        # Live ops only; a view's ops are those of what it views (an
+        # output that is a view of a NumPy call's result needs that call).
+        def bases(b):
+            base = bufs[b].view_of
+            if base is None:
+                base = self._view_base(b)
+            return () if base is None else (base,)
+
+        producer, live, _ = liveness.ancestors(sched.ops, sched.outputs,
+                                               bases)
 
         # Name op results that are graph outputs after the output.
         renamed = set()

@@ -106,7 +106,11 @@ def code_names(functions):
         names.update(code.co_names)
         names.update(code.co_freevars)
         names.update(code.co_varnames)
-        todo.extend(c for c in code.co_consts if hasattr(c, 'co_names'))
+        for c in code.co_consts:
+            if hasattr(c, 'co_names'):
+                todo.append(c)
+            elif type(c) is str:      # (getattr(self, 'opt'), d['opt'])
+                names.add(c)
     return names
 
 
@@ -410,7 +414,10 @@ class Watch(object):
         for name, v, depth, contained, k in todo:
             fields = helper_fields(v)
             if fields is None or id(v) in seen or len(fields) > budget or \
-                    isinstance(v, _NAMED) and k not in self.code_names:
+                    depth == 1 and isinstance(v, _NAMED) and \
+                    k not in self.code_names:
+                # (Held by a helper object, whose methods the method may
+                # run without naming it: watched, named or not.)
                 continue
             seen.add(id(v))
             budget -= len(fields) + 1

@@ -224,8 +224,15 @@ def only_cache(chain):
     return c
 
 
+# Chainer 7.8.1's Categorical.log_prob adds a list to numpy.meshgrid's
+# result, a tuple from NumPy 2 on: it raises there, decorated or not.
+_MESHGRID_TUPLE = int(numpy.__version__.split('.')[0]) >= 2
+
+
 @pytest.mark.parametrize('body', REPLAYED, ids=lambda b: b.__name__)
 def test_numpy_calls_replay_bit_for_bit(body):
+    if _MESHGRID_TUPLE and body in (categorical_log_prob, greedy_log_prob):
+        pytest.skip("Chainer's Categorical.log_prob fails on NumPy 2")
     m, w = train_twins(body)
     assert not w
     c = only_cache(m)

@@ -260,3 +260,61 @@ def test_a_weak_dict_lets_its_values_go():
     del thing
     gc.collect()
     assert len(m.reg) == 0
+
+
+class _Cfg(object):
+    """A helper object of the user's holding the optimizer: the method
+    runs its method, never naming ``opt``."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    def weight(self):
+        return min(1.0, self.opt.t / 4.0)
+
+
+# How the method reaches an optimizer the loop advances (``t``).
+REACHED = {
+    'through a helper object': lambda m: m.cfg.weight(),
+    'getattr(self, name)': lambda m: min(1.0, getattr(m, 'opt').t / 4.0),
+    "self.__dict__['opt']": lambda m: min(1.0, m.__dict__['opt'].t / 4.0),
+}
+
+
+@pytest.mark.parametrize('case', sorted(REACHED))
+def test_an_optimizer_reached_without_its_name(case):
+    """The wider watch looked into an optimizer only where the method's
+    code names the attribute holding it: one held by a helper object
+    (whose method reads it) or reached by a string replayed the old ``t``
+    (0.31 for 4.14). Now objects a helper holds are watched named or not,
+    and the code's strings count as names."""
+    read = REACHED[case]
+
+    def forward(self, x, t):
+        return self.head(F.relu(self.l1(x)), t, read(self))
+
+    models = []
+    for deco in (False, True):
+        cls = type('Net', (Base,), {
+            'forward': static_graph.static_graph(forward) if deco
+            else forward})
+        numpy.random.seed(0)
+        m = cls()
+        m.opt = chainer.optimizers.SGD(0.1)
+        m.opt.setup(m)
+        m.cfg = _Cfg(m.opt)
+        models.append(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(6):
+            r = numpy.random.RandomState(i)
+            x = r.randn(4, 5).astype('f')
+            t = r.randint(0, 3, 4).astype('i')
+            losses = []
+            for m in models:
+                m.cleargrads()
+                loss = m(x, t)
+                loss.backward()
+                m.opt.update()
+                losses.append(loss.array)
+            assert numpy.array_equal(*losses), (case, i)

@@ -119,6 +119,18 @@ def helper_fields(v):
     Read without running the object's own code (``__getattr__``)."""
     if arrayutil.dead_proxy(v):
         return None
+    if type(v) is weakref.ref:
+        # (What it refers to, while that lives: its state is read through
+        # it as through the object.)
+        target = v()
+        return None if target is None else helper_fields(target)
+    if type(v) in arrayutil.PROXIES:
+        cls = v.__class__
+        if cls.__getattribute__ is not object.__getattribute__ or not (
+                reach.user_class(cls) or issubclass(cls, _CHAINER_HELPERS)):
+            return None
+        d = v.__dict__
+        return d if type(d) is dict else None
     if isinstance(v, _NAMESPACES):
         return v.__dict__
     cls = type(v)

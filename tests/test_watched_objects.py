@@ -318,3 +318,50 @@ def test_an_optimizer_reached_without_its_name(case):
                 m.opt.update()
                 losses.append(loss.array)
             assert numpy.array_equal(*losses), (case, i)
+
+
+class _Sched(object):
+    def __init__(self):
+        self.t = 0
+
+    def w(self):
+        return min(1.0, self.t / 4.0)
+
+
+_KEEP = []
+
+
+@pytest.mark.parametrize('kind', ['ref', 'proxy'])
+def test_a_helper_held_through_a_weak_reference(kind):
+    """A schedule object the chain holds through a ``weakref.ref`` or
+    ``weakref.proxy`` (its owner keeps it): the watch saw only whether it
+    was alive, and replay kept the recorded ``t``, silently (21 off)."""
+    def forward(self, x, t):
+        sched = self.sched() if kind == 'ref' else self.sched
+        return self.head(F.relu(self.l1(x)), t, sched.w())
+
+    _KEEP[:] = [_Sched()]
+    models = []
+    for deco in (False, True):
+        cls = type('Net', (Base,), {
+            'forward': static_graph.static_graph(forward) if deco
+            else forward})
+        numpy.random.seed(0)
+        m = cls()
+        m.sched = (weakref.ref if kind == 'ref' else weakref.proxy)(
+            _KEEP[0])
+        models.append(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for i in range(6):
+            _KEEP[0].t = i
+            r = numpy.random.RandomState(i)
+            x = r.randn(4, 5).astype('f')
+            t = r.randint(0, 3, 4).astype('i')
+            losses = []
+            for m in models:
+                m.cleargrads()
+                loss = m(x, t)
+                loss.backward()
+                losses.append(loss.array)
+            assert numpy.array_equal(*losses), (kind, i)

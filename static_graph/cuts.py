@@ -264,34 +264,37 @@ def unchain(node, may_backward, method_name, default, schedule=None):
             ref() is not None for ref in node.outputs) > 1:
         raise RuntimeError(MESSAGE % method_name)
     entered = node.__dict__.get('entered')
-    keep = []
+    severs, passes = [], []   # (output node, raises), (output, input node)
     if entered is not None and schedule is not None and node.outputs and \
             node.inputs is not None and len(schedule[2]) == len(node.inputs):
         ops, outputs, inputs = schedule
+
+        def live(i):
+            return node.outputs[i]() if i < len(node.outputs) else None
+
         needs = set(b for b, vn in zip(inputs, node.inputs)
                     if vn.requires_grad)
         walked = node.__dict__.get('walked', ())
         cut = set(b for b, vn in zip(inputs, node.inputs) if vn in walked)
         severed, dropped = uncut_outputs(ops, outputs, entered, needs, cut)
-        for i in severed + dropped:
-            vn = node.outputs[i]() if i < len(node.outputs) else None
-            if vn is not None:
-                keep.append((vn, i in severed))
+        severs = [(live(i), i in severed) for i in severed + dropped]
         # An argument the call returns as it is: define-by-run's output is
         # the argument's Variable, whose graph the walk did not enter
         # there.
         made = set(b for op in ops for b in op.outputs)
-        for i, b in enumerate(outputs):
-            vn = node.outputs[i]() if i < len(node.outputs) else None
-            if i not in entered and b not in made and b in inputs and \
-                    vn is not None:
-                keep.append((vn, node.inputs[list(inputs).index(b)]))
+        position = {}
+        for j, b in enumerate(inputs):
+            position.setdefault(b, j)
+        passes = [(live(i), node.inputs[position[b]])
+                  for i, b in enumerate(outputs)
+                  if i not in entered and b not in made and b in position]
     default(node)
-    for vn, how in keep:
-        if isinstance(how, bool):
-            _sever(vn, method_name, how)
-        else:
-            _pass_on(vn, how)
+    for vn, raises in severs:
+        if vn is not None:
+            _sever(vn, method_name, raises)
+    for vn, source in passes:
+        if vn is not None:
+            _pass_on(vn, source)
 
 
 def uncut_outputs(ops, outputs, entered, needs, cut=()):

@@ -261,22 +261,8 @@ def static_graph(method=None, **options):
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
         cap.base = base, config
-        try:
-            out = _try_record(cap, method, self, args, kwargs, leaves, paths)
-        except BaseException:
-            if counted:
-                # (A call that raised, InvalidType say, is no new key the
-                # method recorded: not one that did not repeat.)
-                cache.new_keys -= 1
-            raise
-        if out is _ELSEWHERE:
-            # (Define-by-run while another thread records a chain holding
-            # one of its links: no new key recorded either.)
-            if counted:
-                cache.new_keys -= 1
-            cache.fallback_calls += 1
-            return _define_by_run(method, self, args, kwargs)
-        return out
+        return _record(cap, method, self, args, kwargs, leaves, paths,
+                       counted)
 
     wrapper.__static_graph__ = True
     return wrapper
@@ -339,11 +325,21 @@ def _records_elsewhere(chain):
 _ELSEWHERE = object()
 
 
-def _record(cap, method, chain, args, kwargs, leaves, paths):
+def _record(cap, method, chain, args, kwargs, leaves, paths,
+            counted=False):
     """``cap.forward``, or define-by-run where another thread records a
-    chain holding one of ``chain``'s links now."""
-    out = _try_record(cap, method, chain, args, kwargs, leaves, paths)
+    chain holding one of ``chain``'s links now. ``counted``: the call was
+    counted as a new key (cache.must_repeat), which one that raises or
+    runs define-by-run is not (not a key that did not repeat)."""
+    try:
+        out = _try_record(cap, method, chain, args, kwargs, leaves, paths)
+    except BaseException:
+        if counted:       # (InvalidType, say)
+            cap.cache.new_keys -= 1
+        raise
     if out is _ELSEWHERE:
+        if counted:
+            cap.cache.new_keys -= 1
         cap.cache.fallback_calls += 1
         return _define_by_run(method, chain, args, kwargs)
     return out

@@ -173,13 +173,13 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
     changed = [(d, k, v, before.get(k, arrayutil.MISSING))
                for d, before, _ in snapshot for k, v in list(d.items())
                if before.get(k, arrayutil.MISSING) is not v]
-    changed += [(d, k, v, before.get(k, arrayutil.MISSING))
-                for d, before, _ in helpers for k, v in list(d.items())
-                if before.get(k, arrayutil.MISSING) is not v and (
-                    isinstance(v, chainer.Variable) or arrayutil.is_array(v))]
     for d, before, name in helpers:
         for k, v in list(d.items()):
-            if isinstance(v, _CONTAINERS) and _holds_made(rec, v, 3):
+            old = before.get(k, arrayutil.MISSING)
+            if old is not v and (isinstance(v, chainer.Variable) or
+                                 arrayutil.is_array(v)):
+                changed.append((d, k, v, old))
+            elif isinstance(v, _CONTAINERS) and _holds_made(rec, v, 3):
                 # (Chainer's cached properties: a distribution kept on the
                 # chain, ``self.prior.scale``.)
                 rec.add_reason(

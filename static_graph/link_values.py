@@ -124,22 +124,22 @@ def helper_fields(v):
         # it as through the object.)
         target = v()
         return None if target is None else helper_fields(target)
-    if type(v) in arrayutil.PROXIES:
-        cls = v.__class__
-        if cls.__getattribute__ is not object.__getattribute__ or not (
-                reach.user_class(cls) or issubclass(cls, _CHAINER_HELPERS)):
-            return None
-        d = v.__dict__
-        return d if type(d) is dict else None
-    if isinstance(v, _NAMESPACES):
+    proxy = type(v) in arrayutil.PROXIES
+    if not proxy and isinstance(v, _NAMESPACES):
         return v.__dict__
-    cls = type(v)
+    # (A proxy's ``__class__`` is its object's; ``isinstance`` sees it.)
+    cls = v.__class__ if proxy else type(v)
     if isinstance(v, (type, _ModuleType, chainer.Variable)) or \
             arrayutil.is_link(v) or not (
                 reach.user_class(cls) or isinstance(v, _CHAINER_HELPERS)):
         return None
     try:
-        d = object.__getattribute__(v, '__dict__')
+        if proxy:    # (its object's, where reading it runs none of its code)
+            if cls.__getattribute__ is not object.__getattribute__:
+                return None
+            d = v.__dict__
+        else:
+            d = object.__getattribute__(v, '__dict__')
     except Exception:      # __slots__ only
         return None
     return d if type(d) is dict else None

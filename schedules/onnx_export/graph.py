@@ -40,6 +40,7 @@ class _Context(object):
         self.op_index = None
         self.results = ()     # the current op's result buffers (or None)
         self._per_call = None   # id(array) -> buffer id, per-call buffers
+        self._per_call_bufs = None
         self.other_batch = None   # (batch size, {buffer id: shape})
 
     # -- naming ---------------------------------------------------------------
@@ -197,10 +198,19 @@ class _Context(object):
         call's values (not parameters, persistents or constants)."""
         if self._per_call is None:
             self._per_call = dict(
-                (id(o.storage), k) for k, o in self.buffers.items()
-                if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and
-                o.storage is not None and _root(o.storage) is o.storage)
+                (id(o.storage), k) for k, o in self._per_call_buffers()
+                if _root(o.storage) is o.storage)
         return self._per_call
+
+    def _per_call_buffers(self):
+        """(buffer id, buffer) of the buffers with storage that hold each
+        call's values."""
+        if self._per_call_bufs is None:
+            self._per_call_bufs = [
+                (k, o) for k, o in self.buffers.items()
+                if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and
+                o.storage is not None]
+        return self._per_call_bufs
 
     # -- batch ----------------------------------------------------------------
     def batch_tensor(self, factor=1):
@@ -357,10 +367,8 @@ class _Context(object):
             # A view of memory a buffer of each call's values lives in,
             # planned into a larger block (``F.fix(x)``'s result, a view
             # of its NumPy call's): that buffer's values, not constants.
-            for k, o in self.buffers.items():
-                if o.role not in (ir.PARAM, ir.PERSIST, ir.CONST) and \
-                        o.storage is not None and \
-                        numpy.may_share_memory(o.storage, buf.storage):
+            for k, o in self._per_call_buffers():
+                if numpy.may_share_memory(o.storage, buf.storage):
                     return k
         return found
 

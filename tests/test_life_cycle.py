@@ -707,15 +707,19 @@ def test_one_function_decorated_twice_keeps_each_decorations_options():
     assert sizes == [(1, 0), (8, 2)], sizes
 
 
-class _PassesOn(chainer.Chain):
-    """A step that hands a memory ``m`` back as it is."""
+class _Step(chainer.Chain):
+    """An RNN step's links: input, state and output projections."""
 
     def __init__(self):
-        super(_PassesOn, self).__init__()
+        super(_Step, self).__init__()
         with self.init_scope():
             self.wx = L.Linear(3, 4)
             self.wh = L.Linear(4, 4, nobias=True)
             self.oy = L.Linear(4, 4)
+
+
+class _PassesOn(_Step):
+    """A step that hands a memory ``m`` back as it is."""
 
     def forward(self, x, h, m):
         h2 = F.tanh(self.wx(x) + self.wh(h))
@@ -755,16 +759,12 @@ def test_an_argument_returned_as_it_is_keeps_its_graph_after_a_cut():
     assert ' 9 replays' in static_graph.explain(cell)
 
 
-class _ReadsWithoutEdge(chainer.Chain):
+class _ReadsWithoutEdge(_Step):
     """A step that reads its argument ``m`` without a graph edge."""
 
     def __init__(self, how):
         super(_ReadsWithoutEdge, self).__init__()
         self.how = how
-        with self.init_scope():
-            self.wx = L.Linear(3, 4)
-            self.wh = L.Linear(4, 4, nobias=True)
-            self.oy = L.Linear(4, 4)
 
     def forward(self, x, h, m):
         a = self.wx(x) + self.wh(h)

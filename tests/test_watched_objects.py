@@ -120,45 +120,65 @@ def _hyperparameter():
     return hp
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
-def test_state_held_on_the_chain(case):
-    make, read, change = CASES[case]
-
+def _twins(read, setup):
+    """An undecorated and a decorated chain whose forward scales a penalty
+    by ``read(self)``, built under one seed; ``setup(m)`` gives each its
+    state."""
     def forward(self, x, t):
         return self.head(F.relu(self.l1(x)), t, read(self))
 
-    plain = type('Plain', (Base,), {'forward': forward})
-    static = type('Static', (Base,), {
-        'forward': static_graph.static_graph(forward)})
     models = []
-    for cls in (plain, static):
+    for deco in (False, True):
+        cls = type('Net', (Base,), {
+            'forward': static_graph.static_graph(forward) if deco
+            else forward})
         numpy.random.seed(0)
         m = cls()
-        m.s = make(m)
+        setup(m)
         models.append(m)
-    SCALE[0] = 1.0
-    _scale.cache_clear()
+    return models
+
+
+def _train_alike(models, label, before=None, after=None, steps=6):
+    """Train the twins on the same batches, ``before(m, i)`` ahead of each
+    one's step ``i`` and ``after(m)`` after its backward; their losses and
+    gradients agree bit for bit at every step."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        for i in range(6):
+        for i in range(steps):
             r = numpy.random.RandomState(i)
             x = r.randn(4, 5).astype('f')
             t = r.randint(0, 3, 4).astype('i')
-            if change is not None:
-                change(models[0], i)
             seen = []
             for m in models:
-                if change is not None and m is not models[0]:
-                    if case == 'lru_cache':
-                        _scale.cache_clear()
-                    else:
-                        change(m, i)
+                if before is not None:
+                    before(m, i)
                 m.cleargrads()
                 loss = m(x, t)
                 loss.backward()
+                if after is not None:
+                    after(m)
                 seen.append((loss.array, m.l1.W.grad.copy()))
             for a, b in zip(*seen):
-                assert numpy.array_equal(a, b), (case, i)
+                assert numpy.array_equal(a, b), (label, i)
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_state_held_on_the_chain(case):
+    make, read, change = CASES[case]
+    models = _twins(read, lambda m: setattr(m, 's', make(m)))
+    SCALE[0] = 1.0
+    _scale.cache_clear()
+
+    def before(m, i):
+        if change is None:
+            return
+        if m is not models[0] and case == 'lru_cache':
+            _scale.cache_clear()       # (the global is the twins' one)
+        else:
+            change(m, i)
+
+    _train_alike(models, case, before)
 
 
 def test_a_deque_nothing_changes_replays():
@@ -288,36 +308,13 @@ def test_an_optimizer_reached_without_its_name(case):
     (whose method reads it) or reached by a string replayed the old ``t``
     (0.31 for 4.14). Now objects a helper holds are watched named or not,
     and the code's strings count as names."""
-    read = REACHED[case]
-
-    def forward(self, x, t):
-        return self.head(F.relu(self.l1(x)), t, read(self))
-
-    models = []
-    for deco in (False, True):
-        cls = type('Net', (Base,), {
-            'forward': static_graph.static_graph(forward) if deco
-            else forward})
-        numpy.random.seed(0)
-        m = cls()
+    def setup(m):
         m.opt = chainer.optimizers.SGD(0.1)
         m.opt.setup(m)
         m.cfg = _Cfg(m.opt)
-        models.append(m)
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for i in range(6):
-            r = numpy.random.RandomState(i)
-            x = r.randn(4, 5).astype('f')
-            t = r.randint(0, 3, 4).astype('i')
-            losses = []
-            for m in models:
-                m.cleargrads()
-                loss = m(x, t)
-                loss.backward()
-                m.opt.update()
-                losses.append(loss.array)
-            assert numpy.array_equal(*losses), (case, i)
+
+    _train_alike(_twins(REACHED[case], setup), case,
+                 after=lambda m: m.opt.update())
 
 
 class _Sched(object):
@@ -336,32 +333,13 @@ def test_a_helper_held_through_a_weak_reference(kind):
     """A schedule object the chain holds through a ``weakref.ref`` or
     ``weakref.proxy`` (its owner keeps it): the watch saw only whether it
     was alive, and replay kept the recorded ``t``, silently (21 off)."""
-    def forward(self, x, t):
-        sched = self.sched() if kind == 'ref' else self.sched
-        return self.head(F.relu(self.l1(x)), t, sched.w())
+    def read(m):
+        return (m.sched() if kind == 'ref' else m.sched).w()
+
+    def before(m, i):
+        _KEEP[0].t = i
 
     _KEEP[:] = [_Sched()]
-    models = []
-    for deco in (False, True):
-        cls = type('Net', (Base,), {
-            'forward': static_graph.static_graph(forward) if deco
-            else forward})
-        numpy.random.seed(0)
-        m = cls()
-        m.sched = (weakref.ref if kind == 'ref' else weakref.proxy)(
-            _KEEP[0])
-        models.append(m)
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for i in range(6):
-            _KEEP[0].t = i
-            r = numpy.random.RandomState(i)
-            x = r.randn(4, 5).astype('f')
-            t = r.randint(0, 3, 4).astype('i')
-            losses = []
-            for m in models:
-                m.cleargrads()
-                loss = m(x, t)
-                loss.backward()
-                losses.append(loss.array)
-            assert numpy.array_equal(*losses), (kind, i)
+    refer = weakref.ref if kind == 'ref' else weakref.proxy
+    _train_alike(_twins(read, lambda m: setattr(m, 'sched', refer(_KEEP[0]))),
+                 kind, before)

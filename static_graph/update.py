@@ -187,9 +187,7 @@ def _update(self, lossfun=None, *args, **kwds):
 
 _GRADIENT_METHOD = {
     name: getattr(optimizer_module.GradientMethod, name, None)
-    for name in ('update', 'reallocate_cleared_grads', 'call_hooks',
-                 'call_hook', 'check_nan_in_grads', 'is_safe_to_update',
-                 'update_loss_scale')}
+    for name in R.OPTIMIZER_METHODS}
 
 
 def _class_reason(cls):

@@ -465,6 +465,8 @@ class GpuStructure(object):
         if len(set(map(id, params))) != len(params):
             raise Unsupported('a parameter comes twice in target.params() '
                               '(a link registered twice)')
+        self.own = R.OwnMethods()
+        self.own.check(opt, params, self.rules)
         for p, rule in zip(params, self.rules):
             if p.layout is not None:
                 raise Unsupported('parameter %s has a memory layout'
@@ -489,8 +491,11 @@ class GpuStructure(object):
             if p is not q or getattr(p, 'update_rule', None) is not rule:
                 return False
         hooks = opt._hookable
-        return tuple(hooks._pre_update_hooks.values()) == self.opt_pre and \
-            tuple(hooks._post_update_hooks.values()) == self.opt_post
+        if tuple(hooks._pre_update_hooks.values()) != self.opt_pre or \
+                tuple(hooks._post_update_hooks.values()) != self.opt_post:
+            return False
+        self.own.check(opt, params, self.rules)
+        return True
 
 
 def _launch(st, ring):

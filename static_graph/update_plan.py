@@ -32,6 +32,8 @@ class Structure(object):
         self.params = params
         self.native = native
         self.rules = [getattr(p, 'update_rule', None) for p in params]
+        self.own = R.OwnMethods()
+        self.own.check(opt, params, self.rules)
         names = {id(p): name for name, p in opt.target.namedparams()}
         self.names = [names.get(id(p), p.name or '?') for p in params]
         if len(set(map(id, params))) != len(params):
@@ -116,6 +118,7 @@ class Structure(object):
                 return False
             if (b or post) and tuple(b.values()) != post:
                 return False
+        self.own.check(opt, params, self.rules)
         return True     # shapes and dtypes: checked by the step (Stale)
 
     def grad32(self, i):

@@ -169,6 +169,45 @@ _rule_methods = {cls: tuple(cls.__dict__.get(m) or
                  for cls in RULES}
 
 
+# The optimizer's methods the captured step stands for (GradientMethod's).
+OPTIMIZER_METHODS = ('update', 'reallocate_cleared_grads', 'call_hooks',
+                     'call_hook', 'check_nan_in_grads', 'is_safe_to_update',
+                     'update_loss_scale')
+_OWN = (('the optimizer', frozenset(OPTIMIZER_METHODS)),
+        ('a parameter', frozenset(('update',))),
+        ('an update rule', frozenset(_RULE_METHODS + (
+            'update_core_gpu', 'update_core_chainerx'))))
+
+
+class OwnMethods(object):
+    """A method set on the optimizer, a parameter or an update rule object
+    itself, not on its class (``rule.update_core = types.MethodType(
+    masked, rule)``): Chainer calls it, the captured step would not.
+    Setting one adds an attribute, so the objects' attribute counts are
+    compared at each step, and their names looked at where a count
+    changed."""
+
+    def __init__(self):
+        self.sizes = None
+
+    def check(self, opt, params, rules):
+        """Raise Unsupported where one of the objects has such a method of
+        its own."""
+        groups = ((opt,), params, [r for r in rules if r is not None])
+        sizes = [len(o.__dict__) for g in groups for o in g]
+        if sizes == self.sizes:
+            return
+        for (what, names), objs in zip(_OWN, groups):
+            for o in objs:
+                own = names.intersection(o.__dict__)
+                if own:
+                    raise Unsupported(
+                        '%s has method %s set on itself (not on its class), '
+                        'which Chainer\'s update calls' % (
+                            what, ', '.join(sorted(own))))
+        self.sizes = sizes
+
+
 def check_rule_class(cls):
     """None where ``cls`` is a rule this module reads, else why not."""
     if cls not in RULES:

@@ -3,6 +3,7 @@ run a step as Chainer would: the same numbers, the reason warned once and
 listed by explain_update."""
 import copy
 import pickle
+import types
 import warnings
 
 import numpy
@@ -41,8 +42,34 @@ def _own_hook(m, o):
     o.add_hook(hook)
 
 
+def _masked(rule, param):
+    # (A user's own step for one rule: only the first row of W moves.)
+    param.array[:1] -= 0.01 * param.grad[:1]
+
+
+def _rule_method(m, o):
+    rule = m.l1.W.update_rule
+    rule.update_core_cpu = types.MethodType(_masked, rule)
+
+
+def _optimizer_method(m, o):
+    o.is_safe_to_update = lambda: False     # (Chainer skips the step)
+
+
+def _parameter_method(m, o):
+    p = m.l1.W
+    p.update = lambda: None                 # (a frozen parameter)
+
+
 FALLBACKS = {
     'rule': (_custom_rule, 'NoisyRule is not one the captured update'),
+    'a method set on a rule': (
+        _rule_method, 'an update rule has method update_core_cpu set on '
+        'itself'),
+    'a method set on the optimizer': (
+        _optimizer_method, 'the optimizer has method is_safe_to_update'),
+    'a method set on a parameter': (
+        _parameter_method, 'a parameter has method update set on itself'),
     'GradientNoise': (_noise, 'hook GradientNoise is not one'),
     'hook': (_own_hook, 'hook half is not one'),
 }
@@ -64,6 +91,21 @@ def test_fallback(name):
     cap = captured(t.ob)
     assert cap.steps == 1 and cap.fallback_steps == 3
     assert reason in static_graph.explain_update(t.ob)
+
+
+def test_a_method_set_on_a_rule_and_removed():
+    """Where the method set on one object goes again, the steps are
+    captured again."""
+    t = Twins(RULES['Adam'][0])
+    t.step(1)
+    t.for_both(_rule_method)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        t.step(2)
+    t.for_both(lambda m, o: delattr(m.l1.W.update_rule, 'update_core_cpu'))
+    t.step(2)
+    cap = captured(t.ob)
+    assert cap.steps == 3 and cap.fallback_steps == 2
 
 
 def test_float16_without_fp32_update_falls_back():

@@ -26,6 +26,7 @@ reported values), not read by a later op, and sharing memory with no
 buffer that is.
 """
 import functools
+import warnings
 import weakref
 
 import numpy
@@ -133,6 +134,24 @@ def memory_facts(bufs, keep, used=None, returned=(), roots=None):
     return placement.Facts(groups, keep, unknown)
 
 
+def _writable(a):
+    """May a kernel write into ``a``? Not where the op that made it hands
+    out a read-only view (a slice of ``broadcast_to``'s result: the
+    gradient Stack's backward splits from a sum's) or one whose elements
+    share memory (a zero stride: ``broadcast_arrays``' results, whose
+    ``writeable`` NumPy warns of reading)."""
+    strides = getattr(a, 'strides', ())
+    if a.size > 1 and 0 in strides:
+        return False
+    flags = getattr(a, 'flags', None)
+    if flags is None:
+        return True
+    with warnings.catch_warnings():
+        # (NumPy warns of a read of broadcast_arrays' results' flag.)
+        warnings.simplefilter('ignore', FutureWarning)
+        return getattr(flags, 'writeable', True)
+
+
 def donations(schedule, keep, groups=None):
     """For each op index, a tuple of bools over its inputs: may the kernel
     overwrite that input? ``keep``: buffers that must survive the schedule
@@ -157,7 +176,8 @@ def donations(schedule, keep, groups=None):
             # (untouchable(b, i), where b is a temporary last read here)
             ok = buf.role == temp and last.get(b) == i and \
                 op.inputs.count(b) == 1 and buf.storage is not None and \
-                b not in keep and not buf.static and buf.view_of is None
+                b not in keep and not buf.static and buf.view_of is None \
+                and _writable(buf.storage)
             if ok:
                 a = buf.storage
                 for o in groups[id(a if getattr(a, 'base', None) is None

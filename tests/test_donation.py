@@ -1,5 +1,7 @@
 """Kernels that write into an input that dies with the op (donation): which
 inputs may be overwritten, and replay staying define-by-run's."""
+import warnings
+
 import numpy
 import pytest
 
@@ -50,6 +52,73 @@ def test_donations_follow_liveness_roles_and_shared_memory():
                     False)   # kept
     # At op 2, 2 and 7 die; 4 dies but shares memory with 5 (dead): fine.
     assert d[2] == (True, True, True)
+
+
+class _Attention(chainer.Chain):
+    """Show-Attend-Tell's "doubly stochastic" regulariser: the attention
+    maps of the steps stacked and summed over the steps. Stack's backward
+    hands each step's map a slice of the sum's gradient, a read-only
+    ``broadcast_to`` view, which the map's own gradient sum was given as
+    the array to add into."""
+
+    def __init__(self):
+        super(_Attention, self).__init__()
+        with self.init_scope():
+            self.v = L.Linear(5, 1)
+
+    def forward(self, feats):
+        maps, loss = [], 0
+        for _ in range(2):
+            a = F.reshape(self.v(F.reshape(feats, (12, 5))), (3, 4))
+            loss += F.sum(feats * F.repeat(a[..., None], 5, axis=2))
+            maps.append(a)
+        return loss + F.sum(F.sum(F.stack(maps, axis=1), axis=1) ** 2)
+
+
+def test_a_read_only_gradient_is_not_donated():
+    """The compiled backward raised "output array is read-only" at its
+    first run (the fourth call), where define-by-run trains."""
+    S = type('S', (_Attention,), {'forward': static_graph(
+        _Attention.forward)})
+    models = []
+    for cls in (_Attention, S):
+        numpy.random.seed(0)
+        models.append(cls())
+    for i in range(6):
+        x = numpy.random.RandomState(i).randn(3, 4, 5).astype('f')
+        for m in models:
+            m.cleargrads()
+            m(x.copy()).backward()
+        assert numpy.array_equal(models[0].v.W.grad, models[1].v.W.grad)
+    ro = numpy.broadcast_to(numpy.zeros(4, 'f'), (2, 4))[0]
+    s = _schedule({0: ('input', numpy.zeros(4, 'f'), False),
+                   1: ('temp', ro, False), 2: ('temp', ro.copy(), False)},
+                  [((0,), (1,)), ((1, 0), (2,))], (0,), (2,))
+    assert lower_pass.donations(s, keep=set())[1] == (False, False)
+
+
+def test_broadcast_arrays_results_are_not_donated_and_no_warning():
+    """F.broadcast's results (numpy.broadcast_arrays' views, whose flag
+    NumPy warns of reading): never donated, and the lowering warns of
+    nothing (under -W error the key fell back)."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 3)
+
+        def forward(self, x):
+            a, b = F.broadcast(self.l(x), x[:1])
+            return F.sum(a * b)
+
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+    m = S()
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', FutureWarning)
+        for i in range(5):
+            m.cleargrads()
+            m(numpy.ones((2, 3), 'f')).backward()
+    assert caches_of(m)['forward'].replays == 4
 
 
 def test_an_input_read_twice_by_the_op_is_not_donated():

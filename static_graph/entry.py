@@ -216,7 +216,9 @@ class Entry(object):
         name = 'backward (accumulating)' if ks else 'backward'
         if absent:
             missing = [self.grad_out_bids[i] for i in absent]
-            masked_ops = masked.mask_ops(ops, sums, missing, outputs)
+            masked_ops = masked.mask_ops(
+                ops, sums, missing, outputs,
+                [b for b in inputs if bufs[b].role == ir.GRAD_OUT])
             if masked_ops is None:
                 self.accumulating[key] = None
                 return None

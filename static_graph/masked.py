@@ -27,22 +27,33 @@ from static_graph import kernels
 NONE_TAKING_KINDS = frozenset(('LSTMGrad',))
 
 
-def mask_ops(ops, sums, missing, outputs):
+def mask_ops(ops, sums, missing, outputs, gradients=()):
     """``ops`` (with ``sums``: per op, whether it is a sum of gradient
     contributions) with the buffers ``missing`` standing for no gradient.
-    Returns (ops, outputs with aliases resolved), or None where a missing
-    gradient reaches an op that is neither a sum nor NONE_TAKING_KINDS, or
-    a schedule output."""
+    ``gradients``: the schedule's gradient inputs (``missing`` among
+    them); what ops make from them is a gradient too, the rest (saved
+    activations, parameters) not. Returns (ops, outputs with aliases
+    resolved), or None where a missing gradient reaches an op that is
+    neither a sum nor NONE_TAKING_KINDS and has other gradients among its
+    inputs, or a schedule output. An op whose gradient inputs are all
+    missing belongs to a node define-by-run's backprop never reaches (no
+    output of it has a gradient: the permutation and the stack an NStep
+    RNN makes its last state with): left out, its results missing too."""
     none = set(missing)
+    derived = set(gradients) | none
     alias = {}
     out = []
     for op, is_sum in zip(ops, sums):
         ins = tuple(alias.get(b, b) for b in op.inputs)
         gone = tuple(j for j, b in enumerate(ins) if b in none)
+        if any(b in derived for b in ins):
+            derived.update(op.outputs)
         if not gone:
             new = op.copy()
             new.inputs = ins
             out.append(new)
+        elif not is_sum and all(b in none for b in ins if b in derived):
+            none.update(op.outputs)
         elif is_sum:
             kept = [b for b in ins if b not in none]
             if len(op.outputs) != 1 or len(kept) > 1:

@@ -174,13 +174,31 @@ def explain(chain):
         return update.explain_update(chain)
     lines = []
     caches = decorator.caches_of(chain)
-    if not caches:
+    if caches:
+        _explain_caches(caches, lines)
+        return '\n'.join(lines)
+    # (``L.Classifier(predictor)`` with the predictor's forward decorated:
+    # the caches are its links'.)
+    inner = [(path, link) for path, link in chain.namedlinks(skipself=True)
+             if decorator.caches_of(link)] \
+        if isinstance(chain, chainer.Link) else []
+    if not inner:
         return '%s has no static-graph cache (never called, or the flag ' \
                'use_static_graph was off)' % type(chain).__name__
+    lines.append('%s has no static-graph cache of its own; its links\' '
+                 'caches:' % type(chain).__name__)
+    for path, link in inner:
+        lines.append('%s (%s):' % (path, type(link).__name__))
+        sub = []
+        _explain_caches(decorator.caches_of(link), sub)
+        lines.extend('  ' + ln for ln in sub)
+    return '\n'.join(lines)
+
+
+def _explain_caches(caches, lines):
     for name, cache in sorted(caches.items()):
         with cache.lock:    # (other threads' calls change the entries)
             _explain_cache(cache, lines)
-    return '\n'.join(lines)
 
 
 def _explain_cache(cache, lines):

@@ -586,6 +586,21 @@ def test_explain_on_a_chain_never_called():
     assert static_graph.cached(b) == []
 
 
+def test_explain_on_a_chain_whose_links_are_decorated():
+    """``L.Classifier`` around a predictor whose forward is decorated (the
+    README's pattern): explain() reports the predictor's cache, where it
+    said there was none."""
+    a, b = make_twins(mlp)
+    model = L.Classifier(b, lossfun=lambda y, t: F.sum(y))
+    model.compute_accuracy = False
+    for i in range(3):
+        model.cleargrads()
+        model(data(2, 3), numpy.zeros(2, 'i')).backward()
+    text = static_graph.explain(model)
+    assert 'no static-graph cache of its own' in text, text
+    assert '/predictor (' in text and '2 replays' in text, text
+
+
 def test_bad_options_are_rejected():
     with pytest.raises(ValueError, match='cache_size'):
         static_graph.static_graph(cache_size=0)

@@ -9,6 +9,7 @@ from schedules import ir
 from static_graph import arrayutil
 from static_graph import cuts  # NOQA  (its Variable wrappers: graph_accessors)
 from static_graph import frozen_values
+from static_graph import outputs
 from static_graph import signature
 from static_graph import traced
 
@@ -56,6 +57,21 @@ def inner_arguments(rec, leaves, paths):
                     a.flags.writeable = False
             inner.append(a)
     return inner, leaf_bids
+
+
+def attributes_set(rec):
+    """Attributes the method set on an argument Variable (``x.memo = h``:
+    on the recording's copy of it): set on the caller's too, as
+    define-by-run's method sets them; a reason, since replay sets none."""
+    for path, caller, copy in rec.argument_paths.values():
+        own = outputs.own_attributes(copy)
+        for k in own:
+            setattr(caller, k, getattr(copy, k))
+        if own:
+            rec.add_reason(
+                'it sets attribute %s on argument %s (a Variable), which '
+                'replay would not' % (', '.join(own),
+                                      signature.path_text(path)))
 
 
 def _plain_subclass(rec, a, path):

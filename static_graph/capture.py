@@ -145,6 +145,7 @@ class Capture(object):
             link_state.untrace_held(chain, held)
             watch.put_back_arrays(shown)
             arguments.sync_gradients(rec, inner, leaves, paths)
+            arguments.attributes_set(rec)
             arguments.check_containers(rec, held_args, made, inner, leaves,
                                        self.method, chain)
             for what in generators.unseen(rngs, draws):

@@ -367,6 +367,13 @@ def recorded(rec, out, live):
             out_kinds.append('V')
             inner_outs.append(o)
             a = o.raw_array
+            own = own_attributes(o)
+            if own:
+                rec.add_reason(
+                    'it sets attribute %s on a Variable it returns (an '
+                    'intermediate handed out so: ``y.hidden = h``), which '
+                    "replay's output Variables would not have"
+                    % ', '.join(own))
         else:
             # ('S': a 0-d array standing for the NumPy scalar a NumPy
             # call gave, numpy_calls.py: handed out as that scalar)
@@ -375,6 +382,14 @@ def recorded(rec, out, live):
             inner_outs.append(chainer.Variable(a, requires_grad=False))
         out_bids.append(rec.buffer_of(a, 'the return value'))
     return out_spec, inner_outs, out_bids, out_kinds
+
+
+_VARIABLE_FIELDS = frozenset(vars(chainer.Variable(numpy.zeros(1))))
+
+
+def own_attributes(v):
+    """The attributes set on Variable ``v`` beyond Chainer's own."""
+    return sorted(k for k in vars(v) if k not in _VARIABLE_FIELDS)
 
 
 def handed(v, kind):

@@ -16,6 +16,7 @@ import chainer.distributions as D
 import chainer.functions as F
 import chainer.links as L
 
+import static_graph
 from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
 from tests.twins import static_twins
@@ -404,3 +405,50 @@ def test_an_array_argument_returned_is_the_callers_at_every_call():
             assert zz is z and va is v.array, (m, i)
     (cache,) = caches_of(b).values()
     assert cache.replays == 2
+
+
+class _Memo(chainer.Chain):
+    """Hands an intermediate out as an attribute of its argument and of
+    its result (``x.memo = h``, ``y.hidden = h``)."""
+
+    def __init__(self):
+        super(_Memo, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(5, 8)
+            self.l2 = L.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.l1(x)
+        x.memo = h
+        y = self.l2(F.relu(h))
+        y.hidden = h
+        return y
+
+
+def test_attributes_set_on_an_argument_and_a_result():
+    """They were set on the recording's copies and lost from the first
+    call on (AttributeError where define-by-run has them). Now the caller's
+    argument gets them, the key falls back, and the losses through them
+    agree bit for bit."""
+    S = type('S', (_Memo,), {'forward': static_graph.static_graph(
+        _Memo.forward)})
+    models = []
+    for cls in (_Memo, S):
+        numpy.random.seed(0)
+        models.append(cls())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(3):
+            seen = []
+            for m in models:
+                x = chainer.Variable(
+                    numpy.random.RandomState(i).randn(2, 5).astype('f'))
+                m.cleargrads()
+                y = m(x)
+                loss = F.sum(y * y) + F.sum(x.memo) + F.sum(y.hidden ** 2)
+                loss.backward()
+                seen.append([loss.array, m.l1.W.grad.copy()])
+            for a, b in zip(*seen):
+                assert numpy.array_equal(a, b), i
+    assert any('sets attribute memo on argument' in str(x.message)
+               for x in w), [str(x.message) for x in w]

@@ -36,6 +36,7 @@ def inner_arguments(rec, leaves, paths):
             if isinstance(raw, numpy.ndarray) and \
                     type(raw) is not numpy.ndarray:
                 a = _plain_subclass(rec, a, path)
+            rec.callers[id(a)] = raw
         leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
         if variable:
             v = chainer.Variable(a, requires_grad=leaf.requires_grad,

@@ -24,6 +24,7 @@ from static_graph import build
 from static_graph import cuts
 from static_graph import cache as cache_module
 from static_graph import diagnostics
+from static_graph import early_bound
 from static_graph import entry as entry_module
 from static_graph import generators
 from static_graph import link_state
@@ -126,8 +127,10 @@ class Capture(object):
                                   list(classes) + named, root_hooks,
                                   held=held_links, around=around)
         held = link_state.trace_held_arrays(chain, rec)
-        rngs = generators.snapshot(chain, watch.named_globals)
+        rngs = generators.snapshot(chain, watch.named_globals,
+                                   watch.named_closures, watch.classes_seen)
         stand_ins, draws = generators.stand_ins(rngs)
+        stand_ins += early_bound.stand_ins(chain, watch)
         with rec:
             shown = watch.trace_arrays(rec)
             try:
@@ -151,6 +154,7 @@ class Capture(object):
             for what in generators.unseen(rngs, draws):
                 rec.add_reason(generators.reason(what))
             rec.check_writes()
+            link_state.left_in_containers(rec, watch, snapshot)
             outside = splice.outside_graph(
                 rec, set(id(d[3]) for d in detached))
             if outside:

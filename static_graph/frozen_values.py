@@ -27,7 +27,7 @@ _MAPPINGS = (dict, collections.UserDict, collections.ChainMap,
              types.MappingProxyType) + _WEAK
 _SEQUENCES = (tuple, list, collections.deque, collections.UserList,
               array.array, bytearray)
-_CONTAINERS = _MAPPINGS + _SEQUENCES + (set, frozenset, memoryview,
+CONTAINERS = _MAPPINGS + _SEQUENCES + (set, frozenset, memoryview,
                                         weakref.WeakSet, functools.partial)
 MAX_ITEMS = 64
 
@@ -81,9 +81,11 @@ def variable_array(v):
 def _freeze(v, budget):
     """A value of ``v`` that later changes to it do not reach, comparable
     with ==; ``budget``: [elements left]. A tuple of scalars is its own."""
+    if type(v) in weakref.ProxyTypes:
+        return _Same(v)      # (dead or not: ``isinstance`` would ask it)
     if isinstance(v, SCALARS):
         return v
-    if not isinstance(v, _CONTAINERS):
+    if not isinstance(v, CONTAINERS):
         if variable_array(v) is not None:
             return _SameVariable(v)
         if type(v) is itertools.count:      # (its next value: its text)
@@ -168,6 +170,23 @@ def _weakly(x):
         return x
 
 
+def members(v):
+    """The objects container ``v`` (one of CONTAINERS) holds: a mapping's
+    values (a WeakKeyDictionary's keys), a sequence's or a set's items, a
+    partial's arguments; none for the containers of numbers (a memoryview,
+    an array.array, a bytearray). A copy, taken in C (another thread may
+    append to a deque)."""
+    if isinstance(v, weakref.WeakKeyDictionary):
+        return list(v.keys())
+    if isinstance(v, _MAPPINGS):
+        return list(v.values())
+    if isinstance(v, functools.partial):
+        return list(v.args) + list(v.keywords.values())
+    if isinstance(v, (memoryview, array.array, bytearray)):
+        return []
+    return list(v)
+
+
 def freeze(v, items=MAX_ITEMS):
     """``v`` frozen for comparison (see _freeze), or None for a container
     of more than ``items`` elements in all."""
@@ -177,7 +196,7 @@ def freeze(v, items=MAX_ITEMS):
 
 def same_value(a, b):
     """Do ``a`` and ``b`` hold the same scalars or containers of them?"""
-    if not isinstance(a, SCALARS + _CONTAINERS) or type(a) is not type(b):
+    if not isinstance(a, SCALARS + CONTAINERS) or type(a) is not type(b):
         return False
     fa, fb = freeze(a), freeze(b)
     try:
@@ -189,7 +208,33 @@ def same_value(a, b):
 def _holds(v, frozen, items=MAX_ITEMS):
     """Does container ``v`` still hold ``frozen`` (freeze's value of it
     then, of at most ``items`` elements; an immutable tuple is its own)?"""
-    return v is frozen or _equal(freeze(v, items), frozen)
+    return v is frozen or _same_objects(v, frozen) or \
+        _equal(freeze(v, items), frozen)
+
+
+def _same_objects(v, frozen):
+    """The hot path of ``_holds``: a dict or list of one level (a registry
+    of functions, a list of scalars) that holds the very objects it held,
+    under the very keys: nothing in it can have changed. Anything else, or
+    any other object, goes the long way (an equal number in another
+    object: the same value; a container in it: changed inside?)."""
+    t = type(v)
+    if (t is not dict and t is not list) or type(frozen) is not tuple or \
+            len(frozen) != 2 or frozen[0] is not t:
+        return False
+    then = frozen[1]
+    if len(v) != len(then):
+        return False
+    if t is dict:
+        for (k, x), (k0, y) in zip(v.items(), then):
+            if k is not k0 or not (
+                    x is y or type(y) is _Same and y.obj is x):
+                return False
+        return True
+    for x, y in zip(v, then):
+        if not (x is y or type(y) is _Same and y.obj is x):
+            return False
+    return True
 
 
 holds = _holds

@@ -8,10 +8,10 @@ generators are caught where they are made (recorder.py patches the module
 functions); a generator object's methods cannot be patched, so its state is
 compared instead: before and after the recording call, for the generators
 the method can reach directly. Those are the attributes of the chain's
-links (the chain itself included) and the module globals named by its code
-and by the user functions it reaches by name (a helper function or method,
-a child link's forward). A generator held elsewhere (in another object, a
-closure) is not seen.
+links (the chain itself included), and the module globals named by its
+code and by the user functions it reaches by name (a helper function or
+method, a child link's forward) and their closure variables. A generator
+held elsewhere (in another object) is not seen.
 
 While the method runs, each NumPy generator found so is replaced where it
 is held by a stand-in (``stand_ins``) whose array draws are ops of the
@@ -29,6 +29,7 @@ import sys
 import numpy
 
 from static_graph import numpy_calls
+from static_graph import places
 from static_graph import traced
 
 _TYPES = (numpy.random.RandomState, numpy.random.Generator, random.Random)
@@ -58,12 +59,14 @@ def _same(a, b):
     return a == b
 
 
-def snapshot(chain, global_names):
+def snapshot(chain, global_names, closures=(), classes=()):
     """[(name, generator, state, (namespace, key) where it is held)] for
     the generators the method can reach
-    directly on ``chain``'s links, or as one of the module globals
+    directly on ``chain``'s links, as one of the module globals
     ``global_names`` (link_values.Watch.named_globals: those named by the
-    method and the functions it reaches)."""
+    method and the functions it reaches), one of their closure variables
+    ``closures`` (Watch.named_closures: (closure, name)) or a class
+    attribute of ``classes`` (Watch.classes_seen: the user classes)."""
     found = []
     seen = set(id(g) for g in _GLOBAL)
     for path, link in chain.namedlinks():
@@ -78,6 +81,17 @@ def snapshot(chain, global_names):
         if isinstance(v, _TYPES) and id(v) not in seen:
             seen.add(id(v))
             found.append(('global %s' % n, v, (glob, n)))
+    for env, n in closures:
+        v = env.get(n)
+        if isinstance(v, _TYPES) and id(v) not in seen:
+            seen.add(id(v))
+            found.append(('closure variable %s' % n, v, (env, n)))
+    for cls in classes:
+        for n, v in list(cls.__dict__.items()):
+            if isinstance(v, _TYPES) and id(v) not in seen:
+                seen.add(id(v))
+                found.append(('class attribute %s.%s' % (cls.__name__, n),
+                              v, (places.ClassAttributes(cls), n)))
     out = []
     for name, gen, where in found:
         try:
@@ -162,7 +176,11 @@ def put_back(puts):
     """Undo ``stand_ins`` (where the method did not put something else
     there)."""
     for d, k, gen, s in puts:
-        if d.get(k) is s:
+        if type(d) is list:
+            # (The call may have taken items out of a list it holds.)
+            if k < len(d) and d[k] is s:
+                d[k] = gen
+        elif d.get(k) is s:
             d[k] = gen
 
 

@@ -179,16 +179,6 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
             if old is not v and (isinstance(v, chainer.Variable) or
                                  arrayutil.is_array(v)):
                 changed.append((d, k, v, old))
-            elif isinstance(v, _CONTAINERS) and _holds_made(rec, v, 3):
-                # (Chainer's cached properties: a distribution kept on the
-                # chain, ``self.prior.scale``.)
-                rec.add_reason(
-                    'it leaves a Variable it made, which takes a gradient, '
-                    'in a %s at %s.%s (a cache filled by the first call: '
-                    "a distribution's cached property); a later call "
-                    "reads it and backpropagates into this call's graph "
-                    'in define-by-run, where replay would compute it '
-                    'again' % (type(v).__name__, name, k))
     # Before the writes below add buffers (``self.a, self.b = self.b,
     # self.a`` reads neither).
     for d, k, v, old in changed:
@@ -221,24 +211,67 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
     return writes
 
 
-_CONTAINERS = (dict, list, tuple, set, frozenset)
+def left_in_containers(rec, watch, snapshot):
+    """A reason where a container the watch holds (a link's, a helper
+    object's, a global, a closure variable, a class or module attribute),
+    or one a link or helper object holds after the call (a cache it
+    filled), holds a Variable the call made that takes a gradient:
+    define-by-run keeps the call's graph behind it, for a later call or
+    the loop to backpropagate through (a list of earlier states the next
+    call attends to; Chainer's cached properties, a distribution kept on
+    the chain: ``self.prior.scale``); a replay builds no such graph.
+    ``snapshot``: snapshot_links'."""
+    found = watch.containers()
+    for d, _, path in snapshot:
+        found.extend(('attribute self%s.%s' % (
+            path.rstrip('/').replace('/', '.'), k), v)
+            for k, v in list(d.items()) if _container(v))
+    for d, _, name in watch.helper_snapshot:
+        found.extend(('%s.%s' % (name, k), v) for k, v in list(d.items())
+                     if _container(v))
+    seen = set()
+    for where, v in found:
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if _holds_made(rec, v, 3):
+            rec.add_reason(
+                'it leaves a Variable it made, which takes a gradient, in a '
+                "%s at %s; define-by-run keeps this call's graph behind it, "
+                'which a later call (or the loop) can backpropagate through '
+                'again, and a replay builds no such graph'
+                % (type(v).__name__, where))
+            return
+
+
+def _container(v):
+    return type(v) not in arrayutil.PROXIES and \
+        isinstance(v, frozen_values.CONTAINERS)
 
 
 def _holds_made(rec, v, depth):
     """Does container ``v`` hold (``depth`` levels deep, 256 items at
     most) a Variable this recording made that takes a gradient?"""
-    items = v.values() if isinstance(v, dict) else v
-    for n, x in enumerate(items):
+    for n, x in enumerate(frozen_values.members(v)):
         if n >= 256:
             return False
+        if type(x) in arrayutil.PROXIES:
+            continue
         if isinstance(x, chainer.Variable):
             if x.requires_grad and x.creator_node is not None and \
-                    rec.is_recorded(x.raw_array):
+                    _made(rec, x.raw_array):
                 return True
-        elif depth > 1 and isinstance(x, _CONTAINERS) and \
+        elif depth > 1 and _container(x) and \
                 _holds_made(rec, x, depth - 1):
             return True
     return False
+
+
+def _made(rec, a):
+    """Is ``a`` an array an op of the recording made (not a view of the
+    chain's own arrays: ``self.tied = [self.l1.W.T]``, made before)?"""
+    b = rec.by_id.get(id(a))
+    return b is not None and rec.buffers[b].role in (ir.TEMP, ir.STATE)
 
 
 def detach_link_variables(chain, rec, slots=()):

@@ -41,9 +41,10 @@ import numpy
 import chainer
 
 from static_graph import arrayutil
+from static_graph import places
 from static_graph import reach
 from static_graph.frozen_values import (
-    SCALARS, _CONTAINERS, _TOO_BIG, _equal, _holds, _numbers_inside,
+    SCALARS, CONTAINERS, _TOO_BIG, _equal, _holds, _numbers_inside,
     _same_kinds, freeze, variable_array)
 
 HELPER_DEPTH = 3     # self.a.b.c: helper attributes watched to this depth
@@ -158,82 +159,14 @@ def _held_helpers(c, depth):
     items = c.items() if isinstance(c, dict) else enumerate(c) \
         if isinstance(c, (list, tuple)) else ()
     for i, x in items:
-        if isinstance(x, _CONTAINERS):
+        if arrayutil.dead_proxy(x):
+            continue     # (the watch's by identity)
+        if isinstance(x, CONTAINERS):
             if depth > 1:
                 for at, y in _held_helpers(x, depth - 1):
                     yield '[%r]%s' % (i, at), y
         elif not isinstance(x, SCALARS) and helper_fields(x) is not None:
             yield '[%r]' % (i,), x
-
-
-class _Closure(object):
-    """A function's closure cells as a mapping (name -> contents)."""
-
-    def __init__(self, names, cells):
-        self.cells = dict(zip(names, cells))
-
-    def get(self, k, default=None):
-        try:
-            return self.cells[k].cell_contents
-        except (KeyError, ValueError):   # an empty cell
-            return default
-
-
-class _Defaults(object):
-    """A function's default argument values as a mapping (name -> value),
-    read from the function at each look (``f.__defaults__`` replaced
-    too)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        code = fn.__code__
-        names = code.co_varnames[:code.co_argcount]
-        self.at = dict((k, i - len(names)) for i, k in enumerate(names))
-        self.keyword = code.co_varnames[
-            code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
-
-    def get(self, k, default=None):
-        if k in self.at:
-            d = self.fn.__defaults__ or ()
-            i = self.at[k]
-            return d[i] if -i <= len(d) else default
-        return (self.fn.__kwdefaults__ or {}).get(k, default)
-
-    def names(self):
-        d = self.fn.__defaults__ or ()
-        return [k for k, i in self.at.items() if -i <= len(d)] + \
-            sorted(self.fn.__kwdefaults__ or ())
-
-
-class _Names(object):
-    """The attribute names a helper object has now, as a mapping's only
-    value (whatever the key)."""
-
-    def __init__(self, fields):
-        self.fields = fields
-
-    def get(self, k, default=None):
-        return tuple(self.fields)
-
-
-class _Alive(object):
-    """Whether a ``weakref.ref`` or proxy still refers to its object, as
-    a mapping's only value: the id of that object (of its ``__dict__``,
-    for a proxy), or None once it is gone."""
-    __slots__ = ('ref',)
-
-    def __init__(self, ref):
-        self.ref = ref
-
-    def get(self, k, default=None):
-        r = self.ref
-        if type(r) is weakref.ref:
-            target = r()
-            return None if target is None else id(target)
-        try:
-            return id(r.__dict__)
-        except (ReferenceError, AttributeError):
-            return None
 
 
 class Watch(object):
@@ -295,7 +228,7 @@ class Watch(object):
         for path, link in held:
             d = link.__dict__
             self.prefix[id(d)] = path
-            names = _Names(d)
+            names = places.Names(d)
             self.prefix[id(names)] = ''
             self.pairs.append((names, 'the attribute names of self%s'
                                % path.rstrip('/').replace('/', '.')))
@@ -313,29 +246,35 @@ class Watch(object):
         glob = chainer._get_link_hooks()
         if glob:
             self._add_hooks(glob, 'global link hook ')
-        self._classes_seen = set()
+        self.code_names = code_names(functions)
+        self.classes_seen = set()
         self._add_class_attributes(
             list(classes) + [link.__class__ for _, link in held])
-        self.code_names = code_names(functions)
         self.named_globals = reach.named_globals(functions)
         for glob, k in self.named_globals:
             self._add(glob, k, glob[k])
+        self._add_module_attributes(functions)
+        # (closure or defaults, name): generators.snapshot and
+        # early_bound.stand_ins
+        self.named_closures = []
         for fn in functions:
             cells = fn.__closure__
             if cells:
-                env = _Closure(fn.__code__.co_freevars, cells)
+                env = places.Closure(fn.__code__.co_freevars, cells)
                 self.prefix[id(env)] = 'closure variable '
                 for k in fn.__code__.co_freevars:
                     v = env.get(k, _TOO_BIG)
                     if v is not _TOO_BIG and type(v) is not _ModuleType:
                         self._add(env, k, v)
+                        self.named_closures.append((env, k))
             if getattr(fn, '__defaults__', None) or \
                     getattr(fn, '__kwdefaults__', None):
                 # (A mutable default the caller or the method changes.)
-                env = _Defaults(fn)
+                env = places.Defaults(fn)
                 self.prefix[id(env)] = 'default argument '
                 for k in env.names():
                     self._add(env, k, env.get(k))
+                    self.named_closures.append((env, k))
         self._add_helper_fields()
         self.values = tuple(self.values)
         self._kinds()
@@ -372,17 +311,61 @@ class Watch(object):
 
     def _add_class_attributes(self, classes):
         """The scalar and container class attributes of the user classes
-        in the MROs of ``classes``, once per class."""
-        for cls in reach.user_classes(classes):
-            if cls in self._classes_seen:
+        in the MROs of ``classes``, once per class, and the others the
+        code names, by identity (a method replaced on the class,
+        ``Net.predict = other``; a descriptor object, watched as a helper
+        object)."""
+        names = self.code_names
+        # (Their metaclasses' too, those of your own: ``type(self).scale``
+        # defined on one; not Python's ``type`` and ``ABCMeta``.)
+        metas = [m for m in reach.user_classes(
+            [type(c) for c in classes if type(c) is not type])
+            if m is not type and reach.user_class(m)]
+        for cls in reach.user_classes(classes) + metas:
+            if cls in self.classes_seen:
                 continue
-            self._classes_seen.add(cls)
+            self.classes_seen.add(cls)
             d = cls.__dict__
             self.prefix[id(d)] = 'class attribute %s.' % cls.__name__
             for k, v in d.items():
-                if not k.startswith('__') and \
-                        isinstance(v, SCALARS + _CONTAINERS):
+                if k in reach.IMPLICIT or not k.startswith('__') and (
+                        k in names or isinstance(v, SCALARS + CONTAINERS)):
                     self._add(d, k, v)
+            # (One set on it that shadows a base class's: ``Net.scale =
+            # 2.0`` where only ``Base`` had one.)
+            fields = places.ClassNames(d)
+            self.prefix[id(fields)] = ''
+            self.pairs.append((fields, 'the attribute names of class %s'
+                               % cls.__name__))
+            self.values.append(fields.get(None))
+
+    def _add_module_attributes(self, functions):
+        """The attributes the code names of the project's own modules it
+        names (``settings.scale``, ``settings.NS.s``; ``proj.settings.scale``
+        through a package, three modules deep), or that a link holds
+        (``self.cfg = settings``), as globals are. Returns the modules."""
+        todo = [(m, 1) for fn in functions for m in reach.named_modules(fn)]
+        todo += [(v, 1) for _, _, v in self.objects
+                 if reach.project_module(v)]
+        seen, out = set(), []
+        while todo:
+            m, depth = todo.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            out.append(m)
+            d = m.__dict__
+            self.prefix[id(d)] = 'module attribute %s.' % m.__name__
+            for k in self.code_names:
+                v = d.get(k, _TOO_BIG)
+                if v is _TOO_BIG or k.startswith('__'):
+                    continue
+                if type(v) is not _ModuleType:
+                    self._add(d, k, v)
+                elif depth < 3 and reach.project_module(v):
+                    self._add(d, k, v)
+                    todo.append((v, depth + 1))
+        self.modules = out
 
     def _add_hooks(self, hooks, prefix):
         """Watch link hooks ``hooks`` ({name: hook}) as helper objects,
@@ -436,7 +419,7 @@ class Watch(object):
             self.prefix[id(fields)] = name + '.'
             # An attribute set later that was not there (one shadowing a
             # class default: ``self.n += 1`` with ``n = 0`` on the class).
-            names = _Names(fields)
+            names = places.Names(fields)
             self.prefix[id(names)] = ''
             self.pairs.append((names, 'the attribute names of ' + name))
             self.values.append(names.get(None))
@@ -449,9 +432,20 @@ class Watch(object):
             for k, x in list(fields.items()):
                 self._add(fields, k, x)
                 if depth < HELPER_DEPTH and not isinstance(
-                        x, SCALARS + _CONTAINERS):
+                        x, SCALARS + CONTAINERS):
                     todo.append((name + '.' + k, x, depth + 1, contained,
                                  k))
+
+    def containers(self):
+        """(how a message names it, container) for the containers watched
+        (a link's or helper object's attribute, a global, a closure
+        variable, a class or module attribute)."""
+        out = [(self._name(d, k), c) for d, k, _, c in self.frozen
+               if isinstance(c, CONTAINERS)]
+        out += [(self._name(d, k), v) for d, k, v in self.objects
+                if type(v) not in arrayutil.PROXIES and
+                isinstance(v, CONTAINERS)]
+        return out
 
     def _name(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""
@@ -472,12 +466,12 @@ class Watch(object):
         if type(v) is weakref.ref or type(v) in arrayutil.PROXIES:
             # (What it refers to may go while it stays: a link dropped,
             # which define-by-run's ``ref()`` no longer finds.)
-            alive = _Alive(v)
+            alive = places.Alive(v)
             self.prefix[id(alive)] = self.prefix.get(id(d), 'global ') + \
                 k + ' '
             self.pairs.append((alive, 'refers to the same object'))
             self.values.append(alive.get(None))
-        frozen = freeze(v) if isinstance(v, _CONTAINERS) or \
+        frozen = freeze(v) if isinstance(v, CONTAINERS) or \
             type(v) is itertools.count or \
             variable_array(v) is not None else None
         if frozen is None:

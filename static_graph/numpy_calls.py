@@ -34,8 +34,11 @@ number used in Python), a reduction to one value, anything whose result's
 shape depends on the values (traced.py), arguments other than arrays and
 plain constants. CuPy's generators are not covered (device_reads.py).
 """
+import functools
+
 import numpy
 
+import chainer
 from chainer import function_node
 
 from static_graph import traced
@@ -192,6 +195,61 @@ def pure_function(orig, label):
 
     call.__name__ = orig.__name__
     call.__doc__ = orig.__doc__
+    return call
+
+
+# Chainer's functions that compute on their argument's array outside any
+# node, their result a Variable with no graph: (module, name, label). Made
+# ops where the argument is an array of the recording (``F.sign(
+# F.mean(h))``; a result that happened to be uniform was taken for a
+# constant, and replay froze it).
+ON_ARRAYS = tuple(('chainer.functions.math.' + n, n, 'F.' + n)
+                  for n in ('sign', 'floor', 'ceil', 'fix'))
+
+
+def array_function(orig, label):
+    """``orig`` (one of ``ON_ARRAYS``) as an op of the thread's recording
+    where its argument is a Variable (a Parameter too: ``F.sign(self.W)``
+    of a binarized network) or a recorded array."""
+    def call(x):
+        rec = traced.active_recording()
+        if recordable(rec):
+            variable = isinstance(x, chainer.Variable)
+            a = x.raw_array if variable else x
+            if isinstance(a, numpy.ndarray) and (
+                    variable or type(a) is traced.TracedArray or
+                    rec.is_recorded(a)):
+                out = apply(rec, _array_of(orig), label,
+                            ((None,), {}, (('a', 0),), [a]))[1][0]
+                return chainer.as_variable(out)
+        return orig(x)
+
+    call.__name__ = orig.__name__
+    call.__doc__ = orig.__doc__
+    return call
+
+
+def walker_sample(orig):
+    """``WalkerAlias.sample_xp`` (``orig``) as a draw of the thread's
+    recording where it may be one: ``L.BlackOut`` draws its negative
+    samples with it in its forward, outside any node (a sample of one
+    element was taken for a constant, and replay froze it)."""
+    def sample_xp(self, xp, shape):
+        rec = traced.active_recording()
+        if xp is numpy and recordable(rec):
+            made = draw(rec, functools.partial(orig, self, xp),
+                        'WalkerAlias', 'sample', (shape,), {})
+            if made is not None:
+                return made
+        return orig(self, xp, shape)
+
+    return sample_xp
+
+
+def _array_of(orig):
+    def call(a):
+        return orig(a).array
+    call.__name__ = orig.__name__
     return call
 
 

@@ -19,11 +19,13 @@ import threading
 import numpy
 
 import chainer
+import chainer.functions as F
 from chainer import _backprop as _backprop_module
 from chainer import _backprop_utils
 from chainer import function_node
 from chainer import reporter as reporter_module
 from chainer import variable as variable_module
+from chainer.utils import walker_alias
 
 from static_graph import arguments
 from static_graph import device_reads
@@ -500,11 +502,42 @@ for _module, _name, _label in numpy_calls.PURE:
     _PATCHES += ((sys.modules[_module].__dict__,
                   {_name: numpy_calls.pure_function(_orig_fn, _label)},
                   {_name: _orig_fn}),)
-del _module, _name, _label, _orig_fn
+# id(an original function the patches stand in for) -> (it, its patched
+# function): a global generator's methods and ON_ARRAYS' functions, for a
+# name bound to one before the patches went in (``from numpy.random
+# import rand``, ``self.draw = random.random``, ``fn = F.sign`` in a
+# closure): early_bound puts the patched function there while a call
+# records. (Modules hold those functions: their ids stay theirs.)
+_patched_by_id = dict((id(fn), (fn, _patched_rng[key]))
+                      for key, fn in _orig_rng.items())
+for _module, _name, _label in numpy_calls.ON_ARRAYS:
+    # (Where Chainer defines it, and as chainer.functions has it: F.sign.)
+    _orig_fn = getattr(sys.modules[_module], _name)
+    _patched_by_id[id(_orig_fn)] = (
+        _orig_fn, numpy_calls.array_function(_orig_fn, _label))
+    for _space in (sys.modules[_module].__dict__, F.__dict__):
+        if _space.get(_name) is _orig_fn:
+            _PATCHES += ((_space,
+                          {_name: _patched_by_id[id(_orig_fn)][1]},
+                          {_name: _orig_fn}),)
+del _module, _name, _label, _orig_fn, _space
 for _cupy_patch in (device_reads.patches(MISSING),   # CuPy (GPU) only
                     device_reads.constant_patches()):
     if _cupy_patch is not None:
         _PATCHES += (_cupy_patch,)
+
+
+def patched_for(v):
+    """The patched function standing for ``v`` where ``v`` is one the
+    patches replace (see _patched_by_id), else None."""
+    hit = _patched_by_id.get(id(v))
+    return hit[1] if hit is not None and hit[0] is v else None
+
+
+_orig_walker = walker_alias.WalkerAlias.__dict__['sample_xp']
+_PATCHES += ((walker_alias.WalkerAlias,
+              {'sample_xp': numpy_calls.walker_sample(_orig_walker)},
+              {'sample_xp': _orig_walker}),)
 
 
 # FunctionNode.apply's wrapper, once installed, stays (``_put`` never puts

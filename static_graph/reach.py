@@ -101,10 +101,16 @@ def _user_function(v):
         v = v.__func__
     if type(v) is _LRU_WRAPPER:      # (functools.lru_cache, cache)
         v = getattr(v, '__wrapped__', None)
-    if type(v) is not types.FunctionType or \
-            _library_file(v.__code__.co_filename):
-        return None
-    return v
+    for _ in range(4):
+        if type(v) is not types.FunctionType:
+            return None
+        if not _library_file(v.__code__.co_filename):
+            return v
+        # A library's wrapper made with functools.wraps (this package's
+        # own: a decorated child link's forward, a decorated parent
+        # method called through super()) runs the function it wraps.
+        v = getattr(v, '__wrapped__', None)
+    return None
 
 
 # class -> is it defined in user code? (Weak: a class made per call, in a
@@ -187,6 +193,25 @@ def _project_class(cls):
         'dist-packages' not in filename
 
 
+def project_module(m):
+    """Is module ``m`` one of the project's own (a settings module, a
+    module of helpers: not Python's library, not an installed package,
+    not Chainer, NumPy, CuPy or this package)?"""
+    if type(m) is not _ModuleType:
+        return False
+    filename = getattr(m, '__file__', None)
+    return type(filename) is str and not _library_file(filename) and \
+        'site-packages' not in filename and 'dist-packages' not in filename
+
+
+def named_modules(fn):
+    """The project's own modules ``fn`` names as globals (``import
+    settings`` then ``settings.scale``)."""
+    glob = fn.__globals__
+    return [glob[k] for k in global_names(fn, only_globals=True)
+            if project_module(glob.get(k))]
+
+
 def reachable_functions(method, classes=(), named_only=(), links=(),
                         classes_out=None):
     """``method`` and the user functions its call can reach by name, at
@@ -207,8 +232,9 @@ def reachable_functions(method, classes=(), named_only=(), links=(),
     held_classes = []
     todo = [method] + held_functions(links, held_classes)
     for cls in user:
-        for k in ('forward', '__call__'):
-            todo.append(_user_function(cls.__dict__.get(k)))
+        for k in IMPLICIT:
+            todo.extend(_user_function(f)
+                        for f in _functions_of(cls.__dict__.get(k)))
     user = user + [c for c in user_classes(named_only) if c not in user]
     seen, out, named = set(), [], []
     for v in held_classes:
@@ -237,9 +263,11 @@ def reachable_functions(method, classes=(), named_only=(), links=(),
         glob = fn.__globals__
         # (What a decorator's wrapper calls: the function in its closure.)
         found = [_cell_value(c) for c in fn.__closure__ or ()]
+        modules = named_modules(fn)
         for name in global_names(fn):
             found.append(glob.get(name))
             found.extend(cls.__dict__.get(name) for cls in user)
+            found.extend(m.__dict__.get(name) for m in modules)
         for v in found:
             if isinstance(v, type):
                 _name_class(v, classes_out, named)
@@ -263,12 +291,63 @@ def _name_class(cls, classes_out, named):
                      if _project_class(c) and c not in named)
 
 
+# What a link's class runs without its name in the code: a child link's
+# call, and attribute access (``self.scale`` computed by ``__getattr__``).
+IMPLICIT = ('forward', '__call__', '__getattr__', '__getattribute__',
+            '__setattr__')
+
+
 def _functions_of(v):
     """The functions behind a name: a property's getter and setter (``self
-    .gain``), else the value itself."""
+    .gain``), a ``partialmethod``'s function, a descriptor's ``__get__``
+    (an object of a user class on a class), the functions a dict, list or
+    tuple holds (a registry, ``ACTS['swish'](h)``), else the value
+    itself."""
+    if type(v) in weakref.ProxyTypes:
+        return ()      # (dead or not: a link's, the watch's)
     if isinstance(v, property):
         return (v.fget, v.fset)
+    if isinstance(v, functools.partialmethod):
+        return (v.func,)
+    if isinstance(v, functools.singledispatchmethod):
+        return tuple(v.dispatcher.registry.values())
+    if isinstance(v, (dict, list, tuple)):
+        out = []
+        _registry(v, out, 2)
+        return out
+    get = getattr(type(v), '__get__', None)
+    if get is not None and type(get) is types.FunctionType:
+        # (A plain function's __get__ is no Python's.) A decorator object
+        # runs the function it holds, too.
+        out = [v, get]
+        fields = getattr(v, '__dict__', None)
+        if type(fields) is dict:
+            _registry(list(fields.values()), out, 1)
+        return out
     return (v,)
+
+
+def _registry(v, out, depth):
+    """The functions a dict, list or tuple holds (``depth`` levels deep:
+    ``ACTS['conv']['act']``, ``(('relu', fn), ...)``), through partials,
+    bound methods and callable objects' ``__call__``."""
+    items = v.values() if isinstance(v, dict) else v
+    for x in list(items)[:_MAX_FUNCTIONS]:
+        if type(x) in weakref.ProxyTypes:
+            continue
+        if isinstance(x, (dict, list, tuple)):
+            if depth > 1:
+                _registry(x, out, depth - 1)
+            continue
+        while isinstance(x, functools.partial):
+            x = x.func
+        if isinstance(x, types.MethodType):
+            x = x.__func__
+        elif not isinstance(x, types.FunctionType) and callable(x) and \
+                not isinstance(x, type) and user_class(type(x)):
+            x = getattr(type(x), '__call__', None)
+        if type(x) is types.FunctionType:
+            out.append(x)
 
 
 def _cell_value(cell):

@@ -21,6 +21,7 @@ from static_graph import apply_reasons
 from static_graph import arrayutil
 from static_graph import device_reads
 from static_graph import patches
+from static_graph import places
 from static_graph import reports
 from static_graph import traced
 from static_graph.arrayutil import MISSING, is_array, root_of
@@ -44,7 +45,7 @@ _Variable = chainer.Variable
 # class kept every class a notebook cell defines again alive): (kind, user
 # defined, side effects, declared pure); kind None for old-style Function
 # adapters.
-_TYPE_INFO = '_static_graph_type_info'
+_TYPE_INFO = places.TYPE_INFO
 _refused = weakref.WeakKeyDictionary()   # classes that refuse attributes
 
 
@@ -174,6 +175,9 @@ class Recording(object):
         self.reasons = []
         self.unknown = []         # (buffer id, phase, kind, source)
         self.traced_views = {}    # id(view) -> plain array
+        # id(an argument's copy) -> the caller's array (what the
+        # method's ``x.base``, ``x.flags`` see under define-by-run)
+        self.callers = {}
         # id(an argument Variable's copy) -> (its path, the caller's, it)
         self.argument_paths = {}
         # A backward inside the method moved the recording so far onto the
@@ -265,6 +269,15 @@ class Recording(object):
         if check and id(array) not in self.handed_out:
             self.handed_out[id(array)] = (array, array.copy())
         return view
+
+    def as_define_by_run(self, view):
+        """The array define-by-run's method holds where it holds ``view``,
+        a traced view this recording made: the caller's for an argument's
+        copy, else the array behind the view; None for another view."""
+        array = self.traced_views.get(id(view))
+        if array is None:
+            return None
+        return self.callers.get(id(array), array)
 
     def is_recorded(self, array):
         """Is ``array`` (or what it is a view of) an array of this

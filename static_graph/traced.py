@@ -123,7 +123,11 @@ class TracedArray(numpy.ndarray):
             # value read. Handed back as the NumPy scalar define-by-run
             # gets, so this call computes what it would (Chainer takes
             # ``v / n`` by a scalar another way than by an array).
-            flag('a reduction to one value, x.sum()')
+            ufunc = getattr(context[0], '__name__', None) \
+                if context else None
+            flag('a reduction to one value%s' % (
+                ', of numpy.%s' % ufunc if ufunc else
+                ': x.sum(), x.all(), x.max(), ...'))
             return obj[()]
         return obj.view(TracedArray)
 
@@ -332,10 +336,25 @@ class TracedArray(numpy.ndarray):
     @property
     def base(self):
         # (A traced array is a view: its base is the plain array behind it,
-        # whose values no read of would be seen.)
+        # whose values no read of would be seen. User code gets the base
+        # define-by-run's array has, where the recording knows it.)
         if _from_user(1):
             flag('.base, the array behind it')
+            dbr = _define_by_run_array(self)
+            if dbr is not None:
+                return dbr.base
         return numpy.ndarray.base.__get__(self)
+
+    @property
+    def flags(self):
+        # (``owndata`` differs from define-by-run's array's, and of the
+        # flags only the layout is part of the key: a branch on the others
+        # is a read.)
+        if _from_user(1):
+            dbr = _define_by_run_array(self)
+            return _Flags(numpy.ndarray.flags.__get__(
+                self if dbr is None else dbr))
+        return numpy.ndarray.flags.__get__(self)
 
     @property
     def ctypes(self):
@@ -442,6 +461,45 @@ def _check_destinations(into, what):
 
 def _zero_d_traced(args):
     return any(isinstance(a, TracedArray) and a.ndim == 0 for a in args)
+
+
+class _Flags(object):
+    """An array's flags as user code reads them during a recording: the
+    layout flags are the key's (``if not x.flags.c_contiguous``); a read
+    of any other (``owndata``, ``writeable``) or a write is a reason."""
+    _LAYOUT = frozenset((
+        'c_contiguous', 'f_contiguous', 'contiguous', 'fortran', 'fnc',
+        'forc', 'C_CONTIGUOUS', 'F_CONTIGUOUS', 'CONTIGUOUS', 'FORTRAN',
+        'FNC', 'FORC', 'C', 'F'))
+
+    def __init__(self, flags):
+        object.__setattr__(self, '_flags', flags)
+
+    def __getattr__(self, name):
+        if name not in self._LAYOUT:
+            flag('.flags.%s' % name)
+        return getattr(self._flags, name)
+
+    def __getitem__(self, key):
+        if key not in self._LAYOUT:
+            flag('.flags[%r]' % (key,))
+        return self._flags[key]
+
+    def __setattr__(self, name, value):
+        flag('.flags.%s set' % name)
+        setattr(self._flags, name, value)
+
+    def __setitem__(self, key, value):
+        flag('.flags[%r] set' % (key,))
+        self._flags[key] = value
+
+    def __repr__(self):
+        return repr(self._flags)
+
+
+def _define_by_run_array(view):
+    rec = active_recording()
+    return None if rec is None else rec.as_define_by_run(view)
 
 
 def _from_user(depth):

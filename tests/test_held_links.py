@@ -454,6 +454,42 @@ def test_a_teacher_held_outside_init_scope_replays():
     assert caches_of(b)['forward'].replays == 4
 
 
+class _Gone(object):
+    pass
+
+
+def test_dead_proxies_in_containers_and_globals():
+    """A dead ``weakref.proxy`` in a list or dict on the chain, or in a
+    dict global the method names: any use of it raises, and the watch
+    (freezing the list, looking for helper objects, for functions in a
+    registry) raised ReferenceError at the first call."""
+    gone = _Gone()
+    proxy = weakref.proxy(gone)
+    del gone
+    _REGISTRY['gone'] = proxy
+
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+            self.items = [proxy]
+            self.named = {'p': proxy}
+
+        def forward(self, x):
+            return F.sum(self.l(x)) * (2.0 if _REGISTRY else 1.0)
+
+    S = type('S', (Net,), {'forward': static_graph(Net.forward)})
+    m = S()
+    for i in range(3):
+        m.cleargrads()
+        m(numpy.ones((1, 3), 'f')).backward()
+    assert caches_of(m)['forward'].replays == 2
+
+
+_REGISTRY = {}
+
+
 def test_a_held_links_own_hooks_and_a_shared_array():
     """A teacher's own counting hook (the global-hook block had swallowed
     the held links' hooks: 1 count for 6, silently) makes the key run

@@ -3,6 +3,7 @@ chain's Parameters: a Variable attribute whose array the loop replaces,
 one that is learned without being a Parameter, and the Parameters of a
 link kept outside ``init_scope``. Each twin pair trains alike, bit for
 bit."""
+import collections
 import warnings
 
 import numpy
@@ -185,7 +186,137 @@ def test_a_distribution_kept_on_the_chain(learnable):
     w = [str(x.message) for x in w
          if issubclass(x.category, static_graph.StaticGraphWarning)]
     if learnable:
-        assert len(w) == 1 and 'a cache filled by the first call' in w[0]
+        assert len(w) == 1 and "keeps this call's graph behind it" in w[0]
         assert ' 4 define-by-run calls' in text
     else:
         assert not w and ' 0 replays' not in text, text
+
+
+class _History(chainer.Chain):
+    """Keeps the states of earlier calls in a container and adds the last
+    one to this call's: the loss backpropagates into the earlier call's
+    graph, as in define-by-run."""
+
+    def __init__(self, kind, on_helper):
+        super(_History, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 3)
+        holder = _Holder() if on_helper else self
+        holder.states = kind()
+        self.holder = holder
+
+    def forward(self, x):
+        h = self.l(x)
+        states = self.holder.states
+        if len(states):
+            h = h + states[-1]
+        states.append(h)
+        return F.sum(h * h)
+
+
+class _Holder(object):
+    pass
+
+
+_STATES = []     # a module global holding earlier calls' states
+
+
+class _GlobalHistory(_History):
+    def __init__(self, kind, on_helper):
+        super(_GlobalHistory, self).__init__(kind, on_helper)
+        del _STATES[:]
+
+    def forward(self, x):
+        h = self.l(x)
+        if _STATES:
+            h = h + _STATES[-1]
+        _STATES.append(h)
+        del _STATES[:-2]
+        return F.sum(h * h)
+
+
+def test_states_kept_in_a_global_list():
+    """The same with a module-level list (one model at a time): it
+    recorded twice and raised in the backward."""
+    models = []
+    for cls in (_GlobalHistory, type('S', (_GlobalHistory,), {
+            'forward': static(_GlobalHistory.forward)})):
+        numpy.random.seed(0)
+        m = cls(list, False)
+        opt = chainer.optimizers.SGD(0.01).setup(m)
+        seen = []
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter('always')
+            for step in range(4):
+                x = numpy.random.RandomState(step).randn(2, 3).astype('f')
+                m.cleargrads()
+                loss = m(x)
+                loss.backward()
+                opt.update()
+                seen.append(loss.array)
+        models.append((seen, [str(x.message) for x in w]))
+    for a, b in zip(models[0][0], models[1][0]):
+        assert numpy.array_equal(a, b)
+    assert any('in a list at global _STATES' in x for x in models[1][1])
+
+
+def test_a_view_of_a_parameter_in_a_list_replays():
+    """A list the chain holds with a view of a Parameter made before any
+    call (weight tying: ``self.tied = [self.l.W.T]``) is no Variable the
+    call made: the calls replay (review of the container reason)."""
+    class Tied(chainer.Chain):
+        def __init__(self):
+            super(Tied, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(3, 3)
+            self.tied = [self.l.W.T]
+
+        @static
+        def forward(self, x):
+            return F.sum(self.l(x) ** 2)
+
+    m = Tied()
+    for step in range(4):
+        m.cleargrads()
+        m(numpy.ones((2, 3), 'f')).backward()
+    text = static_graph.explain(m)
+    assert ' 3 replays' in text, text
+
+
+@pytest.mark.parametrize('on_helper', [False, True])
+@pytest.mark.parametrize('kind', [list, collections.deque])
+def test_states_kept_in_a_container(kind, on_helper):
+    """A list or deque of earlier calls' states, on the chain or on a
+    helper object: a replay builds no graph behind what it leaves there,
+    which the next call backpropagates through. Only a list on a helper
+    fell back; the others recorded a second time and raised in the
+    backward (the first recording's graph released). Now each falls back
+    at its first call, its reason naming the container."""
+    S = type('S', (_History,), {'forward': static(_History.forward)})
+    models = []
+    for cls in (_History, S):
+        numpy.random.seed(0)
+        m = cls(kind, on_helper)
+        models.append((m, chainer.optimizers.SGD(0.01).setup(m)))
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for step in range(5):
+            x = rs.randn(2, 3).astype('f')
+            seen = []
+            for m, opt in models:
+                m.cleargrads()
+                loss = m(x)
+                loss.backward()
+                opt.update()
+                if len(m.holder.states) > 2:
+                    del m.holder.states[0]
+                seen.append([loss.array] + [p.array.copy()
+                                            for p in m.params()])
+            for a, b in zip(*seen):
+                assert numpy.array_equal(a, b), step
+    w = [str(x.message) for x in w
+         if issubclass(x.category, static_graph.StaticGraphWarning)]
+    assert len(w) == 1 and 'in a %s at attribute self.%sstates' % (
+        kind.__name__, 'holder.' if on_helper else '') in w[0], w
+    assert ' 1 recordings' in static_graph.explain(models[1][0])

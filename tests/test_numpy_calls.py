@@ -163,6 +163,52 @@ def exponential_log_prob(self, x):
     return self.l2(F.where(xp.isinf(lp.array), xp.zeros_like(lp.array), lp))
 
 
+def sign_of_a_mean(self, x):
+    """F.sign, F.floor, F.ceil and F.fix compute on their argument's array
+    outside any node: a one-element result was taken for a constant and
+    replay froze it (loss 13.26 for 32.26, silently)."""
+    h = self.l1(x)
+    m = F.mean(h) * 3
+    out = h * F.sign(m) + F.floor(m) + F.ceil(m * 2) + F.fix(m * 4)
+    return self.l2(out)
+
+
+def sign_held_early(self, x):
+    """F.sign held by a link since before the patches went in (the
+    recorder stands its patched function in for it while it records)."""
+    h = self.l1(x)
+    return self.l2(h * self.sign(F.mean(h)))
+
+
+def binarized_weights(self, x):
+    """BinaryConnect: ``F.sign`` of a Parameter before any other function
+    reads it (not yet an array of the recording): taken for a constant
+    where uniform (a zero bias), else a fallback."""
+    w = F.sign(self.l1.W)
+    b = F.sign(self.l1.b)
+    return self.l2(F.linear(x, w, b))
+
+
+def black_out_sample(self, x):
+    """L.BlackOut draws its negative samples with WalkerAlias outside any
+    node: one sample of one element was taken for a constant, and replay
+    froze it (and drew nothing from the global generator)."""
+    h = self.l1(x)
+    return self.l2(h) + F.sum(self.bo(h[:1], numpy.zeros(1, 'i')))
+
+
+class _WithBlackOut(Base):
+    def __init__(self):
+        super(_WithBlackOut, self).__init__()
+        with self.init_scope():
+            self.bo = L.BlackOut(4, numpy.arange(1, 8, dtype='f'), 1)
+            self.bo.W.array[...] = numpy.random.randn(7, 4)
+        self.sign = _EARLY_SIGN
+
+
+_EARLY_SIGN = F.sign
+
+
 REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             variable_arithmetic, permutation_index, where_mask,
             concatenated_draw, constructor_copies, discarded_draw,
@@ -229,11 +275,14 @@ def only_cache(chain):
 _MESHGRID_TUPLE = int(numpy.__version__.split('.')[0]) >= 2
 
 
-@pytest.mark.parametrize('body', REPLAYED, ids=lambda b: b.__name__)
+@pytest.mark.parametrize('body', REPLAYED + [
+    sign_of_a_mean, sign_held_early, binarized_weights, black_out_sample],
+    ids=lambda b: b.__name__)
 def test_numpy_calls_replay_bit_for_bit(body):
     if _MESHGRID_TUPLE and body in (categorical_log_prob, greedy_log_prob):
         pytest.skip("Chainer's Categorical.log_prob fails on NumPy 2")
-    m, w = train_twins(body)
+    m, w = train_twins(body, base=Base if body in REPLAYED else
+                       _WithBlackOut)
     assert not w
     c = only_cache(m)
     assert c.recordings == 1 and c.replays == 5 and c.fallback_calls == 0

@@ -1099,12 +1099,14 @@ def test_backward_retried_after_a_replayed_calls_backward_raised(disarm):
     TypeError; the key then keeps its activations, so the next such
     retry works, bit for bit."""
     a, b = make_twins(raising)
-    for i in range(2):
-        x = data(2, 3)
-        step(a, x)
-        step(b, x)
+    # (Set before the calls: the watch sees a class attribute the code
+    # names replaced, and the next call records again.)
     MaybeRaise.exc = RuntimeError
     try:
+        for i in range(2):
+            x = data(2, 3)
+            step(a, x)
+            step(b, x)
         loss = b(data(2, 3))
         MaybeRaise.arm['backward'] = 1
         with pytest.raises(RuntimeError, match='interrupted'):

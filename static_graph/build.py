@@ -297,6 +297,7 @@ def _backward_tier(e, rec, bops, fops, f_inputs, out_bids, grad_in,
     e.plain_backward_ops = [op.copy() for op in bops]
     # Which of them sum gradient contributions (masked.py).
     e.plain_sums = tuple(id(op) in rec.sum_ops for op in bops)
+    e.plain_node_gys = tuple(rec.op_node_gys.get(id(op)) for op in bops)
     e.grad_out_bids = tuple(grad_out_bids)
     e.plain_backward_run = None
     lower_pass.lower(e.backward, handed_out | set(grad_bids),
@@ -332,10 +333,17 @@ def ir_ops(rec, rops, roots=None):
         roots = stable_roots(bufs)
     sums = set()     # ids of rops no backward() applied (the sums of
     #                  gradient contributions backprop makes)
+    node_gys = {}
     if rops is rec.backward_ops:
         inside = rec.step_of()
         sums = set(id(rop) for j, rop in enumerate(rops) if j not in inside)
         rec.sum_ops = set()   # ids of their IR ops
+        # id(IR op) -> the gradients its node's backward() was handed
+        # (buffer ids), masked.py's: where none of them comes, define-by-
+        # run's backprop never reaches the node.
+        rec.op_node_gys = {}
+        node_gys = dict((id(rop), _node_gys(rec, inside[j]))
+                        for j, rop in enumerate(rops) if j in inside)
         by_node = dict((id(op.node), op) for op in rec.forward_ops)
         # In the order backprop ran them; a step that applied no node (its
         # backward() computed everything in Python) is empty but still runs
@@ -356,6 +364,7 @@ def ir_ops(rec, rops, roots=None):
     for rop in rops:
         if isinstance(rop, recorder.BackwardStep):
             ops.append(kernels.rerun_op(rop, by_node[id(rop.node)]))
+            rec.op_node_gys[id(ops[-1])] = _node_gys(rec, rop)
             continue
         if rop.kind in VIEW_KINDS and _view_once(rop, bufs, roots):
             for b in rop.outputs:
@@ -378,8 +387,29 @@ def ir_ops(rec, rops, roots=None):
             op.lower_from = rop     # kernel chosen by lower_pass.lower
         if id(rop) in sums:
             rec.sum_ops.add(id(op))
+        elif id(rop) in node_gys:
+            rec.op_node_gys[id(op)] = node_gys[id(rop)]
         ops.append(op)
     return ops
+
+
+def _node_gys(rec, step):
+    """The buffer ids of the gradients ``step``'s node was handed (None
+    for an output it got none for), or None where one is no buffer."""
+    if step.gy is not None:
+        return step.gy
+    if step.raw is None:
+        return None
+    out = []
+    for g in step.raw[0]:
+        if g is None or g.raw_array is None:
+            out.append(None)
+            continue
+        b = rec.by_id.get(id(g.raw_array))
+        if b is None:
+            return None
+        out.append(b)
+    return tuple(out)
 
 
 def _rebindable_params(bufs, params, held, sources):

@@ -200,25 +200,28 @@ class Entry(object):
             before[i] = ir.Op('Add', (g, first), (s,), None, ops[i].source,
                               _add_kernel)
             ops[i].inputs = (s,) + ops[i].inputs[1:]
-        sums, new_ops = [], []
-        for i, (op, is_sum) in enumerate(zip(ops, self.plain_sums)):
+        sums, new_ops, node_gys = [], [], []
+        for i, (op, is_sum, gys) in enumerate(zip(
+                ops, self.plain_sums, self.plain_node_gys)):
             if i in before:
                 sums.append(True)
                 new_ops.append(before[i])
+                node_gys.append(None)
             sums.append(is_sum)
             new_ops.append(op)
+            node_gys.append(gys)
             for add in after.get(i, ()):
                 sums.append(True)
                 new_ops.append(add)
+                node_gys.append(None)
         ops = new_ops
         inputs = tuple(self.backward.inputs) + tuple(extra)
         outputs = tuple(outputs)
         name = 'backward (accumulating)' if ks else 'backward'
         if absent:
             missing = [self.grad_out_bids[i] for i in absent]
-            masked_ops = masked.mask_ops(
-                ops, sums, missing, outputs,
-                [b for b in inputs if bufs[b].role == ir.GRAD_OUT])
+            masked_ops = masked.mask_ops(ops, sums, missing, outputs,
+                                         node_gys)
             if masked_ops is None:
                 self.accumulating[key] = None
                 return None

@@ -27,33 +27,37 @@ from static_graph import kernels
 NONE_TAKING_KINDS = frozenset(('LSTMGrad',))
 
 
-def mask_ops(ops, sums, missing, outputs, gradients=()):
+def mask_ops(ops, sums, missing, outputs, node_gys=None):
     """``ops`` (with ``sums``: per op, whether it is a sum of gradient
     contributions) with the buffers ``missing`` standing for no gradient.
-    ``gradients``: the schedule's gradient inputs (``missing`` among
-    them); what ops make from them is a gradient too, the rest (saved
-    activations, parameters) not. Returns (ops, outputs with aliases
-    resolved), or None where a missing gradient reaches an op that is
-    neither a sum nor NONE_TAKING_KINDS and has other gradients among its
-    inputs, or a schedule output. An op whose gradient inputs are all
-    missing belongs to a node define-by-run's backprop never reaches (no
-    output of it has a gradient: the permutation and the stack an NStep
-    RNN makes its last state with): left out, its results missing too."""
+    ``node_gys``: per op, the gradients its node's ``backward()`` was
+    handed at the recording (buffer ids; None for a sum, or where not
+    known). Returns (ops, outputs with aliases resolved), or None where a
+    missing gradient reaches an op that is neither a sum nor
+    NONE_TAKING_KINDS, of a node that gets some gradient, or a schedule
+    output. The ops of a node none of whose gradients comes are left out,
+    their results missing too: define-by-run's backprop never reaches
+    that node (the permutation and the stack an NStep RNN makes its last
+    state with). Not per op: a node that gets a gradient for another
+    output may make one of the missing ones up (zeros, a term of its
+    own) and run ops on it."""
     none = set(missing)
-    derived = set(gradients) | none
     alias = {}
     out = []
-    for op, is_sum in zip(ops, sums):
+    if node_gys is None:
+        node_gys = (None,) * len(ops)
+    for op, is_sum, gys in zip(ops, sums, node_gys):
         ins = tuple(alias.get(b, b) for b in op.inputs)
         gone = tuple(j for j, b in enumerate(ins) if b in none)
-        if any(b in derived for b in ins):
-            derived.update(op.outputs)
+        if not is_sum and gys is not None and any(
+                b is not None for b in gys) and all(
+                alias.get(b, b) in none for b in gys if b is not None):
+            none.update(op.outputs)
+            continue
         if not gone:
             new = op.copy()
             new.inputs = ins
             out.append(new)
-        elif not is_sum and all(b in none for b in ins if b in derived):
-            none.update(op.outputs)
         elif is_sum:
             kept = [b for b in ins if b not in none]
             if len(op.outputs) != 1 or len(kept) > 1:

@@ -200,3 +200,50 @@ def test_a_retained_gradient_of_a_split_output(cls, second):
         assert (ga is None) == (gb is None)
         if ga is not None:
             numpy.testing.assert_array_equal(ga, gb)
+
+
+class _MadeUp(chainer.FunctionNode):
+    """Two outputs; its backward makes a missing gradient up (zeros) and
+    adds a term of its own to it (a penalty's gradient, ``0.1 * a``)."""
+
+    def forward(self, inputs):
+        self.retain_inputs((0,))
+        a, b = inputs
+        return a * 2, b * 3
+
+    def backward(self, indexes, grad_outputs):
+        a, = self.get_retained_inputs()
+        ga, gb = grad_outputs
+        if ga is None:
+            ga = chainer.Variable(numpy.zeros(a.shape, 'f'))
+        if gb is None:
+            gb = chainer.Variable(numpy.zeros(a.shape, 'f'))
+        return ga * 2.0 + 0.1 * a, gb * 3.0
+
+
+class _TwoOut(chainer.Chain):
+    def __init__(self):
+        super(_TwoOut, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(6, 6)
+            self.l2 = L.Linear(6, 6)
+
+    def forward(self, x):
+        return _MadeUp().apply((self.l2(x), self.l(x)))
+
+
+def _both_then_second(m, x):
+    y1, y2 = m(x)
+    (F.sum(y1) + F.sum(y2)).backward()
+    F.sum(y2 * y2).backward()
+
+
+def test_a_node_that_makes_a_missing_gradient_up_is_not_left_out():
+    """The masked backward left out the ops of the first output's path
+    where the node, reached through its second output, computes them from
+    zeros and a term of its own: l2 got nothing, silently (review20). Ops
+    are left out only where their node gets none of its gradients."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        c = _train(_both_then_second, cls=_TwoOut)
+    assert [e.state for e in c.entries.values()] == ['fallback']

@@ -17,16 +17,29 @@ import time
 import numpy
 
 ALIGN = 16   # chunk boundaries fall on multiples of this many elements
-_DEFAULT_ERR = numpy.geterr()
+_thread_default = []    # [numpy.geterr() of a new thread], once read
+
+
+def _new_thread_errstate():
+    """NumPy's error state in a thread that never set one (a worker's): a
+    new thread's, read once. Not the importing thread's, which a program
+    may have changed before it imported this (``numpy.seterr(all=
+    'raise')`` first: the workers ran with the defaults and warned)."""
+    if not _thread_default:
+        t = threading.Thread(
+            target=lambda: _thread_default.append(numpy.geterr()))
+        t.start()
+        t.join()
+    return _thread_default[0]
 
 
 def caller_errstate():
-    """The calling thread's ``numpy.geterr()`` where it differs from the
-    default (for the workers to use too; with its ``numpy.seterrcall``
+    """The calling thread's ``numpy.geterr()`` where it differs from a new
+    thread's (for the workers to use too; with its ``numpy.seterrcall``
     function where one is set), else None."""
     err = numpy.geterr()
     call = numpy.geterrcall()
-    if err == _DEFAULT_ERR and call is None:
+    if err == _new_thread_errstate() and call is None:
         return None
     if call is not None:
         err['call'] = call

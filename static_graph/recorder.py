@@ -41,6 +41,12 @@ _config = configuration.config
 
 
 _Variable = chainer.Variable
+
+
+def _errstate():
+    """NumPy's error state in this thread (``numpy.errstate`` sets it in
+    a way ``geterrobj`` does not show on NumPy 1.26)."""
+    return numpy.geterr(), numpy.geterrcall()
 # What a FunctionNode class is, on the class itself (a table keyed by the
 # class kept every class a notebook cell defines again alive): (kind, user
 # defined, side effects, declared pure); kind None for old-style Function
@@ -374,6 +380,13 @@ class Recording(object):
             self.add_reason("Chainer's debug mode is on for %s (turned on "
                             'inside the call or around its backward): its '
                             'checks are per function' % kind)
+        if self.phase == 'forward' and _errstate() != self.errstate:
+            # (``with numpy.errstate(divide='ignore'): F.log(...)`` in the
+            # method: replay runs every op under the caller's state.)
+            self.add_reason(
+                "%s runs under another NumPy error state than the call's "
+                '(numpy.errstate or numpy.seterr inside the method); replay '
+                "runs it under the caller's" % kind)
         if type(inputs) is not tuple:
             inputs = tuple(inputs)
         in_arrays = []
@@ -555,6 +568,7 @@ class Recording(object):
     def __enter__(self):
         if current() is not None:
             raise RuntimeError('a recording is already active in this thread')
+        self.errstate = _errstate()
         patches.begin(self)
         self.alloc_hook = device_reads.allocation_hook(self)
         if self.alloc_hook is not None:

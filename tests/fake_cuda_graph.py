@@ -14,6 +14,8 @@ refuse anything, to test the fallback. What it cannot show is a real
 graph's freezing of host-side work: it runs the Python again at every
 launch.
 """
+import warnings
+
 import numpy
 
 from schedules import bits
@@ -95,8 +97,12 @@ class FakeBackend(object):
         # 0-d device array) becomes a 0-d array: memory a launch can write.
         outputs = tuple(numpy.array(o) if isinstance(
             o, (numpy.generic, float)) else o for o in outputs)
-        if any(isinstance(o, numpy.ndarray) and not o.flags.writeable
-               for o in outputs):
+        with warnings.catch_warnings():
+            # (NumPy warns of reading broadcast_arrays' results' flag.)
+            warnings.simplefilter('ignore', FutureWarning)
+            read_only = any(isinstance(o, numpy.ndarray) and
+                            not o.flags.writeable for o in outputs)
+        if read_only:
             # (A NumPy broadcast view: a launch could not write it in place
             # as a graph writes its memory. CuPy has no read-only arrays.)
             raise cuda_graph.NotCapturable('a read-only result (the fake)')

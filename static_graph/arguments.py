@@ -45,6 +45,16 @@ def inner_arguments(rec, leaves, paths):
                 # The caller's gradient, as define-by-run's method sees it
                 # (a use of it makes the call fall back: patches).
                 v.grad_var = leaf.grad_var
+            own = outputs.own_attributes(leaf)
+            if own:
+                # (``x.tag = 'a'`` before the call: the method may read
+                # it, which replay would freeze.)
+                for k in own:
+                    setattr(v, k, getattr(leaf, k))
+                rec.add_reason(
+                    'argument %s (a Variable) carries attribute %s of its '
+                    "own, which the method may read and replay would not"
+                    % (signature.path_text(path), ', '.join(own)))
             rec.argument_paths[id(v)] = (path, leaf, v)
             inner.append(v)
         else:
@@ -60,12 +70,16 @@ def inner_arguments(rec, leaves, paths):
     return inner, leaf_bids
 
 
+_NONE = object()
+
+
 def attributes_set(rec):
     """Attributes the method set on an argument Variable (``x.memo = h``:
     on the recording's copy of it): set on the caller's too, as
     define-by-run's method sets them; a reason, since replay sets none."""
     for path, caller, copy in rec.argument_paths.values():
-        own = outputs.own_attributes(copy)
+        own = [k for k in outputs.own_attributes(copy)
+               if getattr(caller, k, _NONE) is not getattr(copy, k)]
         for k in own:
             setattr(caller, k, getattr(copy, k))
         if own:

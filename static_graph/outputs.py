@@ -388,7 +388,10 @@ _VARIABLE_FIELDS = frozenset(vars(chainer.Variable(numpy.zeros(1))))
 
 
 def own_attributes(v):
-    """The attributes set on Variable ``v`` beyond Chainer's own."""
+    """The attributes set on Variable ``v`` beyond Chainer's own (none
+    for a Parameter: the chain's, which keeps what is set on it)."""
+    if isinstance(v, chainer.Parameter):
+        return []
     return sorted(k for k in vars(v) if k not in _VARIABLE_FIELDS)
 
 

@@ -452,3 +452,37 @@ def test_attributes_set_on_an_argument_and_a_result():
                 assert numpy.array_equal(a, b), i
     assert any('sets attribute memo on argument' in str(x.message)
                for x in w), [str(x.message) for x in w]
+
+
+class _Tagged(chainer.Chain):
+    def __init__(self):
+        super(_Tagged, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(3, 3)
+
+    def forward(self, x):
+        scale = 2.0 if getattr(x, 'tag', None) == 'a' else 1.0
+        return F.sum(self.l(x)) * scale
+
+
+def test_an_attribute_the_caller_set_on_an_argument():
+    """``x.tag = 'a'`` before the call: the recording's copy had no such
+    attribute, so the method took the other branch at every call (0.9 to
+    1.5 off, silently; review20). The copy carries it now, and the key
+    falls back: replay would freeze what the method read of it."""
+    S = type('S', (_Tagged,), {'forward': static_graph.static_graph(
+        _Tagged.forward)})
+    models = []
+    for cls in (_Tagged, S):
+        numpy.random.seed(0)
+        models.append(cls())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(3):
+            seen = []
+            for m in models:
+                x = chainer.Variable(numpy.full((2, 3), i + 1.0, 'f'))
+                x.tag = 'a' if i != 1 else 'b'
+                seen.append(m(x).array)
+            assert numpy.array_equal(*seen), i
+    assert any('carries attribute tag' in str(x.message) for x in w)

@@ -245,8 +245,17 @@ def left_in_containers(rec, watch, snapshot):
 
 
 def _container(v):
-    return type(v) not in arrayutil.PROXIES and \
+    t = type(v)
+    if t is dict or t is list or t is tuple:
+        return True
+    # (Most attributes: numbers, strings, arrays, links. The check against
+    # the other containers goes through ABCMeta for some.)
+    return t not in _ATOMS and t not in arrayutil.PROXIES and \
+        not arrayutil.is_array(v) and \
         isinstance(v, frozen_values.CONTAINERS)
+
+
+_ATOMS = frozenset((type(None), bool, int, float, str, bytes))
 
 
 def _holds_made(rec, v, depth):

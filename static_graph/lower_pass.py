@@ -26,7 +26,6 @@ reported values), not read by a later op, and sharing memory with no
 buffer that is.
 """
 import functools
-import warnings
 import weakref
 
 import numpy
@@ -144,12 +143,13 @@ def _writable(a):
     if a.size > 1 and 0 in strides:
         return False
     flags = getattr(a, 'flags', None)
-    if flags is None:
-        return True
-    with warnings.catch_warnings():
-        # (NumPy warns of a read of broadcast_arrays' results' flag.)
-        warnings.simplefilter('ignore', FutureWarning)
-        return getattr(flags, 'writeable', True)
+    # (The bit, not ``flags.writeable``: NumPy warns of a read of that on
+    # broadcast_arrays' results. CuPy's arrays have no such flag.)
+    num = getattr(flags, 'num', None)
+    return num is None or bool(num & _WRITEABLE)
+
+
+_WRITEABLE = 0x0400     # NPY_ARRAY_WRITEABLE
 
 
 def donations(schedule, keep, groups=None):

@@ -384,7 +384,12 @@ def recorded(rec, out, live):
     return out_spec, inner_outs, out_bids, out_kinds
 
 
-_VARIABLE_FIELDS = frozenset(vars(chainer.Variable(numpy.zeros(1))))
+# A Variable's own fields: a fresh one's, and those Chainer's Variable
+# sets later (``x.array = ...``, ``to_cpu()``, ChainerX's caches).
+_VARIABLE_FIELDS = frozenset(vars(chainer.Variable(numpy.zeros(1)))) | \
+    frozenset(('_has_chainerx_array', '_chainerx_nobp_array_cache',
+               '_chainerx_grad_cache', '_chainerx_fallback_array',
+               '_chainerx_name', '_grad_initializer', '_initial_device'))
 
 
 def own_attributes(v):

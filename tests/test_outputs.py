@@ -486,3 +486,18 @@ def test_an_attribute_the_caller_set_on_an_argument():
                 seen.append(m(x).array)
             assert numpy.array_equal(*seen), i
     assert any('carries attribute tag' in str(x.message) for x in w)
+
+
+def test_an_argument_refilled_through_its_array_replays():
+    """``x.array = batch`` on one reused input Variable (and ``to_cpu()``)
+    leaves Chainer's own ``_has_chainerx_array`` on it: no attribute of
+    the user's, so the calls replay (review21: they fell back)."""
+    m = type('S', (_Tagged,), {'forward': static_graph.static_graph(
+        _Tagged.forward)})()
+    x = chainer.Variable(numpy.zeros((2, 3), 'f'))
+    for i in range(4):
+        x.array = numpy.full((2, 3), i + 1.0, 'f')
+        x.to_cpu()
+        m.cleargrads()
+        m(x).backward()
+    assert ' 3 replays' in static_graph.explain(m)

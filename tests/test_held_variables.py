@@ -152,6 +152,41 @@ class _WithPrior(chainer.Chain):
         return F.sum(chainer.kl_divergence(q, self.prior))
 
 
+def _sgd_twins(plain, decorated, lr, *args):
+    """[(chain, its SGD)] of ``plain`` and ``decorated`` built alike."""
+    out = []
+    for cls in (plain, decorated):
+        numpy.random.seed(0)
+        m = cls(*args)
+        out.append((m, chainer.optimizers.SGD(lr).setup(m)))
+    return out
+
+
+def _train_alike(models, shape, after=None, steps=5):
+    """Train the twins on the same batches (``after(chain)`` after each
+    update): losses and parameters agree bit for bit at every step.
+    Returns the library's warnings."""
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for step in range(steps):
+            x = rs.randn(*shape).astype('f')
+            seen = []
+            for m, opt in models:
+                m.cleargrads()
+                loss = m(x)
+                loss.backward()
+                opt.update()
+                if after is not None:
+                    after(m)
+                seen.append([loss.array] + [p.array.copy()
+                                            for p in m.params()])
+            for a, b in zip(*seen):
+                assert numpy.array_equal(a, b), step
+    return [str(x.message) for x in w
+            if issubclass(x.category, static_graph.StaticGraphWarning)]
+
+
 @pytest.mark.parametrize('learnable', [True, False])
 def test_a_distribution_kept_on_the_chain(learnable):
     """Chainer caches ``scale = exp(log_scale)`` on the prior at the first
@@ -162,29 +197,9 @@ def test_a_distribution_kept_on_the_chain(learnable):
     one, whose cache holds constants, replays."""
     S = type('S', (_WithPrior,), {
         'forward': static(_WithPrior.forward)})
-    models = []
-    for cls in (_WithPrior, S):
-        numpy.random.seed(0)
-        m = cls(learnable)
-        models.append((m, chainer.optimizers.SGD(0.001).setup(m)))
-    rs = numpy.random.RandomState(1)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter('always')
-        for step in range(5):
-            x = rs.randn(6, 3).astype('f')
-            seen = []
-            for m, opt in models:
-                m.cleargrads()
-                loss = m(x)
-                loss.backward()
-                opt.update()
-                seen.append([loss.array] + [p.array.copy()
-                                            for p in m.params()])
-            for a, b in zip(*seen):
-                assert numpy.array_equal(a, b), step
+    models = _sgd_twins(_WithPrior, S, 0.001, learnable)
+    w = _train_alike(models, (6, 3))
     text = static_graph.explain(models[1][0])
-    w = [str(x.message) for x in w
-         if issubclass(x.category, static_graph.StaticGraphWarning)]
     if learnable:
         assert len(w) == 1 and "keeps this call's graph behind it" in w[0]
         assert ' 4 define-by-run calls' in text
@@ -293,30 +308,12 @@ def test_states_kept_in_a_container(kind, on_helper):
     backward (the first recording's graph released). Now each falls back
     at its first call, its reason naming the container."""
     S = type('S', (_History,), {'forward': static(_History.forward)})
-    models = []
-    for cls in (_History, S):
-        numpy.random.seed(0)
-        m = cls(kind, on_helper)
-        models.append((m, chainer.optimizers.SGD(0.01).setup(m)))
-    rs = numpy.random.RandomState(1)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter('always')
-        for step in range(5):
-            x = rs.randn(2, 3).astype('f')
-            seen = []
-            for m, opt in models:
-                m.cleargrads()
-                loss = m(x)
-                loss.backward()
-                opt.update()
-                if len(m.holder.states) > 2:
-                    del m.holder.states[0]
-                seen.append([loss.array] + [p.array.copy()
-                                            for p in m.params()])
-            for a, b in zip(*seen):
-                assert numpy.array_equal(a, b), step
-    w = [str(x.message) for x in w
-         if issubclass(x.category, static_graph.StaticGraphWarning)]
+    models = _sgd_twins(_History, S, 0.01, kind, on_helper)
+
+    def keep_two(m):
+        if len(m.holder.states) > 2:
+            del m.holder.states[0]
+    w = _train_alike(models, (2, 3), keep_two)
     assert len(w) == 1 and 'in a %s at attribute self.%sstates' % (
         kind.__name__, 'holder.' if on_helper else '') in w[0], w
     assert ' 1 recordings' in static_graph.explain(models[1][0])

@@ -23,8 +23,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SPLIT_BEFORE_IMPORT = textwrap.dedent('''
     import numpy
     numpy.seterr(all='raise')          # before the library's import
+    from static_graph import static_graph   # (before chainer: NumPy 2)
     import chainer, chainer.functions as F, chainer.links as L
-    from static_graph import static_graph
     from schedules import parallel
     # (As on a machine where splitting measures faster.)
     parallel.SplitChoice.use_pool = lambda self: (self.threads > 1, False)

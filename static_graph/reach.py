@@ -315,12 +315,18 @@ def _functions_of(v):
         out = []
         _registry(v, out, 2)
         return out
-    get = getattr(type(v), '__get__', None)
+    try:
+        get = getattr(type(v), '__get__', None)
+    except Exception:      # (a metaclass whose __getattr__ raises)
+        return (v,)
     if get is not None and type(get) is types.FunctionType:
         # (A plain function's __get__ is no Python's.) A decorator object
         # runs the function it holds, too.
         out = [v, get]
-        fields = getattr(v, '__dict__', None)
+        try:
+            fields = object.__getattribute__(v, '__dict__')
+        except Exception:      # (__slots__, or a class that refuses it)
+            fields = None
         if type(fields) is dict:
             _registry(list(fields.values()), out, 1)
         return out
@@ -345,7 +351,10 @@ def _registry(v, out, depth):
             x = x.__func__
         elif not isinstance(x, types.FunctionType) and callable(x) and \
                 not isinstance(x, type) and user_class(type(x)):
-            x = getattr(type(x), '__call__', None)
+            # (Through the classes' dicts: a metaclass __getattr__ may
+            # raise.)
+            x = next((c.__dict__['__call__'] for c in type(x).__mro__
+                      if '__call__' in c.__dict__), None)
         if type(x) is types.FunctionType:
             out.append(x)
 

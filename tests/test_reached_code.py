@@ -420,3 +420,28 @@ def test_what_an_array_argument_says_of_its_memory(read):
         models.append(cls())
     w = _train_alike(models, lambda m, i: None, steps=4)
     assert any('.flags' in x or '.base' in x for x in w)
+
+
+class _Refusing(type):
+    def __getattr__(cls, name):
+        raise RuntimeError('refused: %s' % name)
+
+
+class _Odd(metaclass=_Refusing):
+    pass
+
+
+ODD = _Odd()
+
+
+def test_a_global_whose_metaclass_refuses_attributes():
+    """A global the method reads whose class has a metaclass
+    ``__getattr__`` that raises (not AttributeError): looking for a
+    descriptor's ``__get__`` on it raised out of the recording call
+    (sweep22: fine before the session's widening)."""
+    Net = _plain(static, lambda self: 1.0 if ODD else 0.0)
+    m = Net()
+    for i in range(3):
+        m.cleargrads()
+        m(numpy.ones((4, 5), 'f'), numpy.zeros(4, 'i')).backward()
+    assert ' 2 replays' in static_graph.explain(m)

@@ -12,7 +12,6 @@ last one ends) restores all but the first. A recording holds them from its
 forward to the end of its recorded backward (``Hold``). Calls while no
 recording is current in their thread pass straight through.
 """
-import random
 import sys
 import threading
 
@@ -31,6 +30,7 @@ from static_graph import arguments
 from static_graph import device_reads
 from static_graph import numpy_calls
 from static_graph import reports
+from static_graph import rng_patches
 from static_graph import traced
 from static_graph.arrayutil import MISSING
 
@@ -60,61 +60,6 @@ _orig_numpy = dict((name, getattr(numpy, name))
                    for name in _NUMPY_CONSTRUCTORS + _NUMPY_CHECKS)
 _VARIABLE_FILE = variable_module.__file__.replace('.pyc', '.py')
 
-
-def _global_rng_functions(module, instance, skip):
-    """The module-level functions of ``module`` that are methods of its
-    global generator ``instance`` (numpy.random.rand, random.random...)."""
-    return dict((name, fn) for name, fn in vars(module).items()
-                if getattr(fn, '__self__', None) is instance and
-                not name.startswith('_') and name not in skip)
-
-
-def _flag_draw(module_name, name):
-    orig = _orig_rng[module_name, name]
-    as_op = module_name == 'numpy.random' and \
-        name not in numpy_calls.NOT_DRAWS
-
-    def draw(*args, **kwargs):
-        rec = getattr(_local, 'recording', None)
-        if rec is None or rec.depth:
-            return orig(*args, **kwargs)
-        caller = sys._getframe(1).f_code.co_filename
-        user = not caller.startswith(traced.INTERNAL_DIRS)
-        if as_op and numpy_calls.recordable(rec) and (
-                user or caller.startswith(numpy_calls.DRAWING_DIRS)):
-            # An array drawn between Chainer functions: an op of the
-            # recording, drawn again at replay (numpy_calls).
-            made = numpy_calls.draw(rec, orig, module_name, name, args,
-                                    kwargs)
-            if made is not None:
-                return made
-        if user:
-            rec.add_reason(
-                'user code draws random numbers (%s.%s) at %s; replay '
-                'would freeze them (use Chainer functions such as '
-                'F.dropout or F.gaussian, or pass them in as arguments)'
-                % (module_name, name, traced.user_location(2)))
-        return orig(*args, **kwargs)
-
-    draw.__name__ = name
-    draw.__doc__ = orig.__doc__
-    return draw
-
-
-# The global generators of numpy.random and of Python's random module, whose
-# draws user code makes between Chainer functions (a mixup coefficient, a
-# random augmentation): not repeated by replay. While recording, such a
-# draw (or a reseeding) from user code is a reason to fall back.
-_RNG_MODULES = {'numpy.random': numpy.random, 'random': random}
-_orig_rng = {}
-for _m, _inst, _skip in (
-        ('numpy.random', numpy.random.mtrand._rand, ('get_state',)),
-        ('random', random._inst, ('getstate', 'getrandbits'))):
-    for _name, _fn in _global_rng_functions(
-            _RNG_MODULES[_m], _inst, _skip).items():
-        _orig_rng[_m, _name] = _fn
-del _m, _inst, _skip, _name, _fn
-_patched_rng = dict((key, _flag_draw(*key)) for key in _orig_rng)
 
 _install_lock = threading.Lock()
 _install_count = 0
@@ -494,9 +439,11 @@ _PATCHES = (
     (numpy.__dict__, _patched_numpy, _orig_numpy),
 ) + tuple(_backward_spaces) + tuple(
     (module.__dict__,
-     dict((n, fn) for (m, n), fn in _patched_rng.items() if m == name),
-     dict((n, fn) for (m, n), fn in _orig_rng.items() if m == name))
-    for name, module in _RNG_MODULES.items())
+     dict((n, fn) for (m, n), fn in rng_patches.PATCHED.items()
+          if m == name),
+     dict((n, fn) for (m, n), fn in rng_patches.ORIGINAL.items()
+          if m == name))
+    for name, module in rng_patches.MODULES.items())
 for _module, _name, _label in numpy_calls.PURE:
     _orig_fn = getattr(sys.modules[_module], _name)
     _PATCHES += ((sys.modules[_module].__dict__,
@@ -508,8 +455,8 @@ for _module, _name, _label in numpy_calls.PURE:
 # import rand``, ``self.draw = random.random``, ``fn = F.sign`` in a
 # closure): early_bound puts the patched function there while a call
 # records. (Modules hold those functions: their ids stay theirs.)
-_patched_by_id = dict((id(fn), (fn, _patched_rng[key]))
-                      for key, fn in _orig_rng.items())
+_patched_by_id = dict((id(fn), (fn, rng_patches.PATCHED[key]))
+                      for key, fn in rng_patches.ORIGINAL.items())
 for _module, _name, _label in numpy_calls.ON_ARRAYS:
     # (Where Chainer defines it, and as chainer.functions has it: F.sign.)
     _orig_fn = getattr(sys.modules[_module], _name)

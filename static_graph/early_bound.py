@@ -20,9 +20,9 @@ def stand_ins(chain, watch):
     project modules' attributes, or a class attribute of the links' user
     classes; so that the call is seen as one through the module is.
     Returns the puts to undo (generators.put_back)."""
-    places = [link.__dict__ for link in chain.links()]
-    found = [(d, k) for d in places for k in list(d)]
-    for d in places:
+    dicts = [link.__dict__ for link in chain.links()]
+    found = [(d, k) for d in dicts for k in list(d)]
+    for d in dicts:
         for v in list(d.values()):
             if type(v) is list:
                 found.extend((v, i) for i in range(min(len(v), 64)))

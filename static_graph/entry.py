@@ -362,7 +362,7 @@ class Entry(object):
             if d.get(name) is not v or (
                     a is not None and v.raw_array is not a):
                 watch = self.link_values
-                return watch._name(d, name) if watch is not None else name
+                return watch.name_of(d, name) if watch is not None else name
         for p in self.uninit_params:
             if p.raw_array is not None:
                 return 'the initialization of parameter %s' % p.name

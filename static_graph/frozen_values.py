@@ -170,6 +170,23 @@ def _weakly(x):
         return x
 
 
+def is_container(v):
+    """Is ``v`` one of CONTAINERS (not through a weak proxy, which
+    ``isinstance`` would ask, dead or not)? Quick for the common
+    attributes: the check against the other containers goes through
+    ABCMeta for some."""
+    t = type(v)
+    if t is dict or t is list or t is tuple:
+        return True
+    return t not in _ATOMS and t not in weakref.ProxyTypes and \
+        isinstance(v, CONTAINERS)
+
+
+# Numbers, strings and arrays: never containers.
+_ATOMS = frozenset((type(None), bool, int, float, str, bytes,
+                    numpy.ndarray))
+
+
 def members(v):
     """The objects container ``v`` (one of CONTAINERS) holds: a mapping's
     values (a WeakKeyDictionary's keys), a sequence's or a set's items, a

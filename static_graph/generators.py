@@ -67,31 +67,25 @@ def snapshot(chain, global_names, closures=(), classes=()):
     method and the functions it reaches), one of their closure variables
     ``closures`` (Watch.named_closures: (closure, name)) or a class
     attribute of ``classes`` (Watch.classes_seen: the user classes)."""
+    # (how a message names the place but its key, mapping, key): the
+    # places looked at, in this order.
+    held = []
+    for path, link in chain.namedlinks():
+        prefix = 'self%s.' % path.rstrip('/').replace('/', '.')
+        held += [(prefix, link.__dict__, k) for k in link.__dict__]
+    held += [('global ', glob, n) for glob, n in global_names]
+    held += [('closure variable ', env, n) for env, n in closures]
+    for cls in classes:
+        space = places.ClassAttributes(cls)
+        held += [('class attribute %s.' % cls.__name__, space, n)
+                 for n in list(cls.__dict__)]
     found = []
     seen = set(id(g) for g in _GLOBAL)
-    for path, link in chain.namedlinks():
-        d = link.__dict__
-        for k, v in d.items():
-            if isinstance(v, _TYPES) and id(v) not in seen:
-                seen.add(id(v))
-                found.append(('self%s.%s' % (path.rstrip('/').replace(
-                    '/', '.'), k), v, (d, k)))
-    for glob, n in global_names:
-        v = glob[n]
+    for prefix, d, k in held:
+        v = d.get(k)
         if isinstance(v, _TYPES) and id(v) not in seen:
             seen.add(id(v))
-            found.append(('global %s' % n, v, (glob, n)))
-    for env, n in closures:
-        v = env.get(n)
-        if isinstance(v, _TYPES) and id(v) not in seen:
-            seen.add(id(v))
-            found.append(('closure variable %s' % n, v, (env, n)))
-    for cls in classes:
-        for n, v in list(cls.__dict__.items()):
-            if isinstance(v, _TYPES) and id(v) not in seen:
-                seen.add(id(v))
-                found.append(('class attribute %s.%s' % (cls.__name__, n),
-                              v, (places.ClassAttributes(cls), n)))
+            found.append((prefix + k, v, (d, k)))
     out = []
     for name, gen, where in found:
         try:

@@ -222,13 +222,9 @@ def left_in_containers(rec, watch, snapshot):
     the chain: ``self.prior.scale``); a replay builds no such graph.
     ``snapshot``: snapshot_links'."""
     found = watch.containers()
-    for d, _, path in snapshot:
-        found.extend(('attribute self%s.%s' % (
-            path.rstrip('/').replace('/', '.'), k), v)
-            for k, v in list(d.items()) if _container(v))
-    for d, _, name in watch.helper_snapshot:
-        found.extend(('%s.%s' % (name, k), v) for k, v in list(d.items())
-                     if _container(v))
+    for d, _, _ in snapshot + watch.helper_snapshot:
+        found.extend((watch.name_of(d, k), v) for k, v in list(d.items())
+                     if frozen_values.is_container(v))
     seen = set()
     for where, v in found:
         if id(v) in seen:
@@ -244,20 +240,6 @@ def left_in_containers(rec, watch, snapshot):
             return
 
 
-def _container(v):
-    t = type(v)
-    if t is dict or t is list or t is tuple:
-        return True
-    # (Most attributes: numbers, strings, arrays, links. The check against
-    # the other containers goes through ABCMeta for some.)
-    return t not in _ATOMS and t not in arrayutil.PROXIES and \
-        not arrayutil.is_array(v) and \
-        isinstance(v, frozen_values.CONTAINERS)
-
-
-_ATOMS = frozenset((type(None), bool, int, float, str, bytes))
-
-
 def _holds_made(rec, v, depth):
     """Does container ``v`` hold (``depth`` levels deep, 256 items at
     most) a Variable this recording made that takes a gradient?"""
@@ -270,7 +252,7 @@ def _holds_made(rec, v, depth):
             if x.requires_grad and x.creator_node is not None and \
                     _made(rec, x.raw_array):
                 return True
-        elif depth > 1 and _container(x) and \
+        elif depth > 1 and frozen_values.is_container(x) and \
                 _holds_made(rec, x, depth - 1):
             return True
     return False

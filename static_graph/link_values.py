@@ -45,7 +45,7 @@ from static_graph import places
 from static_graph import reach
 from static_graph.frozen_values import (
     SCALARS, CONTAINERS, _TOO_BIG, _equal, _holds, _numbers_inside,
-    _same_kinds, freeze, variable_array)
+    _same_kinds, freeze, is_container, variable_array)
 
 HELPER_DEPTH = 3     # self.a.b.c: helper attributes watched to this depth
 MAX_FIELDS = 256     # helper-object attributes watched in all
@@ -343,7 +343,7 @@ class Watch(object):
         """The attributes the code names of the project's own modules it
         names (``settings.scale``, ``settings.NS.s``; ``proj.settings.scale``
         through a package, three modules deep), or that a link holds
-        (``self.cfg = settings``), as globals are. Returns the modules."""
+        (``self.cfg = settings``), as globals are; ``modules``: them."""
         todo = [(m, 1) for fn in functions for m in reach.named_modules(fn)]
         todo += [(v, 1) for _, _, v in self.objects
                  if reach.project_module(v)]
@@ -394,7 +394,7 @@ class Watch(object):
         # [(their attributes, a copy, a name)]: what the call assigns
         # there, replay assigns too (link_state.attr_changes)
         self.helper_snapshot = []
-        todo = [(self._name(d, k), v, 1, False, k)
+        todo = [(self.name_of(d, k), v, 1, False, k)
                 for d, k, v in self.objects]
         for d, k, _, c in self.frozen:
             # Helpers held in a list, tuple or dict (a Sequential's
@@ -402,7 +402,7 @@ class Watch(object):
             # memories): an array or Variable the call assigns there
             # (``memory.m = self.encoder(...)``) replay assigns too, as a
             # link attribute's (``helper_snapshot``, drop_call_outputs).
-            todo.extend((self._name(d, k) + at, x, 1, True, k)
+            todo.extend((self.name_of(d, k) + at, x, 1, True, k)
                         for at, x in _held_helpers(c, 2))
         seen = set()
         budget = MAX_FIELDS
@@ -440,14 +440,12 @@ class Watch(object):
         """(how a message names it, container) for the containers watched
         (a link's or helper object's attribute, a global, a closure
         variable, a class or module attribute)."""
-        out = [(self._name(d, k), c) for d, k, _, c in self.frozen
-               if isinstance(c, CONTAINERS)]
-        out += [(self._name(d, k), v) for d, k, v in self.objects
-                if type(v) not in arrayutil.PROXIES and
-                isinstance(v, CONTAINERS)]
-        return out
+        return [(self.name_of(d, k), c) for d, k, _, c in self.frozen
+                if is_container(c)] + \
+            [(self.name_of(d, k), v) for d, k, v in self.objects
+             if is_container(v)]
 
-    def _name(self, d, k):
+    def name_of(self, d, k):
         """How a message names attribute or global ``k`` of ``d``."""
         prefix = self.prefix.get(id(d), 'global ')
         if prefix.startswith('/'):    # a link's path
@@ -516,9 +514,9 @@ class Watch(object):
         filled, a list appended to), or any watched global, closure
         variable or helper-object attribute (assigning an attribute of a
         link is decorator._attr_changes')."""
-        out = [self._name(d, k) for d, k, frozen, v in self.frozen[
+        out = [self.name_of(d, k) for d, k, frozen, v in self.frozen[
             :self.n_link_frozen] if d.get(k) is v and not _holds(v, frozen)]
-        return out + [self._name(d, k) for d, k in self._changed(
+        return out + [self.name_of(d, k) for d, k in self._changed(
             self.n_link_pairs, self.n_link_frozen, self.n_link_objects)]
 
     def _changed(self, pairs_from=0, frozen_from=0, objects_from=0):
@@ -543,7 +541,7 @@ class Watch(object):
         """How a message names the first watched value that changed, or
         None."""
         changed = self._changed()
-        return self._name(*changed[0]) if changed else None
+        return self.name_of(*changed[0]) if changed else None
 
     def holds(self):
         """Do the links and globals still hold the recorded values? (The

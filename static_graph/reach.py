@@ -169,17 +169,26 @@ def _add_held(v, out, seen, classes):
         if classes is not None:
             classes.append(v)
         return
-    while isinstance(v, functools.partial):
-        v = v.func
-    if isinstance(v, types.MethodType):
-        v = v.__func__
-    elif not isinstance(v, types.FunctionType) and callable(v) and \
-            user_class(type(v)):
-        v = getattr(type(v), '__call__', None)
-    f = _user_function(v)
+    f = _user_function(_called(v))
     if f is not None and f.__code__ not in seen:
         seen.add(f.__code__)
         out.append(f)
+
+
+def _called(v):
+    """What a call of ``v`` runs: a partial's function, a bound method's,
+    a callable object's ``__call__`` (one of a user class's, found through
+    the classes' dicts: a metaclass ``__getattr__`` may raise), else ``v``
+    itself (not a class: the caller's)."""
+    while isinstance(v, functools.partial):
+        v = v.func
+    if isinstance(v, types.MethodType):
+        return v.__func__
+    if not isinstance(v, types.FunctionType) and callable(v) and \
+            not isinstance(v, type) and user_class(type(v)):
+        return next((c.__dict__['__call__'] for c in type(v).__mro__
+                     if '__call__' in c.__dict__), None)
+    return v
 
 
 def _project_class(cls):
@@ -345,16 +354,7 @@ def _registry(v, out, depth):
             if depth > 1:
                 _registry(x, out, depth - 1)
             continue
-        while isinstance(x, functools.partial):
-            x = x.func
-        if isinstance(x, types.MethodType):
-            x = x.__func__
-        elif not isinstance(x, types.FunctionType) and callable(x) and \
-                not isinstance(x, type) and user_class(type(x)):
-            # (Through the classes' dicts: a metaclass __getattr__ may
-            # raise.)
-            x = next((c.__dict__['__call__'] for c in type(x).__mro__
-                      if '__call__' in c.__dict__), None)
+        x = _called(x)
         if type(x) is types.FunctionType:
             out.append(x)
 

@@ -41,18 +41,18 @@ _config = configuration.config
 
 
 _Variable = chainer.Variable
-
-
-def _errstate():
-    """NumPy's error state in this thread (``numpy.errstate`` sets it in
-    a way ``geterrobj`` does not show on NumPy 1.26)."""
-    return numpy.geterr(), numpy.geterrcall()
 # What a FunctionNode class is, on the class itself (a table keyed by the
 # class kept every class a notebook cell defines again alive): (kind, user
 # defined, side effects, declared pure); kind None for old-style Function
 # adapters.
 _TYPE_INFO = places.TYPE_INFO
 _refused = weakref.WeakKeyDictionary()   # classes that refuse attributes
+
+
+def _errstate():
+    """NumPy's error state in this thread (``numpy.errstate`` sets it in
+    a way ``geterrobj`` does not show on NumPy 1.26)."""
+    return numpy.geterr(), numpy.geterrcall()
 
 
 def _type_info(cls, node):

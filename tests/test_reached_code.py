@@ -22,6 +22,7 @@ import static_graph
 from static_graph import static_graph as static
 import tests.reached_pkg.inner
 from tests import reached_settings as settings
+from tests.twins import train_alike
 
 GAIN = [1.0]     # what the loop changes
 
@@ -229,29 +230,6 @@ def _twins(family):
     return models
 
 
-def _train_alike(models, before, steps=6):
-    """Twin training, ``before(m, i)`` ahead of each one's step ``i``;
-    the losses and gradients agree bit for bit at every step. Returns the
-    library's warnings."""
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter('always')
-        for i in range(steps):
-            r = numpy.random.RandomState(i)
-            x = r.randn(4, 5).astype('f')
-            t = r.randint(0, 3, 4).astype('i')
-            seen = []
-            for m in models:
-                before(m, i)
-                m.cleargrads()
-                loss = m(x.copy(), t)
-                loss.backward()
-                seen.append((loss.array, m.l1.W.grad.copy()))
-            for a, b in zip(*seen):
-                assert numpy.array_equal(a, b), i
-    return [str(x.message) for x in w
-            if issubclass(x.category, static_graph.StaticGraphWarning)]
-
-
 def _set_gain(m):
     GAIN[0] = 2.0
 
@@ -292,7 +270,7 @@ def test_a_change_the_replay_sees(case):
         if i == 3:
             change(m)
     try:
-        _train_alike(models, before)
+        train_alike(models, before)
     finally:
         GAIN[0] = settings.scale = _Meta.gain = 1.0
         tests.reached_pkg.inner.scale = 1.0
@@ -350,7 +328,7 @@ def test_a_draw_through_a_name_bound_before(case):
         numpy.random.seed(10 + i)
         random.seed(10 + i)
         _CLOSED.seed(10 + i)
-    w = _train_alike(models, seeded, steps=4)
+    w = train_alike(models, seeded, steps=4)
     assert any('draws random numbers' in x for x in w)
 
 
@@ -418,7 +396,7 @@ def test_what_an_array_argument_says_of_its_memory(read):
     for cls in (base, type('S', (base,), {'forward': static(base.forward)})):
         numpy.random.seed(0)
         models.append(cls())
-    w = _train_alike(models, lambda m, i: None, steps=4)
+    w = train_alike(models, steps=4)
     assert any('.flags' in x or '.base' in x for x in w)
 
 

@@ -12,7 +12,6 @@ import gc
 import itertools
 import queue
 import threading
-import warnings
 import weakref
 
 import numpy
@@ -23,6 +22,7 @@ import chainer.functions as F
 import chainer.links as L
 
 import static_graph
+from tests.twins import train_alike
 
 
 class Base(chainer.Chain):
@@ -139,30 +139,6 @@ def _twins(read, setup):
     return models
 
 
-def _train_alike(models, label, before=None, after=None, steps=6):
-    """Train the twins on the same batches, ``before(m, i)`` ahead of each
-    one's step ``i`` and ``after(m)`` after its backward; their losses and
-    gradients agree bit for bit at every step."""
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for i in range(steps):
-            r = numpy.random.RandomState(i)
-            x = r.randn(4, 5).astype('f')
-            t = r.randint(0, 3, 4).astype('i')
-            seen = []
-            for m in models:
-                if before is not None:
-                    before(m, i)
-                m.cleargrads()
-                loss = m(x, t)
-                loss.backward()
-                if after is not None:
-                    after(m)
-                seen.append((loss.array, m.l1.W.grad.copy()))
-            for a, b in zip(*seen):
-                assert numpy.array_equal(a, b), (label, i)
-
-
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_state_held_on_the_chain(case):
     make, read, change = CASES[case]
@@ -178,7 +154,7 @@ def test_state_held_on_the_chain(case):
         else:
             change(m, i)
 
-    _train_alike(models, case, before)
+    train_alike(models, before, label=case)
 
 
 def test_a_deque_nothing_changes_replays():
@@ -313,8 +289,8 @@ def test_an_optimizer_reached_without_its_name(case):
         m.opt.setup(m)
         m.cfg = _Cfg(m.opt)
 
-    _train_alike(_twins(REACHED[case], setup), case,
-                 after=lambda m: m.opt.update())
+    train_alike(_twins(REACHED[case], setup),
+                after=lambda m: m.opt.update(), label=case)
 
 
 class _Sched(object):
@@ -341,5 +317,5 @@ def test_a_helper_held_through_a_weak_reference(kind):
 
     _KEEP[:] = [_Sched()]
     refer = weakref.ref if kind == 'ref' else weakref.proxy
-    _train_alike(_twins(read, lambda m: setattr(m, 'sched', refer(_KEEP[0]))),
-                 kind, before)
+    train_alike(_twins(read, lambda m: setattr(m, 'sched', refer(_KEEP[0]))),
+                before, label=kind)

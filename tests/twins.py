@@ -4,6 +4,8 @@ Both twins get the same parameters, the same inputs and the same random seed
 before every call; after every step the outputs, every gradient and (after
 the optimizer step) every parameter and persistent value must agree.
 """
+import warnings
+
 import numpy
 
 import chainer
@@ -11,6 +13,7 @@ import chainer.functions as F
 
 from static_graph.decorator import caches_of
 from static_graph.decorator import static_graph
+from static_graph.diagnostics import StaticGraphWarning
 
 
 def assert_close(a, b, what, rtol=1e-5, atol=1e-6):
@@ -139,3 +142,31 @@ def bptt_window(model, opt, xs):
     loss.backward()
     loss.unchain_backward()
     opt.update()
+
+
+def train_alike(models, before=None, after=None, steps=6, label=None):
+    """Train twin chains of forward ``(x, t)`` (x 4x5, t of 3 classes,
+    ``l1`` their first link) on the same batches, ``before(m, i)`` ahead
+    of each one's step ``i`` and ``after(m)`` after its backward; their
+    losses and ``l1.W``'s gradients agree bit for bit at every step.
+    Returns the library's warnings (their texts)."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(steps):
+            r = numpy.random.RandomState(i)
+            x = r.randn(4, 5).astype('f')
+            t = r.randint(0, 3, 4).astype('i')
+            seen = []
+            for m in models:
+                if before is not None:
+                    before(m, i)
+                m.cleargrads()
+                loss = m(x.copy(), t)
+                loss.backward()
+                if after is not None:
+                    after(m)
+                seen.append((loss.array, m.l1.W.grad.copy()))
+            for a, b in zip(*seen):
+                assert numpy.array_equal(a, b), (label, i)
+    return [str(x.message) for x in w
+            if issubclass(x.category, StaticGraphWarning)]

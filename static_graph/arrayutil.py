@@ -102,6 +102,34 @@ def copy_exact(a):
     return out
 
 
+ALIAS = 'alias'   # (how an output is handed: the chain's own memory)
+
+
+def hand_out(a, how):
+    """What the caller gets for array ``a`` of a call: ``how`` True, a
+    copy (memory a later call writes again); ALIAS, the chain's memory as
+    define-by-run shows it (chain_alias); else ``a`` itself."""
+    if how is True:
+        return copy_exact(a)
+    if how == ALIAS:
+        return chain_alias(a)
+    return a
+
+
+def chain_alias(a):
+    """``a``, memory of the chain (a parameter's array, a persistent or
+    an array a link holds, or a view of one), as define-by-run hands it
+    out: the chain's array itself where ``a`` shows all of it, else a new
+    plain view (the next update or call in place shows in both)."""
+    root = root_of(a)
+    if root is not a and same_view(root, a) and type(root) is not \
+            traced.TracedArray:
+        return root
+    if isinstance(a, traced.TracedArray):
+        return traced.plain(a)
+    return a if root is a else a.view()
+
+
 def plain_array(v):
     """A NumPy array of no subclass, or a device (CuPy) array."""
     return type(v) is numpy.ndarray or (

@@ -73,7 +73,8 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
           params, persists, grad_in=None, grad_targets=None,
           grad_out_bids=None, attr_writes=(), reports=(),
           link_values=None, recompute=True, plan_memory=True,
-          cuda_graph=True, threads=None, keep_nodes=False):
+          cuda_graph=True, threads=None, keep_nodes=False,
+          aliases=frozenset()):
     """Turn a finished recording into compiled schedules. recompute:
     let the backward compute cheap activations again instead of saving
     them (recompute_rules.py); plan_memory=False: no memory reuse at
@@ -117,6 +118,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     e.out_kinds = out_kinds
     e.reports = reports
     e.attr_writes = attr_writes
+    e.aliases = aliases
     expose = []
     for _, items in reports:
         for _, code in items:
@@ -228,9 +230,12 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
                   handed_out, groups, roots=None):
     """Lower the forward schedule and wrap it in its runners."""
     bufs = rec.buffers
-    e.out_copy = tuple(e.reused(bufs, b) or
+    # (The chain's memory, returned as an array: as define-by-run hands it
+    # out, arrayutil.chain_alias; other outputs of it are copies.)
+    e.out_copy = tuple(arrayutil.ALIAS if b in e.aliases and k == 'A' else
+                       e.reused(bufs, b) or
                        bufs[b].role in (ir.PARAM, ir.PERSIST)
-                       for b in out_bids)
+                       for b, k in zip(out_bids, e.out_kinds))
     copyto = arrayutil.copyto_for([bufs[b].storage for b in f_inputs] or [])
     e.copyto = copyto
     e.graphs = graphs.wants_graphs(e, copyto)
@@ -250,7 +255,8 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
         free=e.plan_memory, copy=arrayutil.copy_exact,
         pair=split_kernels.pairing(e.threads),
         extra_outputs=e.forward.keep,
-        copy_outputs=set(b for b in e.expose if e.reused(bufs, b)))
+        copy_outputs=set(b for b in e.expose if e.reused(bufs, b) and
+                         b not in e.aliases))
     if e.graphs is not None:
         e.run_forward = graphs.forward_tier(e, e.run_forward, e.graphs)
     # What a later call overwrites, and so what a pending call's backward

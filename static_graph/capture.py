@@ -46,17 +46,6 @@ class Unreplayable(Exception):
     """Found while building: the recording cannot be replayed faithfully."""
 
 
-def _handed(inner_outs, outs):
-    """id(inner output) -> what the caller gets in its place, and the same
-    for their arrays (``self.feat = h.array``: the array handed out with
-    h, as define-by-run's attribute is h's)."""
-    out = {}
-    for v, o in zip(inner_outs, outs):
-        out[id(v)] = o
-        out.setdefault(id(v.raw_array), o.raw_array)
-    return out
-
-
 class Capture(object):
     """The recording of one call of ``method`` on ``chain`` for ``key``
     (``prev``: the key's earlier entry, if any; ``why``: why it records
@@ -236,6 +225,8 @@ class Capture(object):
         if self.foreign:
             self.chain_map.update(self.foreign)
         params, persists = analysis.classify_unknown(rec, self.chain_map)
+        self.aliases = outputs.chain_aliases(rec, self.chain_map, out_bids,
+                                             out_kinds, attr_writes)
         shared = analysis.shared_parameter_arrays(chain, rec, params,
                                                   held_links)
         if shared:
@@ -294,7 +285,9 @@ class Capture(object):
         self.target_vars = [inner[i] if i < len(leaves) else
                             self.param_objs[i - len(leaves)]
                             for i in self.targets]
-        node = nodes.RecordNode(self, [v.raw_array for v in inner_outs], e)
+        node = nodes.RecordNode(
+            self, [v.raw_array for v in inner_outs], e,
+            outputs.hand_modes(self.aliases, out_bids, out_kinds))
         # Whether a backward comes through this call, for the cache once
         # the node is let go (evaluation outside no_backprop_mode).
         self.seen = [False]
@@ -318,8 +311,8 @@ class Capture(object):
         vals = [callers.get(b, v.raw_array) if k == 'A' else
                 outputs.handed(v, k)
                 for v, k, b in zip(outs, out_kinds, out_bids)]
-        link_state.keep_attrs(attr_writes, _handed(inner_outs, outs),
-                              rec.buffers)
+        link_state.keep_attrs(attr_writes, outputs.by_inner(inner_outs, outs),
+                              rec.buffers, self.aliases)
         return outputs.rebuild(out_spec, vals[:n_outs])
 
     def _finish_without_backward(self, out):
@@ -334,10 +327,10 @@ class Capture(object):
         if not self.unreachable:
             self.cache.put(self.key, e)
         vals = []
-        for v, copy in zip(self.inner_outs, e.out_copy):
-            vals.append(chainer.Variable(arrayutil.copy_exact(v.raw_array),
+        for v, how in zip(self.inner_outs, e.out_copy):
+            vals.append(chainer.Variable(arrayutil.hand_out(v.raw_array, how),
                                          requires_grad=v.requires_grad)
-                        if copy else v)
+                        if how else v)
         return self._handed_out(vals)
 
     def _handed_out(self, vals, more=()):
@@ -346,8 +339,9 @@ class Capture(object):
         the attributes the method set, as it leaves them."""
         by_inner = dict(more)
         vals = [by_inner.get(id(v), v) for v in vals]
-        by_inner.update(_handed(self.inner_outs, vals))
-        link_state.keep_attrs(self.attr_writes, by_inner, self.rec.buffers)
+        by_inner.update(outputs.by_inner(self.inner_outs, vals))
+        link_state.keep_attrs(self.attr_writes, by_inner, self.rec.buffers,
+                              self.aliases)
         vals = [outputs.handed(v, k) for v, k in zip(vals, self.out_kinds)]
         return outputs.rebuild(self.out_spec, vals[:self.n_outs])
 
@@ -385,7 +379,7 @@ class Capture(object):
                 reports=self.reports, link_values=self.watch,
                 recompute=self.cache.recompute,
                 plan_memory=self.cache.plan_memory,
-                cuda_graph=self.cache.cuda_graph,
+                cuda_graph=self.cache.cuda_graph, aliases=self.aliases,
                 threads=self.cache.threads, keep_nodes=self.keep_graph,
                 **backward)
             self.entry.verify()

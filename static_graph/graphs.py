@@ -97,6 +97,14 @@ def forward_tier(entry, tiered, b):
     its backward (``entry.quiet``, set by ``ReplayNode.forward``)."""
     n = len(entry.forward.outputs)
     saved = range(n, n + len(entry.saved))
+    # The chain's memory handed out (``self.l.W.array[0]``) is not copied
+    # out either: replay hands it out as define-by-run does. It is the
+    # chain's, not the graph's: no static storage of the entry.
+    exposed = n + len(entry.saved)
+    shown = [i for i, b in enumerate(entry.forward.outputs)
+             if b in entry.aliases] + [exposed + j for j, b in
+                                       enumerate(entry.expose)
+                                       if b in entry.aliases]
     # The entry holds the tier: the tier's callbacks hold the entry weakly.
     ref = weakref.ref(entry)
 
@@ -104,13 +112,16 @@ def forward_tier(entry, tiered, b):
         e = ref()
         with e.lock:
             old = set(id(a) for a in e.graph_static)
-            e.graph_static = g.static_arrays()
+            chain = set(id(g.outputs[i]) for i in shown)
+            e.graph_static = [a for a in g.static_arrays()
+                              if id(a) not in chain]
             e.static_storages = [s for s in e.static_storages
                                  if id(s) not in old] + e.graph_static
             e.graph_owned = set(id(a) for a in e.graph_static)
 
     return _host_draw(cuda_graph.GraphTier(
-        tiered, b, after=CAPTURE_AFTER, static_results=saved,
+        tiered, b, after=CAPTURE_AFTER,
+        static_results=tuple(saved) + tuple(shown),
         state=lambda: written_in_place(ref(), ref().forward),
         allowed=lambda: ref().quiet, on_capture=on_capture,
         owned=lambda a: id(a) in ref().graph_owned))

@@ -18,7 +18,6 @@ from schedules import bits
 from schedules import ir
 from static_graph import arrayutil
 from static_graph import analysis
-from static_graph import entry as entry_module
 from static_graph import frozen_values
 from static_graph import link_values
 from static_graph import traced
@@ -411,12 +410,15 @@ def put_back(detached):
             d[k] = v
 
 
-def keep_attrs(attr_writes, by_inner, bufs):
+def keep_attrs(attr_writes, by_inner, bufs, aliases=frozenset()):
     """What the recording call leaves in the attributes it set: the call's
-    output when one was kept; the chain's own array (a parameter's,
-    ``self.prev = self.b.array``) or a constant itself, as define-by-run
-    leaves it; else a detached copy (replay may rewrite the recorded array
-    in place), of the kept type."""
+    output when one was kept; the chain's memory (``aliases``: a
+    parameter's array, a persistent, an array a link holds, or a view of
+    one) as define-by-run leaves it (arrayutil.chain_alias); else a
+    detached copy, of the kept type: a constant the call made
+    (``self.mask = numpy.tri(5)``; define-by-run makes a new one at every
+    call) or a view of an output (``self.feat = h.array[0]``) is memory
+    the replays read or write again."""
     for d, k, b, kind in attr_writes:
         cur = d.get(k)
         if isinstance(cur, chainer.Parameter):
@@ -427,8 +429,8 @@ def keep_attrs(attr_writes, by_inner, bufs):
             cur = cur.base      # (``h.array`` read while recording)
         if id(cur) in by_inner:
             d[k] = by_inner[id(cur)]
-        elif kind == 'A' and bufs[b].role in entry_module.STABLE_ROLES:
-            d[k] = bufs[b].storage
+        elif kind == 'A' and b in aliases:
+            d[k] = arrayutil.chain_alias(bufs[b].storage)
         else:
             d[k] = arrayutil.detached_copy(cur)
 

@@ -396,8 +396,8 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
                 self.node_values = _node_values(entry)
             n = len(entry.forward.outputs)
             # Copy what later calls rewrite while no other thread can.
-            outs = tuple(arrayutil.copy_exact(o) if c else o
-                         for o, c in zip(result[:n], entry.out_copy))
+            outs = tuple(arrayutil.hand_out(o, how) if how else o
+                         for o, how in zip(result[:n], entry.out_copy))
             if entry.backward is not None and \
                     chainer.config.enable_backprop:
                 # (Under the lock: a call of another thread must see this
@@ -435,9 +435,10 @@ class RecordNode(_Replayed, function_node.FunctionNode):
     schedule on the recording's own saved arrays (``bind``), or, where no
     entry was built, the inner graph's backward again."""
 
-    def __init__(self, capture, out_arrays, entry):
+    def __init__(self, capture, out_arrays, entry, how):
         self.capture = capture   # capture.Capture: records the backward
         self.out_arrays = out_arrays
+        self.how = how    # per output: a copy, or the chain's memory
         self.built = entry     # the entry this call's backward builds
         self.handed = None
         self.again = None     # the capture, for a backward through the inner
@@ -458,7 +459,8 @@ class RecordNode(_Replayed, function_node.FunctionNode):
     backward_accumulate = accumulate
 
     def forward(self, inputs):
-        self.handed = tuple(arrayutil.copy_exact(a) for a in self.out_arrays)
+        self.handed = tuple(arrayutil.hand_out(a, how)
+                            for a, how in zip(self.out_arrays, self.how))
         return self.handed
 
     def bind(self, entry):

@@ -406,3 +406,38 @@ def handed(v, kind):
     if kind == 'V':
         return v
     return v.raw_array[()] if kind == 'S' else v.raw_array
+
+
+def by_inner(inner_outs, outs):
+    """id(inner output) -> what the caller gets in its place, and the same
+    for their arrays (``self.feat = h.array``: the array handed out with
+    h, as define-by-run's attribute is h's)."""
+    out = {}
+    for v, o in zip(inner_outs, outs):
+        out[id(v)] = o
+        out.setdefault(id(v.raw_array), o.raw_array)
+    return out
+
+
+def chain_aliases(rec, chain_map, out_bids, out_kinds, attr_writes):
+    """Of the buffers a call hands out as arrays (returned, or set on an
+    attribute), those that are the chain's memory (``chain_map``): a
+    parameter's array, a persistent, an array a link holds, or a view of
+    one (``self.l.W.array[0]``), which define-by-run hands out as that
+    memory, not a copy (arrayutil.chain_alias)."""
+    bids = [b for b, k in zip(out_bids, out_kinds) if k == 'A'] + \
+        [b for _, _, b, kind in attr_writes if kind == 'A']
+    out = set()
+    for b in bids:
+        a = rec.buffers[b].storage
+        if a is not None and (id(a) in chain_map or
+                              id(arrayutil.root_of(a)) in chain_map):
+            out.add(b)
+    return frozenset(out)
+
+
+def hand_modes(aliases, out_bids, out_kinds):
+    """How the recording call hands out each output (arrayutil.hand_out):
+    a copy, or the chain's memory as such."""
+    return [arrayutil.ALIAS if b in aliases and k == 'A' else True
+            for b, k in zip(out_bids, out_kinds)]

@@ -3,6 +3,7 @@ forward schedule (its backward the backward schedule); then the recorded
 reports and attribute writes are repeated and the outputs rebuilt."""
 import chainer
 
+from static_graph import arrayutil
 from static_graph import nodes
 from static_graph import outputs
 from static_graph import reports
@@ -43,7 +44,12 @@ def _side_effects(e, exposed, outs):
         return chainer.Variable(values[b], requires_grad=False)
 
     def value(b):
-        return by_out[b].raw_array if b in by_out else values[b]
+        if b in by_out:
+            return by_out[b].raw_array
+        # (The chain's memory, ``self.l.W.array[0]``: as define-by-run
+        # shows it.)
+        return arrayutil.chain_alias(values[b]) if b in e.aliases else \
+            values[b]
 
     for observer_ref, items in e.reports:
         observer = observer_ref() if observer_ref is not None else None
@@ -58,4 +64,4 @@ def _side_effects(e, exposed, outs):
         elif kind == 'N':
             d[k] = None
         else:
-            d[k] = by_out[b].raw_array if b in by_out else values[b]
+            d[k] = value(b)

@@ -8,6 +8,7 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
+from static_graph.decorator import caches_of
 from static_graph import static_graph as static
 
 
@@ -55,4 +56,168 @@ def test_a_kept_variable_backpropagates(how):
             o.update()
         assert grads[1] is not None, step
         assert numpy.array_equal(*grads), step
+    assert numpy.array_equal(dbr.l.W.array, ours.l.W.array)
+
+
+class ViewNet(chainer.Chain):
+    """Keeps a NumPy view of an output on itself (features for later):
+    each call's view is its own call's values, whatever later calls do."""
+
+    def __init__(self, view):
+        super(ViewNet, self).__init__()
+        self.view = view
+        with self.init_scope():
+            self.l1 = L.Linear(3, 4)
+            self.l2 = L.Linear(4, 2)
+
+    def forward(self, x):
+        h = F.relu(self.l1(x))
+        self.h = h
+        self.feat = self.view(h.array)
+        return F.sum(self.l2(h) ** 2)
+
+
+class StaticViewNet(ViewNet):
+    forward = static(ViewNet.forward)
+
+
+@pytest.mark.parametrize('view', [
+    lambda a: a[0], lambda a: a.T, lambda a: a.reshape(-1),
+    lambda a: a[:, 1:]], ids=['[0]', '.T', 'reshape', '[:, 1:]'])
+def test_views_kept_over_calls_keep_their_values(view):
+    # (The key changes after the first call: the chain then holds h and
+    # feat. The second call records again; a view that recording left on
+    # the chain was of memory the replays then wrote.)
+    dbr, ours = ViewNet(view), StaticViewNet(view)
+    ours.copyparams(dbr)
+    opts = [chainer.optimizers.SGD(0.1).setup(m) for m in (dbr, ours)]
+    kept = {id(dbr): [], id(ours): []}
+    for step in range(6):
+        x = numpy.random.RandomState(step).randn(4, 3).astype('f')
+        for m, o in zip((dbr, ours), opts):
+            m.cleargrads()
+            m(x).backward()
+            kept[id(m)].append(m.feat)
+            o.update()
+    assert caches_of(ours)['forward'].replays >= 3
+    for step, (a, b) in enumerate(zip(kept[id(dbr)], kept[id(ours)])):
+        assert numpy.array_equal(a, b), step
+
+
+class ChainMemoryNet(chainer.Chain):
+    """Returns or keeps the chain's own arrays (a parameter's, a
+    persistent, an array a link holds) or views of them."""
+
+    def __init__(self, pick, keep):
+        super(ChainMemoryNet, self).__init__()
+        self.pick, self.keep = pick, keep
+        with self.init_scope():
+            self.l1 = L.Linear(3, 4)
+            self.bn = L.BatchNormalization(4)
+            self.l2 = L.Linear(4, 2)
+        self.l2.scale = numpy.arange(2, dtype='f')
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.l1(x)))
+        loss = F.sum(self.l2(h) ** 2)
+        if self.keep:
+            self.kept = self.pick(self)
+            return loss
+        return loss, self.pick(self)
+
+
+class StaticChainMemoryNet(ChainMemoryNet):
+    forward = static(ChainMemoryNet.forward)
+
+
+PICKS = [lambda m: m.l1.W.array, lambda m: m.l1.W.array[0],
+         lambda m: m.l1.W.array.T, lambda m: m.bn.avg_mean,
+         lambda m: m.bn.avg_var[1:], lambda m: m.l2.scale,
+         lambda m: m.l2.scale[::-1]]
+PICK_IDS = ['W', 'W[0]', 'W.T', 'avg_mean', 'avg_var[1:]', 'held',
+            'held[::-1]']
+# Those that fall back (each for a reason of its own): W kept is read by
+# the next call before it is set again (state carried over); avg_mean kept
+# is written by BatchNormalization while the chain holds it; a view of
+# avg_var is of memory an op of the call writes.
+FALL_BACK = {('W', True), ('avg_mean', True), ('avg_var[1:]', False),
+             ('avg_var[1:]', True)}
+
+
+@pytest.mark.parametrize('keep', [False, True], ids=['returned', 'kept'])
+@pytest.mark.parametrize('pick', PICKS, ids=PICK_IDS)
+def test_chain_memory_is_handed_out_as_define_by_run_does(pick, keep):
+    # Define-by-run hands out the chain's memory itself: an update in
+    # place (the optimizer's, BatchNormalization's statistics, the caller's
+    # own) shows in what earlier calls returned and kept.
+    dbr, ours = ChainMemoryNet(pick, keep), StaticChainMemoryNet(pick, keep)
+    ours.copyparams(dbr)
+    opts = [chainer.optimizers.SGD(0.1).setup(m) for m in (dbr, ours)]
+    got = {id(dbr): [], id(ours): []}
+    for step in range(6):
+        x = numpy.random.RandomState(step).randn(5, 3).astype('f')
+        for m, o in zip((dbr, ours), opts):
+            m.cleargrads()
+            if keep:
+                m(x).backward()
+                out = m.kept
+            else:
+                loss, out = m(x)
+                loss.backward()
+            got[id(m)].append(out)
+            o.update()
+            m.l2.scale += 1
+    replays = caches_of(ours)['forward'].replays
+    if (PICK_IDS[PICKS.index(pick)], keep) in FALL_BACK:
+        assert replays == 0
+    else:
+        assert replays >= 4
+    for m in (dbr, ours):
+        for out in got[id(m)]:
+            assert numpy.shares_memory(out, pick(m))
+            if pick(m).base is None:
+                assert out is pick(m)
+    for step, (a, b) in enumerate(zip(got[id(dbr)], got[id(ours)])):
+        assert numpy.array_equal(a, b), step
+
+
+class ConstNet(chainer.Chain):
+    """Keeps a constant it makes at every call (a causal mask) on itself,
+    where the caller may write into it (a plot that marks the masked
+    places)."""
+
+    def __init__(self, view):
+        super(ConstNet, self).__init__()
+        self.view = view
+        with self.init_scope():
+            self.l = L.Linear(4, 3)
+
+    def forward(self, x):
+        mask = numpy.tri(3, dtype=numpy.float32)
+        self.mask = self.view(mask)
+        return F.sum(F.matmul(self.l(x), mask) ** 2)
+
+
+class StaticConstNet(ConstNet):
+    forward = static(ConstNet.forward)
+
+
+@pytest.mark.parametrize('view', [lambda a: a, lambda a: a[:2]],
+                         ids=['itself', 'a view'])
+def test_a_kept_constant_written_by_the_caller(view):
+    dbr, ours = ConstNet(view), StaticConstNet(view)
+    ours.copyparams(dbr)
+    opts = [chainer.optimizers.SGD(0.01).setup(m) for m in (dbr, ours)]
+    for step in range(6):
+        x = numpy.random.RandomState(step).randn(5, 4).astype('f')
+        losses = []
+        for m, o in zip((dbr, ours), opts):
+            m.cleargrads()
+            loss = m(x)
+            loss.backward()
+            o.update()
+            losses.append(loss.array)
+            m.mask[m.mask == 0] = -1e4
+        assert numpy.array_equal(*losses), step
+    assert caches_of(ours)['forward'].replays >= 3
     assert numpy.array_equal(dbr.l.W.array, ours.l.W.array)

@@ -102,13 +102,14 @@ def copy_exact(a):
     return out
 
 
-ALIAS = 'alias'   # (how an output is handed: the chain's own memory)
+ALIAS = 'alias'   # (how an output is handed: a view of the chain's memory)
 
 
 def hand_out(a, how):
     """What the caller gets for array ``a`` of a call: ``how`` True, a
-    copy (memory a later call writes again); ALIAS, the chain's memory as
-    define-by-run shows it (chain_alias); else ``a`` itself."""
+    copy (memory a later call writes again); ALIAS, a new view of the
+    chain's memory ``a`` shows (chain_alias); else ``a`` itself (the
+    chain's array, ``self.l.W.array``, among others)."""
     if how is True:
         return copy_exact(a)
     if how == ALIAS:
@@ -117,17 +118,13 @@ def hand_out(a, how):
 
 
 def chain_alias(a):
-    """``a``, memory of the chain (a parameter's array, a persistent or
-    an array a link holds, or a view of one), as define-by-run hands it
-    out: the chain's array itself where ``a`` shows all of it, else a new
-    plain view (the next update or call in place shows in both)."""
-    root = root_of(a)
-    if root is not a and same_view(root, a) and type(root) is not \
-            traced.TracedArray:
-        return root
+    """A new plain view of ``a``, a view of the chain's memory (of a
+    parameter's array, a persistent, an array a link holds:
+    ``self.l.W.array[0]``), as define-by-run makes one at every call: the
+    next update or a write in place shows in both."""
     if isinstance(a, traced.TracedArray):
         return traced.plain(a)
-    return a if root is a else a.view()
+    return a.view()
 
 
 def plain_array(v):

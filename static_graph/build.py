@@ -74,7 +74,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
           grad_out_bids=None, attr_writes=(), reports=(),
           link_values=None, recompute=True, plan_memory=True,
           cuda_graph=True, threads=None, keep_nodes=False,
-          aliases=frozenset()):
+          aliases=None):
     """Turn a finished recording into compiled schedules. recompute:
     let the backward compute cheap activations again instead of saving
     them (recompute_rules.py); plan_memory=False: no memory reuse at
@@ -118,7 +118,7 @@ def build(e, rec, chain, n_leaves, leaf_bids, out_bids, out_kinds, out_spec,
     e.out_kinds = out_kinds
     e.reports = reports
     e.attr_writes = attr_writes
-    e.aliases = aliases
+    e.aliases = aliases or {}
     expose = []
     for _, items in reports:
         for _, code in items:
@@ -232,9 +232,9 @@ def _forward_tier(e, rec, chain, f_inputs, out_bids, forward_defined,
     bufs = rec.buffers
     # (The chain's memory, returned as an array: as define-by-run hands it
     # out, arrayutil.chain_alias; other outputs of it are copies.)
-    e.out_copy = tuple(arrayutil.ALIAS if b in e.aliases and k == 'A' else
-                       e.reused(bufs, b) or
-                       bufs[b].role in (ir.PARAM, ir.PERSIST)
+    e.out_copy = tuple(e.aliases[b] if b in e.aliases and k == 'A' else
+                       bool(e.reused(bufs, b) or
+                            bufs[b].role in (ir.PARAM, ir.PERSIST))
                        for b, k in zip(out_bids, e.out_kinds))
     copyto = arrayutil.copyto_for([bufs[b].storage for b in f_inputs] or [])
     e.copyto = copyto

@@ -312,7 +312,7 @@ class Capture(object):
                 outputs.handed(v, k)
                 for v, k, b in zip(outs, out_kinds, out_bids)]
         link_state.keep_attrs(attr_writes, outputs.by_inner(inner_outs, outs),
-                              rec.buffers, self.aliases)
+                              rec.buffers, self.aliases, bool(rec.reasons))
         return outputs.rebuild(out_spec, vals[:n_outs])
 
     def _finish_without_backward(self, out):
@@ -341,7 +341,7 @@ class Capture(object):
         vals = [by_inner.get(id(v), v) for v in vals]
         by_inner.update(outputs.by_inner(self.inner_outs, vals))
         link_state.keep_attrs(self.attr_writes, by_inner, self.rec.buffers,
-                              self.aliases)
+                              self.aliases, bool(self.rec.reasons))
         vals = [outputs.handed(v, k) for v, k in zip(vals, self.out_kinds)]
         return outputs.rebuild(self.out_spec, vals[:self.n_outs])
 

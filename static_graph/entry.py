@@ -108,7 +108,7 @@ class Entry(object):
         self.forward = None
         self.backward = None
         self.saved_outputs = {}      # build.py
-        self.aliases = frozenset()   # build.py: outputs of chain memory
+        self.aliases = {}            # build.py: outputs of chain memory
         self.passes = None           # build.TRACE: [(stage, schedules)]
         self.lock = threading.RLock()
         self._reused_roots = None

@@ -17,6 +17,7 @@ import chainer
 from schedules import bits
 from schedules import ir
 from static_graph import arrayutil
+from static_graph import entry as entry_module
 from static_graph import analysis
 from static_graph import frozen_values
 from static_graph import link_values
@@ -410,15 +411,18 @@ def put_back(detached):
             d[k] = v
 
 
-def keep_attrs(attr_writes, by_inner, bufs, aliases=frozenset()):
+def keep_attrs(attr_writes, by_inner, bufs, aliases=None,
+               fell_back=False):
     """What the recording call leaves in the attributes it set: the call's
     output when one was kept; the chain's memory (``aliases``: a
     parameter's array, a persistent, an array a link holds, or a view of
-    one) as define-by-run leaves it (arrayutil.chain_alias); else a
+    one) as define-by-run leaves it (outputs.chain_aliases); else a
     detached copy, of the kept type: a constant the call made
     (``self.mask = numpy.tri(5)``; define-by-run makes a new one at every
     call) or a view of an output (``self.feat = h.array[0]``) is memory
-    the replays read or write again."""
+    the replays read or write again. A recording that ``fell_back`` (no
+    replay reads its memory) leaves an array no op of the call made as
+    the method set it (``self.kept = self.cfg.table``)."""
     for d, k, b, kind in attr_writes:
         cur = d.get(k)
         if isinstance(cur, chainer.Parameter):
@@ -429,8 +433,11 @@ def keep_attrs(attr_writes, by_inner, bufs, aliases=frozenset()):
             cur = cur.base      # (``h.array`` read while recording)
         if id(cur) in by_inner:
             d[k] = by_inner[id(cur)]
-        elif kind == 'A' and b in aliases:
-            d[k] = arrayutil.chain_alias(bufs[b].storage)
+        elif kind == 'A' and aliases and b in aliases:
+            d[k] = arrayutil.hand_out(bufs[b].storage, aliases[b])
+        elif kind == 'A' and fell_back and \
+                bufs[b].role in entry_module.STABLE_ROLES:
+            d[k] = bufs[b].storage
         else:
             d[k] = arrayutil.detached_copy(cur)
 

@@ -421,23 +421,35 @@ def by_inner(inner_outs, outs):
 
 def chain_aliases(rec, chain_map, out_bids, out_kinds, attr_writes):
     """Of the buffers a call hands out as arrays (returned, or set on an
-    attribute), those that are the chain's memory (``chain_map``): a
-    parameter's array, a persistent, an array a link holds, or a view of
-    one (``self.l.W.array[0]``), which define-by-run hands out as that
-    memory, not a copy (arrayutil.chain_alias)."""
+    attribute), those that are the chain's memory (``chain_map``), which
+    define-by-run hands out as that memory, not a copy: {buffer id: how
+    (arrayutil.hand_out)}: False for the chain's array itself (a
+    parameter's, a persistent, an array a link holds: the very object),
+    ALIAS for a view of one (``self.l.W.array[0]``, also one of all of it:
+    ``W.array[...]``; a new view at every call)."""
     bids = [b for b, k in zip(out_bids, out_kinds) if k == 'A'] + \
         [b for _, _, b, kind in attr_writes if kind == 'A']
-    out = set()
+    out = {}
     for b in bids:
         a = rec.buffers[b].storage
-        if a is not None and (id(a) in chain_map or
-                              id(arrayutil.root_of(a)) in chain_map):
-            out.add(b)
-    return frozenset(out)
+        if a is None or b in out:
+            continue
+        if id(a) in chain_map:
+            out[b] = False
+            continue
+        base = getattr(a, 'base', None)
+        while arrayutil.is_array(base):
+            # (The chain's array may be a view itself: parameters packed
+            # into one buffer.)
+            if id(base) in chain_map:
+                out[b] = arrayutil.ALIAS
+                break
+            base = getattr(base, 'base', None)
+    return out
 
 
 def hand_modes(aliases, out_bids, out_kinds):
     """How the recording call hands out each output (arrayutil.hand_out):
-    a copy, or the chain's memory as such."""
-    return [arrayutil.ALIAS if b in aliases and k == 'A' else True
+    a copy, or the chain's memory as define-by-run does."""
+    return [aliases[b] if b in aliases and k == 'A' else True
             for b, k in zip(out_bids, out_kinds)]

@@ -48,8 +48,8 @@ def _side_effects(e, exposed, outs):
             return by_out[b].raw_array
         # (The chain's memory, ``self.l.W.array[0]``: as define-by-run
         # shows it.)
-        return arrayutil.chain_alias(values[b]) if b in e.aliases else \
-            values[b]
+        return arrayutil.hand_out(values[b], e.aliases[b]) \
+            if b in e.aliases else values[b]
 
     for observer_ref, items in e.reports:
         observer = observer_ref() if observer_ref is not None else None

@@ -1,6 +1,10 @@
-"""A Variable the method keeps on itself while it returns its array or
-another Variable of its memory: the kept one is in the graph, as under
-define-by-run, and a loss from it backpropagates."""
+"""What a call hands out or keeps on the chain, as define-by-run does: a
+Variable kept while the method returns its array or another Variable of
+its memory is the one in the graph (a loss from it backpropagates); views
+and constants kept keep their values whatever later calls and the caller
+do; the chain's own memory is handed out as that memory."""
+import warnings
+
 import numpy
 import pytest
 
@@ -131,17 +135,17 @@ class StaticChainMemoryNet(ChainMemoryNet):
 
 
 PICKS = [lambda m: m.l1.W.array, lambda m: m.l1.W.array[0],
-         lambda m: m.l1.W.array.T, lambda m: m.bn.avg_mean,
-         lambda m: m.bn.avg_var[1:], lambda m: m.l2.scale,
-         lambda m: m.l2.scale[::-1]]
-PICK_IDS = ['W', 'W[0]', 'W.T', 'avg_mean', 'avg_var[1:]', 'held',
+         lambda m: m.l1.W.array.T, lambda m: m.l1.W.array[...],
+         lambda m: m.bn.avg_mean, lambda m: m.bn.avg_var[1:],
+         lambda m: m.l2.scale, lambda m: m.l2.scale[::-1]]
+PICK_IDS = ['W', 'W[0]', 'W.T', 'W[...]', 'avg_mean', 'avg_var[1:]', 'held',
             'held[::-1]']
 # Those that fall back (each for a reason of its own): W kept is read by
 # the next call before it is set again (state carried over); avg_mean kept
 # is written by BatchNormalization while the chain holds it; a view of
 # avg_var is of memory an op of the call writes.
-FALL_BACK = {('W', True), ('avg_mean', True), ('avg_var[1:]', False),
-             ('avg_var[1:]', True)}
+FALL_BACK = {('W', True), ('avg_mean', True),
+             ('avg_var[1:]', False), ('avg_var[1:]', True)}
 
 
 @pytest.mark.parametrize('keep', [False, True], ids=['returned', 'kept'])
@@ -175,8 +179,11 @@ def test_chain_memory_is_handed_out_as_define_by_run_does(pick, keep):
     for m in (dbr, ours):
         for out in got[id(m)]:
             assert numpy.shares_memory(out, pick(m))
-            if pick(m).base is None:
-                assert out is pick(m)
+    for a, b in zip(got[id(dbr)], got[id(ours)]):
+        # (The chain's array itself where the method handed that, else a
+        # view of its own, which the caller may reshape.)
+        assert (a is pick(dbr)) == (b is pick(ours))
+        assert (a.base is None) == (b.base is None)
     for step, (a, b) in enumerate(zip(got[id(dbr)], got[id(ours)])):
         assert numpy.array_equal(a, b), step
 
@@ -221,3 +228,48 @@ def test_a_kept_constant_written_by_the_caller(view):
         assert numpy.array_equal(*losses), step
     assert caches_of(ours)['forward'].replays >= 3
     assert numpy.array_equal(dbr.l.W.array, ours.l.W.array)
+
+
+class Settings(object):
+    pass
+
+
+class ForeignNet(chainer.Chain):
+    """Keeps on itself an array a plain object holds (not a link), which
+    the caller then scales in place: the array itself, as define-by-run
+    keeps it (the key falls back: the table is no op's result)."""
+
+    def __init__(self):
+        super(ForeignNet, self).__init__()
+        with self.init_scope():
+            self.l = L.Linear(4, 3)
+        self.cfg = Settings()
+        self.cfg.table = numpy.linspace(0.5, 1.5, 3).astype('f')
+
+    def forward(self, x):
+        y = self.l(x) * self.cfg.table
+        self.kept = self.cfg.table
+        return F.sum(y ** 2)
+
+
+class StaticForeignNet(ForeignNet):
+    forward = static(ForeignNet.forward)
+
+
+def test_an_array_of_a_helper_object_kept_where_the_key_falls_back():
+    dbr, ours = ForeignNet(), StaticForeignNet()
+    ours.copyparams(dbr)
+    for step in range(4):
+        x = numpy.random.RandomState(step).randn(5, 4).astype('f')
+        losses = []
+        for m in (dbr, ours):
+            m.cleargrads()
+            with warnings.catch_warnings():
+                warnings.simplefilter('ignore')
+                loss = m(x)
+            loss.backward()
+            losses.append(loss.array)
+            assert m.kept is m.cfg.table
+            m.kept *= 2
+        assert numpy.array_equal(*losses), step
+    assert caches_of(ours)['forward'].recordings == 1

@@ -309,3 +309,35 @@ def compute(rec, fn, name, args, kwargs, result):
 
 
 traced.calls = compute     # (traced.py cannot import this module)
+
+# Variable arithmetic that computes otherwise with a number than with an
+# array (Chainer tests ``numpy.isscalar``): ``x / s`` is x * (1 / s) for
+# a NumPy scalar, a division by an array; ``s / x``, ``x ** s``, ``s ** x``
+# differ in their backwards. (Addition, subtraction and multiplication give
+# the same bits either way.)
+SCALAR_PATHS = ('__truediv__', '__rtruediv__', '__floordiv__',
+                 '__rfloordiv__', '__pow__', '__rpow__')
+
+
+def scalar_arithmetic(orig, name):
+    """Variable's ``name`` (``orig``) where the operand may be a NumPy
+    scalar this recording computed from values (a 0-d traced array stands
+    for it, ``compute``): the call computes with the scalar, on Chainer's
+    path for a number, as define-by-run does, and the recording notes a
+    reason (a replay would freeze the number or, as an array, compute
+    other last bits)."""
+    def call(self, rhs):
+        if type(rhs) is traced.TracedArray:
+            rec = traced.active_recording()
+            if rec is not None and id(rhs) in rec.scalar_like:
+                rec.add_reason(
+                    'a NumPy scalar computed from array values enters '
+                    'Variable.%s at %s: define-by-run computes with it as a '
+                    'number (another function than for an array)'
+                    % (name, traced.user_location(1)))
+                rhs = traced.untraced(rhs)[()]
+        return orig(self, rhs)
+
+    call.__name__ = name
+    return call
+

@@ -481,6 +481,12 @@ def patched_for(v):
     return hit[1] if hit is not None and hit[0] is v else None
 
 
+_PATCHES += ((chainer.Variable,
+               dict((k, numpy_calls.scalar_arithmetic(
+                   chainer.Variable.__dict__[k], k))
+                    for k in numpy_calls.SCALAR_PATHS),
+               dict((k, chainer.Variable.__dict__[k])
+                    for k in numpy_calls.SCALAR_PATHS)),)
 _orig_walker = walker_alias.WalkerAlias.__dict__['sample_xp']
 _PATCHES += ((walker_alias.WalkerAlias,
               {'sample_xp': numpy_calls.walker_sample(_orig_walker)},

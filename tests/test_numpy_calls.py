@@ -744,3 +744,36 @@ def test_a_schedule_that_draws_on_the_host_is_never_a_graph(monkeypatch):
         tiers['forward'].reason
     assert tiers['forward'].graph is None
     assert tiers['backward'].graph is not None
+
+
+# A NumPy scalar computed from a loss's value (a 0-d array in the
+# recording) in Variable arithmetic: Chainer computes ``x / s`` of a number
+# as x * (1 / s) and ``s / x``, ``x ** s``, ``s ** x`` with functions of
+# their own, whose last bits differ from the functions for arrays.
+SCALAR_OPERANDS = {
+    'h / s': lambda h, s: h / s, 's / h': lambda h, s: s / (h + 2),
+    'h ** s': lambda h, s: (h + 2) ** s, 's ** h': lambda h, s: s ** h,
+    'h // s': lambda h, s: h // s, 'h + s': lambda h, s: h + s,
+    's - h': lambda h, s: s - h, 'h * s': lambda h, s: h * s,
+}
+
+
+def _with_scalar(op):
+    def body(self, x):
+        h = F.sigmoid(self.l1(x))
+        s = F.mean(h).array * 0.5 + 1e-3        # a NumPy scalar
+        return self.l2(op(h, s))
+    return body
+
+
+@pytest.mark.parametrize('name', sorted(SCALAR_OPERANDS))
+def test_a_numpy_scalar_in_variable_arithmetic(name):
+    m, w = train_twins(_with_scalar(SCALAR_OPERANDS[name]))
+    c = only_cache(m)
+    if name in ('h + s', 's - h', 'h * s'):
+        # (The same bits whether Chainer takes s for a number or not.)
+        assert c.replays == 5 and not w
+    else:
+        assert c.replays == 0 and c.fallback_calls == 5
+        assert any('NumPy scalar computed from array values' in
+                   str(x.message) for x in w)

@@ -267,6 +267,33 @@ def _zero_d(result, arrays):
         a.ndim == 0 for a in arrays)
 
 
+def _gives_scalars(rec, fn, arrays, args, kwargs):
+    """Would ``fn`` give NumPy scalars where define-by-run has NumPy
+    scalars for the 0-d arrays that stand for them (``s.astype(f32)``,
+    ``s.copy()`` of ``s = loss.array * 0.5``, a NumPy scalar: then so is
+    what they give)? ``fn`` runs again on those scalars to tell."""
+    if not any(id(a) in rec.scalar_like for a in arrays):
+        return False
+
+    def shadow(a):
+        if isinstance(a, traced.TracedArray):
+            plain = traced.untraced(a)
+            return plain[()] if id(a) in rec.scalar_like else plain
+        if type(a) in (tuple, list):
+            return type(a)(shadow(x) for x in a)
+        return a
+    try:
+        if fn is numpy.ndarray.copy:
+            out = shadow(args[0]).copy()
+        else:
+            out = fn(*[shadow(a) for a in args],
+                     **dict((k, shadow(v)) for k, v in kwargs.items()))
+    except Exception:
+        return False
+    outs = out if type(out) is tuple else (out,)
+    return all(isinstance(o, numpy.generic) for o in outs)
+
+
 def _giving_arrays(fn):
     """``fn`` with the NumPy scalars it gives as 0-d arrays (the same
     values), which an op hands on like any result."""
@@ -299,7 +326,8 @@ def compute(rec, fn, name, args, kwargs, result):
     elif not _new_memory(result, arrays):
         return None
     results = apply(rec, fn, name, t)[1]
-    if zero_d:
+    if zero_d or rec.scalar_like and _gives_scalars(rec, fn, t[3], args,
+                                                    kwargs):
         # (reported, they are the NumPy scalars define-by-run has:
         # reports.py)
         rec.scalar_like.update(id(r) for r in results)
@@ -309,6 +337,22 @@ def compute(rec, fn, name, args, kwargs, result):
 
 
 traced.calls = compute     # (traced.py cannot import this module)
+
+
+def scalar_views(rec, fn, args, kwargs, out):
+    """``out``, a view ``fn`` made of traced arrays of ``rec``, stands for
+    a NumPy scalar too where it is 0-d and ``fn`` of the NumPy scalars
+    that 0-d inputs stand for gives one (``s.T``, ``numpy.squeeze(s)``;
+    not ``s[...]``, a 0-d array of a NumPy scalar too)."""
+    if not isinstance(out, traced.TracedArray) or out.ndim:
+        return
+    arrays = [a for a in args if isinstance(a, traced.TracedArray)]
+    if _gives_scalars(rec, fn, arrays, args, kwargs):
+        rec.scalar_like.add(id(out))
+        rec.scalar_views.append(out)     # (its id stays its own)
+
+
+traced.scalar_views = scalar_views
 
 # Variable arithmetic that computes otherwise with a number than with an
 # array (Chainer tests ``numpy.isscalar``): ``x / s`` is x * (1 / s) for

@@ -106,3 +106,39 @@ def shape_from_values(name, args, kwargs, traced_type):
     return any(isinstance(args[i], traced_type) for i in positions
                if i < len(args)) or any(
         isinstance(kwargs.get(k), traced_type) for k in keywords)
+
+
+class LayoutFlags(object):
+    """An array's flags as user code reads them during a recording: the
+    layout flags are the key's (``if not x.flags.c_contiguous``); a read
+    of any other (``owndata``, ``writeable``) or a write is a reason,
+    which ``flag(what)`` gives (traced.flag)."""
+    _LAYOUT = frozenset((
+        'c_contiguous', 'f_contiguous', 'contiguous', 'fortran', 'fnc',
+        'forc', 'C_CONTIGUOUS', 'F_CONTIGUOUS', 'CONTIGUOUS', 'FORTRAN',
+        'FNC', 'FORC', 'C', 'F'))
+
+    def __init__(self, flags, flag):
+        object.__setattr__(self, '_flags', flags)
+        object.__setattr__(self, '_flag', flag)
+
+    def __getattr__(self, name):
+        if name not in self._LAYOUT:
+            self._flag('.flags.%s' % name)
+        return getattr(self._flags, name)
+
+    def __getitem__(self, key):
+        if key not in self._LAYOUT:
+            self._flag('.flags[%r]' % (key,))
+        return self._flags[key]
+
+    def __setattr__(self, name, value):
+        self._flag('.flags.%s set' % name)
+        setattr(self._flags, name, value)
+
+    def __setitem__(self, key, value):
+        self._flag('.flags[%r] set' % (key,))
+        self._flags[key] = value
+
+    def __repr__(self):
+        return repr(self._flags)

@@ -28,6 +28,7 @@ from chainer.utils import walker_alias
 
 from static_graph import arguments
 from static_graph import device_reads
+from static_graph import held_views
 from static_graph import numpy_calls
 from static_graph import reports
 from static_graph import rng_patches
@@ -255,7 +256,7 @@ def _keeps_traced(name):
 
     def constructor(a, *args, **kwargs):
         out = orig(a, *args, **kwargs)
-        if type(a) is traced.HeldArray:
+        if type(a) is held_views.HeldArray:
             a._used()      # (its backward runs again at every replay)
             return out
         if type(a) is not TracedArray or type(out) is not numpy.ndarray:
@@ -287,7 +288,7 @@ def _checks_values(name):
     orig = _orig_numpy[name]
 
     def checked(a, *args, **kwargs):
-        if type(a) is traced.HeldArray:
+        if type(a) is held_views.HeldArray:
             a._used()
         elif type(a) is traced.TracedArray:
             traced.flag('numpy.%s(), which checks them' % name)

@@ -220,6 +220,7 @@ class Recording(object):
         # ids of traced 0-d arrays that stand for the NumPy scalars a ufunc
         # of 0-d arrays gives (numpy_calls.compute)
         self.scalar_like = set()
+        self.scalar_views = []     # (views among them, held: their ids)
         self.alloc_hook = None
 
     def step_of(self):

@@ -29,6 +29,8 @@ _active = None   # the threading.local of patches.py (set_active)
 # numpy_calls.compute: a NumPy call on traced arrays as an op of the
 # recording (set by numpy_calls, which imports this module).
 calls = None
+# numpy_calls.scalar_views: marks a view that stands for a NumPy scalar.
+scalar_views = None
 
 
 def set_active(local):
@@ -45,8 +47,9 @@ def active_recording():
 def flag(what):
     rec = active_recording()
     if rec is not None:
-        if rec.reading_held is not None and isinstance(
-                sys._getframe(1).f_locals.get('self'), HeldArray):
+        if rec.reading_held is not None and getattr(
+                type(sys._getframe(1).f_locals.get('self')),
+                'held_by_node', False):
             # A user node's backward reads an array its forward left on
             # it: that backward runs again at every replay (user_nodes).
             rec.held_reads.add(id(rec.reading_held))
@@ -69,10 +72,38 @@ def flag_write(rec, what):
 
 def _in_place(name, symbol):
     op = getattr(numpy.ndarray, name)
+    # (``s += 1e-3`` of a NumPy scalar makes a new one: where a 0-d array
+    # stands for one while recording, the operator's new array.)
+    plain_op = getattr(numpy.ndarray, name.replace('__i', '__', 1), None)
 
     def method(self, other):
+        rec = active_recording()
+        if rec is not None and id(self) in rec.scalar_like and \
+                plain_op is not None:
+            return plain_op(self, other)
         _flag_write(self, symbol)
         return op(self, other)
+
+    method.__name__ = name
+    return method
+
+
+def _scalar_view_method(name, attribute=False):
+    """ndarray's method (or attribute) ``name``, whose result stands for a
+    NumPy scalar where ``self`` does and the same on a NumPy scalar gives
+    one (scalar_views)."""
+    get = getattr(numpy.ndarray, name)
+    if attribute:
+        get = get.__get__
+
+    def method(self, *args, **kwargs):
+        out = get(self, *args, **kwargs)
+        rec = active_recording()
+        if rec is not None and rec.scalar_like and scalar_views is not None:
+            scalar_views(rec, (lambda a: getattr(a, name)) if attribute
+                         else (lambda a, *r, **k: getattr(a, name)(*r, **k)),
+                         (self,) + args, kwargs, out)
+        return out
 
     method.__name__ = name
     return method
@@ -130,6 +161,19 @@ class TracedArray(numpy.ndarray):
                 ': x.sum(), x.all(), x.max(), ...'))
             return obj[()]
         return obj.view(TracedArray)
+
+    def __round__(self, ndigits=None):
+        # (An ndarray has no round(); the NumPy scalar a 0-d array stands
+        # for while recording has: round(s, 3) is numpy.round, an op;
+        # round(s), a Python int, a value read.)
+        rec = active_recording()
+        if rec is None or id(self) not in rec.scalar_like:
+            raise TypeError("type numpy.ndarray doesn't define __round__ "
+                            'method')
+        if ndigits is None:
+            flag('round()')
+            return round(plain(self)[()])
+        return numpy.round(self, ndigits)
 
     def __bool__(self):
         flag('bool()')
@@ -217,7 +261,7 @@ class TracedArray(numpy.ndarray):
         fn = ufunc if method == '__call__' else getattr(ufunc, method)
         try:
             result = fn(*[untraced(x) for x in inputs],
-                        **_plain_kwargs(kwargs))
+                        **plain_kwargs(kwargs))
         except Exception as e:     # (numpy.errstate(over='raise'))
             flag('%s raised %s' % (ufunc.__name__, type(e).__name__))
             raise
@@ -271,7 +315,7 @@ class TracedArray(numpy.ndarray):
             args[0] if args else kwargs.get(numpy_rules.INTO[name]))
         _check_destinations(into, 'numpy.%s()' % name)
         try:
-            result = func(*_plain_all(args), **_plain_kwargs(kwargs))
+            result = func(*plain_all(args), **plain_kwargs(kwargs))
         except Exception as e:
             # Whether it raises can depend on the values
             # (numpy.linalg.cholesky): a method that catches it would take
@@ -293,7 +337,11 @@ class TracedArray(numpy.ndarray):
             made = calls(rec, func, name, args, kwargs, result)
             if made is not None:
                 return made
-        return retrace(result)
+        out = retrace(result)
+        if rec is not None and rec.scalar_like and scalar_views is not None:
+            # (numpy.squeeze(s) of a NumPy scalar: a NumPy scalar)
+            scalar_views(rec, func, args, kwargs, out)
+        return out
 
     # ndarray methods that compute in C without a ufunc, whose result may
     # be one number (``h.array.argmax()``, ``a[0].dot(a[1])``): NumPy's
@@ -306,6 +354,16 @@ class TracedArray(numpy.ndarray):
     for _name in ('argmax', 'argmin', 'argsort', 'round', 'searchsorted',
                   'take', 'dot', 'mean', 'std', 'var', 'repeat', 'nonzero'):
         locals()[_name] = _as_function(_name)
+    del _name
+
+    # Views that give a NumPy scalar of a NumPy scalar (``s.T``,
+    # ``s.reshape(())``): of a 0-d array that stands for one while
+    # recording (numpy_calls.compute), one that stands for one too.
+    for _name in ('reshape', 'transpose', 'squeeze', 'conj', 'conjugate',
+                  'swapaxes'):
+        locals()[_name] = _scalar_view_method(_name)
+    for _name in ('T', 'real', 'imag'):
+        locals()[_name] = property(_scalar_view_method(_name, True))
     del _name
 
     def compress(self, condition, *args, **kwargs):
@@ -352,8 +410,8 @@ class TracedArray(numpy.ndarray):
         # is a read.)
         if _from_user(1):
             dbr = _define_by_run_array(self)
-            return _Flags(numpy.ndarray.flags.__get__(
-                self if dbr is None else dbr))
+            return numpy_rules.LayoutFlags(numpy.ndarray.flags.__get__(
+                self if dbr is None else dbr), flag)
         return numpy.ndarray.flags.__get__(self)
 
     @property
@@ -404,45 +462,6 @@ class TracedArray(numpy.ndarray):
         return numpy.ndarray.__reduce__(self)
 
 
-class HeldArray(TracedArray):
-    """An array a node defined outside Chainer left on itself
-    (``self.mask = x > 0``), as its backward sees it while that records:
-    any use of it in Python there (a value read, or an array computed from
-    it, whose values may be read next: ``(self.x > 4).any()``) makes that
-    backward run again at every replay (``flag``, ``_used``); what is
-    computed from it is a plain array, as from the array itself."""
-
-    def _used(self):
-        rec = active_recording()
-        if rec is not None and rec.reading_held is not None:
-            rec.held_reads.add(id(rec.reading_held))
-
-    def __getitem__(self, key):
-        self._used()
-        return numpy.ndarray.__getitem__(plain(self), key)
-
-    def __array_wrap__(self, obj, context=None, return_scalar=False):
-        self._used()
-        return numpy.asarray(obj)
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        self._used()
-        return getattr(ufunc, method)(*[untraced(x) for x in inputs],
-                                      **_plain_kwargs(kwargs))
-
-    def __array_function__(self, func, types, args, kwargs):
-        self._used()
-        return func(*_plain_all(args), **_plain_kwargs(kwargs))
-
-    def astype(self, *args, **kwargs):
-        self._used()
-        return numpy.ndarray.astype(plain(self), *args, **kwargs)
-
-    def copy(self, order='C'):
-        self._used()
-        return numpy.ndarray.copy(plain(self), order)
-
-
 def _check_destinations(into, what):
     """The arrays NumPy call ``what`` writes into (``into``: an ``out=``
     argument, a destination, a tuple of them): values of traced arrays
@@ -461,40 +480,6 @@ def _check_destinations(into, what):
 
 def _zero_d_traced(args):
     return any(isinstance(a, TracedArray) and a.ndim == 0 for a in args)
-
-
-class _Flags(object):
-    """An array's flags as user code reads them during a recording: the
-    layout flags are the key's (``if not x.flags.c_contiguous``); a read
-    of any other (``owndata``, ``writeable``) or a write is a reason."""
-    _LAYOUT = frozenset((
-        'c_contiguous', 'f_contiguous', 'contiguous', 'fortran', 'fnc',
-        'forc', 'C_CONTIGUOUS', 'F_CONTIGUOUS', 'CONTIGUOUS', 'FORTRAN',
-        'FNC', 'FORC', 'C', 'F'))
-
-    def __init__(self, flags):
-        object.__setattr__(self, '_flags', flags)
-
-    def __getattr__(self, name):
-        if name not in self._LAYOUT:
-            flag('.flags.%s' % name)
-        return getattr(self._flags, name)
-
-    def __getitem__(self, key):
-        if key not in self._LAYOUT:
-            flag('.flags[%r]' % (key,))
-        return self._flags[key]
-
-    def __setattr__(self, name, value):
-        flag('.flags.%s set' % name)
-        setattr(self._flags, name, value)
-
-    def __setitem__(self, key, value):
-        flag('.flags[%r] set' % (key,))
-        self._flags[key] = value
-
-    def __repr__(self):
-        return repr(self._flags)
 
 
 def _define_by_run_array(view):
@@ -516,13 +501,13 @@ def holds_traced(x):
     return False
 
 
-def _plain_all(x):
+def plain_all(x):
     """``x`` with the TracedArrays in it, in tuples and lists at any depth,
     as their plain views."""
     if isinstance(x, TracedArray):
         return plain(x)
     if type(x) in (tuple, list):
-        return type(x)(_plain_all(v) for v in x)
+        return type(x)(plain_all(v) for v in x)
     return x
 
 
@@ -535,7 +520,7 @@ def _ufunc_as_before(ufunc, method, inputs, kwargs):
         kwargs.get('where'),))
     out = kwargs.get('out')
     result = getattr(ufunc, method)(*[untraced(x) for x in inputs],
-                                    **_plain_kwargs(kwargs))
+                                    **plain_kwargs(kwargs))
     if method == 'at':
         return result
     if out is not None:
@@ -543,11 +528,11 @@ def _ufunc_as_before(ufunc, method, inputs, kwargs):
     return _wrap(wrapper, result)
 
 
-def _plain_kwargs(kwargs):
+def plain_kwargs(kwargs):
     """Keyword arguments with TracedArrays (an ``out=``, a mask given as
     ``where=``) as their plain views: else NumPy hands the call back to
     ``TracedArray``."""
-    return dict((k, _plain_all(v)) for k, v in kwargs.items())
+    return dict((k, plain_all(v)) for k, v in kwargs.items())
 
 
 def _first_traced(arrays):

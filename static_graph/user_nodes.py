@@ -9,10 +9,10 @@ import types
 import numpy
 
 from static_graph import arrayutil
+from static_graph import held_views
 from static_graph import node_attrs
 from static_graph import patches
 from static_graph import recorder
-from static_graph import traced
 
 
 def rerun_scalar_steps(rec, reruns_ok):
@@ -128,7 +128,7 @@ def shape_checking_kernel(inner, kind, shapes):
 
 def held_arrays(rec, func):
     """A node defined outside Chainer reads the NumPy arrays its forward
-    left on it (``self.mask = x > 0``) through views (traced.HeldArray)
+    left on it (``self.mask = x > 0``) through views (held_views.HeldArray)
     for its backward: values read in Python there (``if self.mask.sum() >
     3``, ``gy * float(self.n)``) make that backward run again at every
     replay (user_nodes), where it would otherwise repeat the recording's
@@ -139,5 +139,5 @@ def held_arrays(rec, func):
     held = [(attrs, k, a) for k, a in list(attrs.items())
             if type(a) is numpy.ndarray]
     for _, k, a in held:
-        attrs[k] = rec.trace(a, check=False, kind=traced.HeldArray)
+        attrs[k] = rec.trace(a, check=False, kind=held_views.HeldArray)
     return held

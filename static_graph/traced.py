@@ -72,15 +72,8 @@ def flag_write(rec, what):
 
 def _in_place(name, symbol):
     op = getattr(numpy.ndarray, name)
-    # (``s += 1e-3`` of a NumPy scalar makes a new one: where a 0-d array
-    # stands for one while recording, the operator's new array.)
-    plain_op = getattr(numpy.ndarray, name.replace('__i', '__', 1), None)
 
     def method(self, other):
-        rec = active_recording()
-        if rec is not None and id(self) in rec.scalar_like and \
-                plain_op is not None:
-            return plain_op(self, other)
         _flag_write(self, symbol)
         return op(self, other)
 

@@ -451,13 +451,16 @@ for _module, _name, _label in numpy_calls.PURE:
                   {_name: numpy_calls.pure_function(_orig_fn, _label)},
                   {_name: _orig_fn}),)
 # id(an original function the patches stand in for) -> (it, its patched
-# function): a global generator's methods and ON_ARRAYS' functions, for a
-# name bound to one before the patches went in (``from numpy.random
-# import rand``, ``self.draw = random.random``, ``fn = F.sign`` in a
-# closure): early_bound puts the patched function there while a call
-# records. (Modules hold those functions: their ids stay theirs.)
+# function): a global generator's methods, NumPy's constructors and
+# ON_ARRAYS' functions, for a name bound to one before the patches went
+# in (``from numpy.random import rand``, ``self.draw = random.random``,
+# ``_asarray = numpy.asarray``, ``fn = F.sign`` in a closure): early_bound
+# puts the patched function there while a call records. (Modules hold
+# those functions: their ids stay theirs.)
 _patched_by_id = dict((id(fn), (fn, rng_patches.PATCHED[key]))
                       for key, fn in rng_patches.ORIGINAL.items())
+_patched_by_id.update((id(fn), (fn, _patched_numpy[name]))
+                      for name, fn in _orig_numpy.items())
 for _module, _name, _label in numpy_calls.ON_ARRAYS:
     # (Where Chainer defines it, and as chainer.functions has it: F.sign.)
     _orig_fn = getattr(sys.modules[_module], _name)

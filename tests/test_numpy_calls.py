@@ -807,3 +807,27 @@ def test_a_numpy_scalar_converted_and_written_in_place():
     c = only_cache(m)
     assert c.replays == 0 and c.fallback_calls == 5
     assert any('in place' in str(x.message) for x in w)
+
+
+_asarray = numpy.asarray        # bound before any recording patches NumPy
+
+
+def _early_asarray(self, x):
+    """numpy.asarray of a NumPy scalar, through a name bound before the
+    patches went in: a 0-d array of the scalar, which Chainer divides by
+    as by an array, at every call's value."""
+    h = F.sigmoid(self.l1(x))
+    s = F.mean(h).array * 0.5 + 1e-3
+    return self.l2(h / _asarray(s) + h / self.conv(s))
+
+
+class _Converting(Base):
+    def __init__(self):
+        super(_Converting, self).__init__()
+        self.conv = numpy.array
+
+
+def test_numpy_asarray_bound_before_the_patches():
+    m, w = train_twins(_early_asarray, base=_Converting)
+    c = only_cache(m)
+    assert c.replays == 5 and not w

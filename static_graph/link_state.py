@@ -17,8 +17,8 @@ import chainer
 from schedules import bits
 from schedules import ir
 from static_graph import arrayutil
-from static_graph import entry as entry_module
 from static_graph import analysis
+from static_graph import entry as entry_module
 from static_graph import frozen_values
 from static_graph import link_values
 from static_graph import traced
@@ -411,8 +411,7 @@ def put_back(detached):
             d[k] = v
 
 
-def keep_attrs(attr_writes, by_inner, bufs, aliases=None,
-               fell_back=False):
+def keep_attrs(attr_writes, by_inner, bufs, aliases, fell_back):
     """What the recording call leaves in the attributes it set: the call's
     output when one was kept; the chain's memory (``aliases``: a
     parameter's array, a persistent, an array a link holds, or a view of
@@ -433,7 +432,7 @@ def keep_attrs(attr_writes, by_inner, bufs, aliases=None,
             cur = cur.base      # (``h.array`` read while recording)
         if id(cur) in by_inner:
             d[k] = by_inner[id(cur)]
-        elif kind == 'A' and aliases and b in aliases:
+        elif kind == 'A' and b in aliases:
             d[k] = arrayutil.hand_out(bufs[b].storage, aliases[b])
         elif kind == 'A' and fell_back and \
                 bufs[b].role in entry_module.STABLE_ROLES:

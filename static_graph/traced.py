@@ -283,8 +283,7 @@ class TracedArray(numpy.ndarray):
         rec = active_recording()
         if rec is not None and calls is not None:
             result = numpy.ndarray.copy(plain(self), order)
-            made = calls(rec, numpy.ndarray.copy, 'copy', (self, order), {},
-                         result)
+            made = calls(rec, _copy, 'copy', (self, order), {}, result)
             if made is not None:
                 return made
         return numpy.ndarray.copy(self, order)
@@ -544,6 +543,12 @@ def _astype(a, dtype, order='K', casting='unsafe'):
     """``a.astype(dtype)`` as a copy (numpy_calls records it only where
     NumPy made one)."""
     return a.astype(dtype, order=order, casting=casting)
+
+
+def _copy(a, order='C'):
+    """``a.copy(order)``: as ``_astype``, a call that NumPy's scalars take
+    too (numpy_calls tells by it whether the copy of one is one)."""
+    return a.copy(order)
 
 
 def _has_traced_mask(key):

@@ -36,7 +36,6 @@ from static_graph import reach
 from static_graph import recorder
 from static_graph import recurrent
 from static_graph import reloads
-from static_graph.recurrent import order_tie, state_sum_tie
 from static_graph import signature
 from static_graph import splice
 from static_graph.gc_pause import with_gc_paused
@@ -75,6 +74,8 @@ class Capture(object):
         # The recorded nodes keep what they retained after the build: another
         # output may still get a backward of its own (RecordNode.backward).
         self.keep_graph = False
+        # State outputs whose gradient the caller added to (recurrent.py).
+        self.state_summed = ()
 
     # -- the forward ----------------------------------------------------------
     @with_gc_paused
@@ -174,7 +175,9 @@ class Capture(object):
                                    '(%s = x), which replay would not' % k)
             recurrent = link_state.reattach(rec, detached)
             n_outs = len(out_bids)
-            self.hidden_slots = []   # (link __dict__, name) per hidden output
+            # (output index, link __dict__, name) per Variable the method
+            # left on a link that is an output of the call
+            self.out_slots = []
             if chainer.config.enable_backprop:
                 # A kept Variable in the graph (``self.hidden = h``) is a
                 # hidden output, so a loss computed from it outside
@@ -182,13 +185,17 @@ class Capture(object):
                 # Variable (not its array: ``return loss.array``).
                 for d, k, b, kind in attr_writes:
                     v = d[k]
-                    if kind == 'V' and v.requires_grad and \
-                            v.creator is not None and \
-                            not any(v is o for o in inner_outs):
+                    if kind != 'V' or not v.requires_grad or \
+                            v.creator is None:
+                        continue
+                    i = next((i for i, o in enumerate(inner_outs)
+                              if v is o), None)
+                    if i is None:
+                        i = len(inner_outs)
                         out_bids.append(b)
                         out_kinds.append('V')
                         inner_outs.append(v)
-                        self.hidden_slots.append((d, k))
+                    self.out_slots.append((i, d, k))
         rec.phase = 'done'
         self.cache.recordings += 1
         if self.repeat:
@@ -205,7 +212,7 @@ class Capture(object):
         inner = inner + [r[3] for r in recurrent]
         leaf_bids = leaf_bids + [r[5] for r in recurrent]
         e.recurrent = tuple((r[0], r[1]) for r in recurrent)
-        if recurrent or self.hidden_slots:   # (kept on links, maybe long)
+        if recurrent or self.out_slots:   # (kept on links, maybe long)
             self.patched.release()
         before = len(self.cache.kept), self.cache.kept_epoch
         self.cache.note_slots(
@@ -498,28 +505,7 @@ class Capture(object):
         more_params, _ = analysis.classify_unknown(rec, self.chain_map)
         if more_params:
             rec.add_reason('a parameter is used only in backward')
-        if e.recurrent:
-            n_state = len(e.recurrent)
-            first_state = len(self.leaves) - n_state
-            tie = order_tie(rec)
-            if tie is not None:
-                tie = 'the gradient contributions of %s, of one rank' % tie
-            else:
-                tie = state_sum_tie(
-                    rec, [b for t, b in zip(targets, grad_in)
-                          if first_state <= t < len(self.leaves)],
-                    [grad_out_bids[i] for i in recurrent.state_outputs(self)])
-            if tie is not None:
-                # For the whole method: a key that replayed next to calls
-                # of define-by-run would change the order of their sums.
-                reason = (
-                    'it reads recurrent state, and its backward sums %s: '
-                    'define-by-run orders them by its whole graph of calls, '
-                    'which a replayed call cannot know (the last bits could '
-                    'differ); the method runs define-by-run from now on'
-                    % tie)
-                rec.add_reason(reason)
-                self.cache.define_by_run = reason
+        recurrent.check_sums(self, grad_in, grad_out_bids)
         now = analysis.chain_arrays(self.chain, self.written)
         now.update(link_state.foreign_parameters(rec, now)
                    if self.foreign else ())

@@ -142,6 +142,10 @@ class Entry(object):
         # replayed call's node takes beyond its inputs'.
         self.rank_depth = 0
         self.graph_owned = set()     # (their ids)
+        # State outputs whose gradient the backward adds to the call's own
+        # contribution (recurrent.summed_elsewhere); the method's cache.
+        self.summed_state_outputs = frozenset()
+        self.cache_ref = None
 
     def move(self, state, reason=None):
         """The next state of the entry's life (``_MOVES``); ``reason``: why

@@ -326,6 +326,7 @@ class ReplayNode(_Replayed, function_node.FunctionNode):
         self.snapshot = None
         self.done = False
         self.cut = set()      # outputs cut from it (cuts.py)
+        self.state_grads = None   # (recurrent.note_state_gradients)
 
     def _check_data_type_forward(self, in_data):
         pass   # checked by the cache key
@@ -448,6 +449,7 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         self.snapshot = None
         self.done = False
         self.cut = set()      # outputs cut from it (cuts.py)
+        self.state_grads = None   # (recurrent.note_state_gradients)
 
     def _check_data_type_forward(self, in_data):
         pass

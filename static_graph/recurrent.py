@@ -7,8 +7,11 @@ the method runs define-by-run (capture.py). And the state outputs of a
 recording (Variables it leaves on its links for the next call): which
 they are, the zero gradients a last call of a sequence gets, and whether
 the built entry can run without them."""
+import weakref
+
 from chainer import backend as backend_module
 
+from static_graph import diagnostics
 from static_graph import entry as entry_module
 from static_graph import user_nodes
 
@@ -60,12 +63,7 @@ def state_sum_tie(rec, state_in_grads, state_out_grads):
     in its rank order, between this call's own (L.StatefulMGU: ``h`` feeds
     three nodes of the next call and ``self.o(h)`` of this one: 3e-8 off),
     where a replay adds their sum. Returns a text, or None."""
-    inside = rec.step_of()
-    summed_into, summed_from = set(), set()
-    for j, rop in enumerate(rec.backward_ops):
-        if j not in inside:      # a sum backprop made
-            summed_into.update(rop.outputs)
-            summed_from.update(rop.inputs)
+    summed_into, summed_from = _sums(rec)
     if any(b in summed_into for b in state_in_grads if b is not None) and \
             any(b in summed_from for b in state_out_grads if b is not None):
         return 'the contributions to its state input\'s gradient (used ' \
@@ -74,12 +72,93 @@ def state_sum_tie(rec, state_in_grads, state_out_grads):
     return None
 
 
+def _sums(rec):
+    """The buffers the recorded backward's sums (those backprop made, not
+    a node's) write, and those they read."""
+    inside = rec.step_of()
+    summed_into, summed_from = set(), set()
+    for j, rop in enumerate(rec.backward_ops):
+        if j not in inside:
+            summed_into.update(rop.outputs)
+            summed_from.update(rop.inputs)
+    return summed_into, summed_from
+
+
+def check_sums(cap, grad_in, grad_out_bids):
+    """After the recording call's backward: the method runs define-by-run
+    from now on (the recording falls back) where its backward sums
+    gradient contributions in an order that depends on the whole graph of
+    calls (``order_tie``, ``state_sum_tie``, a state output the caller
+    added to: ``summed_elsewhere``). ``grad_in``: the buffers of the
+    gradients of the call's inputs; ``grad_out_bids``: its outputs'."""
+    rec, e = cap.rec, cap.entry
+    tie = None
+    if e.recurrent:
+        first_state = len(cap.leaves) - len(e.recurrent)
+        tie = order_tie(rec)
+        if tie is not None:
+            tie = 'the gradient contributions of %s, of one rank' % tie
+        else:
+            tie = state_sum_tie(
+                rec, [b for t, b in zip(cap.targets, grad_in)
+                      if first_state <= t < len(cap.leaves)],
+                [grad_out_bids[i] for i in state_outputs(cap)])
+    if tie is None:
+        tie = output_sum_tie(cap, grad_out_bids)
+    e.summed_state_outputs = summed_state_outputs(cap, grad_out_bids)
+    e.cache_ref = weakref.ref(cap.cache)
+    summed = e.summed_state_outputs.intersection(cap.state_summed)
+    if tie is not None:
+        # For the whole method: a key that replayed next to calls of
+        # define-by-run would change the order of their sums.
+        reason = (
+            'it reads recurrent state, and its backward sums %s: '
+            'define-by-run orders them by its whole graph of calls, which a '
+            'replayed call cannot know (the last bits could differ); the '
+            'method runs define-by-run from now on' % tie)
+    elif summed:
+        reason = STATE_SUMMED % ', '.join(str(j) for j in sorted(summed))
+    else:
+        return
+    rec.add_reason(reason)
+    cap.cache.define_by_run = reason
+
+
+def output_sum_tie(cap, grad_out_bids):
+    """A sum of the recorded backward over the gradient of a state output,
+    that of another output and a third contribution (``return loss,
+    F.identity(h)`` of L.LSTM's h, whose identity the caller adds to its
+    loss): the caller's graph decides where define-by-run adds the other
+    output's, between the next call's and this call's own (7e-9 to 3e-8
+    off). As text, or None."""
+    state = state_outputs(cap)
+    state_bids = set(grad_out_bids[i] for i in state
+                     if grad_out_bids[i] is not None)
+    other = set(b for i, b in enumerate(grad_out_bids)
+                if b is not None and i not in state)
+    if not state_bids or not other:
+        return None
+    inside = cap.rec.step_of()
+    leaves = {}      # buffer -> the contributions a sum made it of
+    for j, rop in enumerate(cap.rec.backward_ops):
+        if j in inside:
+            continue
+        parts = frozenset().union(*[leaves.get(b, frozenset([b]))
+                                    for b in rop.inputs])
+        for b in rop.outputs:
+            leaves[b] = parts
+        if len(parts) >= 3 and parts & state_bids and parts & other:
+            return ('the gradient of a state output with that of another '
+                    'output (the caller\'s) and its own use')
+    return None
+
+
 def state_outputs(cap):
-    """Indexes of the hidden outputs that are recurrent state: left on
-    the links where a later call read its state."""
+    """Indexes of the outputs that are recurrent state: left on the links
+    where a later call read its state (hidden outputs, or outputs the
+    method also returns: ``return y, h`` of L.LSTM's ``h``)."""
     state = set((id(d), k) for d, k in cap.cache.state_slots)
-    return [i for i, (d, k) in enumerate(cap.hidden_slots, cap.n_outs)
-            if (id(d), k) in state]
+    return sorted(set(i for i, d, k in cap.out_slots if (id(d), k) in state))
 
 
 def check_state_outputs(cap):
@@ -90,7 +169,16 @@ def check_state_outputs(cap):
     if e.state != entry_module.COMPLETE or e.backward is None:
         return
     outs = frozenset(i for i in state_outputs(cap) if e.grad_out_mask[i])
-    if outs and e.accumulating_backward(frozenset(), True, outs) is None:
+    if any(m and i not in outs for i, m in enumerate(e.grad_out_mask)):
+        cases = [outs]
+    else:
+        # Every output that got a gradient is state (``return h`` of
+        # L.LSTM's h, c kept): a call whose outputs all get none has no
+        # backward; one whose state another link took in part (``h``
+        # only) gets some.
+        cases = [frozenset([i]) for i in outs] if len(outs) > 1 else []
+    if any(e.accumulating_backward(frozenset(), True, absent) is None
+           for absent in cases):
         cap.fall_back(
             'its state outputs (Variables it leaves on its links for '
             'the next call) get a gradient in some calls and none in '
@@ -117,3 +205,92 @@ def state_gradients(cap, grad_outputs):
         a = cap.inner_outs[i].raw_array
         out[i] = backend_module.get_array_module(a).zeros_like(a)
     return tuple(out)
+
+
+# -- a state output's gradient summed outside the call -------------------------
+# A call's state output (L.LSTM's h) that the call also uses inside gets, in
+# define-by-run, the next call's contribution, its own consumer's, and any
+# the caller adds (a loss of ``model.rnn.h``: activation regularization).
+# Three or more contributions sum in an order that depends on the whole graph
+# of calls; a replayed call gets the outside ones already summed and adds its
+# own last. Chainer hands a node the very gradient Variable that one consumer
+# returned where that consumer was alone: so a call that finds another one
+# there than the next call of ours returned for it knows of a third.
+
+MIXED = object()   # the state input's gradient included another's
+
+
+def note_state_gradients(node, indexes, grads, held):
+    """After the backward of our ``node``: the gradient it returned for
+    each input that is an output of another call of ours (that call's
+    ``state_grads``: output index -> (id of ``node``, the Variable, or
+    MIXED where it included a gradient held before or a second call read
+    it))."""
+    inputs = node.inputs
+    for i, r, g in zip(indexes, grads, held):
+        if r is None:
+            continue
+        vn = inputs[i]
+        creator = vn.creator_node
+        if creator is None or not hasattr(creator, 'state_grads'):
+            continue
+        for j, ref in enumerate(creator.outputs):
+            if ref() is vn:
+                break
+        else:
+            continue
+        if creator.state_grads is None:
+            creator.state_grads = {}
+        seen = creator.state_grads
+        # (The same node again: a later backward pass, the creator not
+        # reached in the earlier one: ``chainer.grad`` with respect to h.)
+        had = seen.get(j)
+        seen[j] = (id(node), MIXED if g is not None or (
+            had is not None and had[0] != id(node)) else r)
+
+
+def summed_elsewhere(node, grad_outputs):
+    """Before the backward of our ``node``: the outputs whose gradient is
+    not the one a later call of ours returned for them alone (the caller
+    added its own); the recording's capture notes them for its build, a
+    replayed call's method runs define-by-run from its next call where
+    its backward adds such a state output's gradient to its own."""
+    seen, node.state_grads = node.state_grads, None
+    outs = set(j for j, (_, got) in seen.items()
+               if grad_outputs[j] is not None and
+               (got is MIXED or grad_outputs[j] is not got))
+    if not outs:
+        return
+    capture = getattr(node, 'capture', None)
+    if capture is not None:
+        capture.state_summed = outs
+        return
+    entry = node.entry
+    if entry is None or not outs & entry.summed_state_outputs:
+        return
+    cache = entry.cache_ref() if entry.cache_ref is not None else None
+    if cache is None or cache.define_by_run is not None:
+        return
+    cache.define_by_run = STATE_SUMMED % ', '.join(
+        str(j) for j in sorted(outs & entry.summed_state_outputs))
+    diagnostics.warn_once(
+        ('state summed', entry.method_name),
+        '%s runs define-by-run from its next call: %s'
+        % (entry.method_name, cache.define_by_run))
+
+
+STATE_SUMMED = (
+    'its state output %s (a Variable it leaves on a link for the next call, '
+    'also used inside the call) got a gradient from the caller too (a loss '
+    'of the state: activation regularization): define-by-run orders those '
+    'three or more contributions by its whole graph of calls, which a '
+    'replayed call cannot know (the last bits could differ)')
+
+
+def summed_state_outputs(cap, grad_out_bids):
+    """The state outputs whose incoming gradient the recorded backward
+    adds to a contribution from inside the call."""
+    summed_from = _sums(cap.rec)[1]
+    return frozenset(i for i in state_outputs(cap)
+                     if grad_out_bids[i] is not None and
+                     grad_out_bids[i] in summed_from)

@@ -25,6 +25,7 @@ from chainer import backend
 
 from schedules import ir
 from static_graph import arrayutil
+from static_graph import recurrent
 
 _FLAG = '_static_graph_reloaded'
 _orig = getattr(_backprop_utils, '_grad_var_from_alive_node', None)
@@ -154,6 +155,8 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
     define-by-run does (``ReplayNode.backward``'s ``earlier``). A
     gradient Chainer took from an output's ``.grad`` is left out
     (reloads.py)."""
+    if node.state_grads:
+        recurrent.summed_elsewhere(node, grad_outputs)
     taken = take(node, grad_outputs)
     if taken:
         entry = node.entry if node.entry is not None else getattr(
@@ -176,9 +179,12 @@ def accumulate(node, target_input_indexes, grad_outputs, grad_inputs):
                     untouched(vn, g):
                 var.grad_var = g
         raise
-    return tuple(gx if g is None or i in included else
-                 g if gx is None else g + gx
-                 for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
+    out = tuple(gx if g is None or i in included else
+                g if gx is None else g + gx
+                for i, gx, g in zip(target_input_indexes, gxs, grad_inputs))
+    recurrent.note_state_gradients(node, target_input_indexes, out,
+                                   grad_inputs)
+    return out
 
 
 def outputs_and_gradients(cap, grad_outputs, keep):

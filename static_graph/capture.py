@@ -57,6 +57,7 @@ class Capture(object):
         self.spliced = False       # its nodes moved onto the caller's
         self.failed = False        # its recorded backward raised
         self.unreachable = False   # its key lacks slots it found (cache.kept)
+        self.carries_state = False
         self.base = None           # (its key's arguments, config): decorator
         self.method = method
         self.name = name
@@ -224,6 +225,11 @@ class Capture(object):
         # only.
         self.unreachable = (len(self.cache.kept),
                             self.cache.kept_epoch) != before
+        # (Where it kept Variables, recurrent state, or carried an array
+        # from call to call: the next call would fall back too; arrays
+        # alone may be a memo the next call reuses and replays: fall_back.)
+        self.carries_state = rec.carries_state or any(
+            kind == 'V' for _, _, _, kind in attr_writes)
         written = set((id(d), k) for d, k, _, _ in attr_writes)
         self.written = written
         held_links = link_state.held_links(chain)    # (after the call)
@@ -358,7 +364,8 @@ class Capture(object):
         e = self.entry
         e.move(entry_module.FALLBACK, reason)
         self.cache.put(self.key, e)
-        if self.unreachable and self.base is not None:
+        if self.unreachable and self.base is not None and \
+                self.carries_state:
             # (Under the key the next call will have, the state it left.)
             spec, config = self.base
             self.cache.put(signature.Key(

@@ -184,6 +184,7 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
     for d, k, v, old in changed:
         if old is not arrayutil.MISSING and id(old) not in detached and \
                 _read_by(rec, old):
+            rec.carries_state = True
             rec.add_reason(
                 'it reads attribute %r and then assigns it a new value: '
                 'state carried from one call to the next, which replay '

@@ -222,6 +222,7 @@ class Recording(object):
         self.scalar_like = set()
         self.scalar_views = []     # (views among them, held: their ids)
         self.alloc_hook = None
+        self.carries_state = False   # (link_state.attr_changes)
 
     def step_of(self):
         """{backward op index: the BackwardStep whose ``backward()`` applied

@@ -272,4 +272,55 @@ def test_an_array_of_a_helper_object_kept_where_the_key_falls_back():
             assert m.kept is m.cfg.table
             m.kept *= 2
         assert numpy.array_equal(*losses), step
-    assert caches_of(ours)['forward'].recordings == 1
+    # (The key the next call has, with the array kept, records once too:
+    # an array kept may be a memo the next call reuses; it falls back.)
+    cache = caches_of(ours)['forward']
+    assert cache.recordings == 2 and cache.fallback_calls == 2
+
+
+def _table(n):
+    pe = numpy.zeros((n, 4), numpy.float32)
+    pe[:, 0] = numpy.sin(numpy.arange(n))
+    return pe
+
+
+class _Memo(chainer.Chain):
+    """A positional table made on the first call and kept (a lazy memo):
+    the first call's key falls back (the table, made by NumPy item
+    assignment, enters the graph), the next calls use the kept one."""
+
+    def __init__(self):
+        super(_Memo, self).__init__()
+        self.pe = None
+        with self.init_scope():
+            self.l = L.Linear(4, 3)
+
+    def forward(self, x):
+        if self.pe is None:
+            self.pe = _table(64)
+        h = x + F.broadcast_to(self.pe[None, :x.shape[1]], x.shape)
+        return F.sum(self.l(h, n_batch_axes=2))
+
+
+def test_an_array_memo_filled_by_a_call_that_falls_back_replays_after():
+    """The first call's fallback is not carried to the key the next call
+    has (the memo set): that call records, and its key replays, as the
+    other length's does (before, it ran define-by-run for good)."""
+    Static = type('Static', (_Memo,), {'forward': static(_Memo.forward)})
+    a, b = _Memo(), Static()
+    b.copyparams(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for s in range(10):
+            x = numpy.full((2, 5 if s % 2 == 0 else 7, 4), 0.5 + s,
+                           numpy.float32)
+            for m in (a, b):
+                m.cleargrads()
+                loss = m(x)
+                loss.backward()
+            assert numpy.array_equal(a.l.W.grad, b.l.W.grad)
+            assert numpy.array_equal(a.pe, b.pe)
+    cache = caches_of(b)['forward']
+    assert cache.replays >= 6
+    assert cache.fallback_calls == 0
+

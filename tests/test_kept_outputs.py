@@ -324,3 +324,44 @@ def test_an_array_memo_filled_by_a_call_that_falls_back_replays_after():
     assert cache.replays >= 6
     assert cache.fallback_calls == 0
 
+
+class _ArgumentMemo(chainer.Chain):
+    def __init__(self):
+        super(_ArgumentMemo, self).__init__()
+        self.pe = None
+        with self.init_scope():
+            self.l1 = L.Linear(6, 6)
+            self.l2 = L.Linear(6, 3)
+
+    def forward(self, x, t):
+        h = F.tanh(self.l1(x))
+        if self.pe is None:
+            self.pe = x
+        return F.softmax_cross_entropy(self.l2(h + self.pe), t)
+
+
+def test_an_array_argument_kept_by_the_recording_call_is_the_callers():
+    """``self.pe = x`` at the first call, with a batch buffer the caller
+    refills in place (review24): define-by-run keeps the caller's array,
+    so later calls read each new batch through it; the recording call
+    kept a copy of the first batch (loss 0.22 off from step 1)."""
+    Static = type('Static', (_ArgumentMemo,),
+                  {'forward': static(_ArgumentMemo.forward)})
+    numpy.random.seed(0)
+    a, b = _ArgumentMemo(), Static()
+    b.copyparams(a)
+    rs = numpy.random.RandomState(0)
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in (a, b)]
+    for step in range(6):
+        x = rs.randn(4, 6).astype(numpy.float32)
+        t = rs.randint(0, 3, 4).astype(numpy.int32)
+        losses = []
+        for m, buf in zip((a, b), bufs):
+            buf[...] = x
+            loss = m(buf, t)
+            m.cleargrads()
+            loss.backward()
+            losses.append(loss.array)
+            assert m.pe is buf
+        assert numpy.array_equal(*losses), step
+    assert caches_of(b)['forward'].replays >= 3

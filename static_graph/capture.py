@@ -325,23 +325,10 @@ class Capture(object):
                 outputs.handed(v, k)
                 for v, k, b in zip(outs, out_kinds, out_bids)]
         by_inner = outputs.by_inner(inner_outs, outs)
-        by_inner.update(self._argument_arrays())
+        by_inner.update(link_state.argument_arrays(self.leaves, self.inner))
         link_state.keep_attrs(attr_writes, by_inner, rec.buffers,
                               self.aliases, bool(rec.reasons))
         return outputs.rebuild(out_spec, vals[:n_outs])
-
-    def _argument_arrays(self):
-        """{id(the array the call saw): the caller's} for the array
-        arguments (the recording runs on copies): one kept on the chain
-        (``self.last = x``) is the caller's array, as define-by-run keeps
-        it and replays set it (a buffer the caller refills in place)."""
-        out = {}
-        for a, v in zip(self.leaves, self.inner):
-            if v is not a and arrayutil.is_array(a):
-                out[id(v)] = a
-                if isinstance(v, chainer.Variable):
-                    out[id(v.raw_array)] = a
-        return out
 
     def _finish_without_backward(self, out):
         """No backward to record (no_backprop_mode, or nothing needs a
@@ -368,7 +355,7 @@ class Capture(object):
         by_inner = dict(more)
         vals = [by_inner.get(id(v), v) for v in vals]
         by_inner.update(outputs.by_inner(self.inner_outs, vals))
-        by_inner.update(self._argument_arrays())
+        by_inner.update(link_state.argument_arrays(self.leaves, self.inner))
         link_state.keep_attrs(self.attr_writes, by_inner, self.rec.buffers,
                               self.aliases, bool(self.rec.reasons))
         vals = [outputs.handed(v, k) for v, k in zip(vals, self.out_kinds)]

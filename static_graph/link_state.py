@@ -412,6 +412,21 @@ def put_back(detached):
             d[k] = v
 
 
+def argument_arrays(leaves, inner):
+    """{id(the array the recording call saw): the caller's} for the array
+    arguments (``leaves``; ``inner``: what the call got, copies): one the
+    call keeps on the chain (``self.last = x``) is the caller's array, as
+    define-by-run keeps it and replays set it (a buffer the caller
+    refills in place)."""
+    out = {}
+    for a, v in zip(leaves, inner):
+        if v is not a and arrayutil.is_array(a):
+            out[id(v)] = a
+            if isinstance(v, chainer.Variable):
+                out[id(v.raw_array)] = a
+    return out
+
+
 def keep_attrs(attr_writes, by_inner, bufs, aliases, fell_back):
     """What the recording call leaves in the attributes it set: the call's
     output when one was kept; the chain's memory (``aliases``: a

@@ -29,14 +29,15 @@ def inner_arguments(rec, leaves, paths):
             leaf_bids.append(leaf_bids[j])
             continue
         variable = isinstance(leaf, chainer.Variable)
+        raw = leaf.raw_array if variable else leaf
         a = shared.get(i)
         if a is None:
-            raw = leaf.raw_array if variable else leaf
             a = arrayutil.copy_exact(raw)
             if isinstance(raw, numpy.ndarray) and \
                     type(raw) is not numpy.ndarray:
                 a = _plain_subclass(rec, a, path)
             rec.callers[id(a)] = raw
+        rec.argument_copies.append((a, raw))
         leaf_bids.append(rec.new_buffer(a, ir.INPUT, name=path))
         if variable:
             v = chainer.Variable(a, requires_grad=leaf.requires_grad,

@@ -324,10 +324,8 @@ class Capture(object):
         vals = [callers.get(b, v.raw_array) if k == 'A' else
                 outputs.handed(v, k)
                 for v, k, b in zip(outs, out_kinds, out_bids)]
-        by_inner = outputs.by_inner(inner_outs, outs)
-        by_inner.update(link_state.argument_arrays(self.leaves, self.inner))
-        link_state.keep_attrs(attr_writes, by_inner, rec.buffers,
-                              self.aliases, bool(rec.reasons))
+        link_state.keep_attrs(attr_writes, outputs.by_inner(inner_outs, outs),
+                              rec, self.aliases, bool(rec.reasons))
         return outputs.rebuild(out_spec, vals[:n_outs])
 
     def _finish_without_backward(self, out):
@@ -355,8 +353,7 @@ class Capture(object):
         by_inner = dict(more)
         vals = [by_inner.get(id(v), v) for v in vals]
         by_inner.update(outputs.by_inner(self.inner_outs, vals))
-        by_inner.update(link_state.argument_arrays(self.leaves, self.inner))
-        link_state.keep_attrs(self.attr_writes, by_inner, self.rec.buffers,
+        link_state.keep_attrs(self.attr_writes, by_inner, self.rec,
                               self.aliases, bool(self.rec.reasons))
         vals = [outputs.handed(v, k) for v, k in zip(vals, self.out_kinds)]
         return outputs.rebuild(self.out_spec, vals[:self.n_outs])

@@ -412,22 +412,42 @@ def put_back(detached):
             d[k] = v
 
 
-def argument_arrays(leaves, inner):
-    """{id(the array the recording call saw): the caller's} for the array
-    arguments (``leaves``; ``inner``: what the call got, copies): one the
-    call keeps on the chain (``self.last = x``) is the caller's array, as
-    define-by-run keeps it and replays set it (a buffer the caller
-    refills in place)."""
-    out = {}
-    for a, v in zip(leaves, inner):
-        if v is not a and arrayutil.is_array(a):
-            out[id(v)] = a
-            if isinstance(v, chainer.Variable):
-                out[id(v.raw_array)] = a
-    return out
+def _argument_memory(rec, cur):
+    """What define-by-run's method holds where the recording call's holds
+    ``cur``, an array that shows the memory of an argument's copy (the
+    recording runs on copies): the caller's array where ``cur`` shows all
+    of it as the method got it (the argument, a Variable argument's
+    ``.array``, ``numpy.asarray(x)``), a new view of the caller's array
+    where it is a view (``x[0]``, ``x.T``, ``x[...]``; where the caller's
+    array has the copy's layout, on NumPy); else None (a copy is kept)."""
+    a = rec.traced_views.get(id(cur))
+    if a is not None:
+        if id(a) in rec.callers:
+            return rec.callers[id(a)]
+        cur = a     # (what it stands for: numpy.asarray(x), a plain view)
+    if type(cur) not in (numpy.ndarray, traced.TracedArray) or not cur.size:
+        return None
+    low, high = numpy.byte_bounds(cur)
+    for a, caller in rec.argument_copies:
+        if not isinstance(a, numpy.ndarray) or not a.size:
+            continue
+        a_low, a_high = numpy.byte_bounds(a)
+        if not a_low <= low or not high <= a_high:
+            continue
+        if arrayutil.same_view(cur, a) and \
+                type(cur) is not traced.TracedArray:
+            return caller
+        if isinstance(caller, numpy.ndarray) and \
+                caller.shape == a.shape and caller.strides == a.strides and \
+                caller.dtype == a.dtype and (caller.flags.c_contiguous or
+                                             caller.flags.f_contiguous):
+            return numpy.ndarray(
+                cur.shape, cur.dtype, buffer=caller, strides=cur.strides,
+                offset=cur.__array_interface__['data'][0] - a_low)
+    return None
 
 
-def keep_attrs(attr_writes, by_inner, bufs, aliases, fell_back):
+def keep_attrs(attr_writes, by_inner, rec, aliases, fell_back):
     """What the recording call leaves in the attributes it set: the call's
     output when one was kept; the chain's memory (``aliases``: a
     parameter's array, a persistent, an array a link holds, or a view of
@@ -437,11 +457,19 @@ def keep_attrs(attr_writes, by_inner, bufs, aliases, fell_back):
     call) or a view of an output (``self.feat = h.array[0]``) is memory
     the replays read or write again. A recording that ``fell_back`` (no
     replay reads its memory) leaves an array no op of the call made as
-    the method set it (``self.kept = self.cfg.table``)."""
+    the method set it (``self.kept = self.cfg.table``). An array
+    argument kept, or a view of one, is the caller's memory
+    (``_argument_memory``)."""
+    bufs = rec.buffers
     for d, k, b, kind in attr_writes:
         cur = d.get(k)
         if isinstance(cur, chainer.Parameter):
             continue     # (registered by the call: the chain's own now)
+        if kind == 'A' and rec.argument_copies and arrayutil.is_array(cur):
+            mine = _argument_memory(rec, cur)
+            if mine is not None:
+                d[k] = mine
+                continue
         if kind == 'A' and isinstance(cur, traced.TracedArray) and \
                 id(cur.base) in by_inner and \
                 arrayutil.same_view(cur.base, cur):

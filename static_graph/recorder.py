@@ -184,6 +184,9 @@ class Recording(object):
         # id(an argument's copy) -> the caller's array (what the
         # method's ``x.base``, ``x.flags`` see under define-by-run)
         self.callers = {}
+        # (an argument's copy, the caller's array), also of copies that
+        # share one memory (link_state._argument_memory)
+        self.argument_copies = []
         # id(an argument Variable's copy) -> (its path, the caller's, it)
         self.argument_paths = {}
         # A backward inside the method moved the recording so far onto the

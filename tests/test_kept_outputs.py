@@ -365,3 +365,88 @@ def test_an_array_argument_kept_by_the_recording_call_is_the_callers():
             assert m.pe is buf
         assert numpy.array_equal(*losses), step
     assert caches_of(b)['forward'].replays >= 3
+
+
+_ARGUMENT_VIEWS = {
+    'x': lambda x: x, 'x[0]': lambda x: x[0], 'x[::-1]': lambda x: x[::-1],
+    'x.T': lambda x: x.T, 'x[:, ::-2]': lambda x: x[:, ::-2],
+    'x[...]': lambda x: x[...], 'asarray': lambda x: numpy.asarray(x),
+    'reshape': lambda x: x.reshape(-1), 'x[1:3, 2:]': lambda x: x[1:3, 2:],
+    'view': lambda x: x.view(numpy.float32)}
+
+
+@pytest.mark.parametrize('order', ['C', 'F'])
+@pytest.mark.parametrize('how', sorted(_ARGUMENT_VIEWS))
+def test_a_memo_of_an_array_argument_or_its_view_is_the_callers_memory(
+        how, order):
+    """``if self.pe is None: self.pe = view(x)`` over a buffer the caller
+    refills (review25): the memo is the caller's array, or the same view
+    of it (``numpy.asarray(x)`` is ``x``), as define-by-run keeps it; it
+    was a copy of the first batch (losses 1.05 for 1.56 from step 1)."""
+    view = _ARGUMENT_VIEWS[how]
+
+    class Memo(chainer.Chain):
+        def __init__(self):
+            super(Memo, self).__init__()
+            self.pe = None
+            with self.init_scope():
+                self.l = L.Linear(6, 3)
+
+        def forward(self, x):
+            if self.pe is None:
+                self.pe = view(x)
+            return F.sum(self.l(x + self.pe[..., :1].sum()) ** 2)
+
+    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
+    a, b = Memo(), Static()
+    b.copyparams(a)
+    kept = []
+    for m in (a, b):
+        buf = numpy.zeros((4, 6), numpy.float32, order=order)
+        losses = []
+        for s in range(5):
+            buf[...] = s + numpy.arange(24, dtype=numpy.float32).reshape(4, 6)
+            m.cleargrads()
+            loss = m(buf)
+            loss.backward()
+            losses.append(loss.array)
+        kept.append((losses, m.pe, buf))
+    (la, pa, ba), (lb, pb, bb) = kept
+    assert all(numpy.array_equal(u, v) for u, v in zip(la, lb))
+    assert numpy.array_equal(pa, pb)
+    assert (pa is ba) == (pb is bb)
+    assert numpy.shares_memory(pa, ba) == numpy.shares_memory(pb, bb)
+    assert (pa.shape, pa.strides, pa.dtype) == (pb.shape, pb.strides, pb.dtype)
+
+
+def test_a_memo_of_a_variable_arguments_array_is_the_callers():
+    """``self.pe = x.array`` of a Variable over a refilled buffer."""
+    class Memo(chainer.Chain):
+        def __init__(self):
+            super(Memo, self).__init__()
+            self.pe = None
+            with self.init_scope():
+                self.l = L.Linear(6, 3)
+
+        def forward(self, x):
+            if self.pe is None:
+                self.pe = x.array
+            return F.sum(self.l(x * self.pe) ** 2)
+
+    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
+    a, b = Memo(), Static()
+    b.copyparams(a)
+    out = []
+    for m in (a, b):
+        buf = numpy.zeros((4, 6), numpy.float32)
+        losses = []
+        for s in range(5):
+            buf[...] = numpy.random.RandomState(s).randn(4, 6)
+            m.cleargrads()
+            loss = m(chainer.Variable(buf))
+            loss.backward()
+            losses.append(loss.array)
+        assert m.pe is buf
+        out.append(losses)
+    assert all(numpy.array_equal(u, v) for u, v in zip(*out))
+    assert caches_of(b)['forward'].replays >= 3

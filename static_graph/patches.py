@@ -354,6 +354,10 @@ def _patched_report(self, values, observer=None):
             # chain holds, which define-by-run's reporter keeps as is).
             values = dict((k, reports.recording_value(rec, values[k], code))
                           for k, code in items)
+        else:
+            # (Variables as they are, with their graph; an array user code
+            # got traced, ``y.array``, as the plain array it shows.)
+            values = dict((k, traced.untraced(v)) for k, v in values.items())
     return _orig_report(self, values, observer)
 
 

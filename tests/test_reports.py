@@ -202,3 +202,46 @@ def test_what_replay_could_not_report_falls_back(body, reason):
     m, w = run_twins(body)
     assert only_cache(m).replays == 0
     assert any(reason in str(x.message) for x in w)
+
+
+def test_arrays_reported_by_a_recording_that_keeps_the_graph_are_plain():
+    """Under ``keep_graph_on_report`` (the trainer's dump_graph at the first
+    iteration) the recording reports as the method did and falls back:
+    an array user code got traced (``y.array``) reached the reporter as a
+    TracedArray (extensions hunt), where define-by-run reports an ndarray."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(4, 3)
+
+        def forward(self, x, t):
+            y = self.l(x)
+            loss = F.softmax_cross_entropy(y, t)
+            acc = F.accuracy(y, t)
+            chainer.report({'loss': loss, 'correct': (acc * len(t)).array,
+                            'y': y.array}, self)
+            return loss
+
+    Static = type("Static", (Net,),
+                  {"forward": static_graph.static_graph(Net.forward)})
+    x = numpy.random.RandomState(0).randn(5, 4).astype(numpy.float32)
+    t = numpy.array([0, 1, 2, 0, 1], numpy.int32)
+    a, b = Net(), Static()
+    b.copyparams(a)
+    for step in range(3):
+        got = []
+        for m in (a, b):
+            rep = chainer.Reporter()
+            rep.add_observer('main', m)
+            obs = {}
+            with rep.scope(obs), warnings.catch_warnings(), \
+                    chainer.using_config('keep_graph_on_report', step == 0):
+                warnings.simplefilter('ignore')
+                m(x, t).backward()
+            got.append(obs)
+        assert sorted(got[0]) == sorted(got[1])
+        for k in got[0]:
+            assert type(got[0][k]) is type(got[1][k]), (step, k)
+            assert numpy.array_equal(getattr(got[0][k], 'array', got[0][k]),
+                                     getattr(got[1][k], 'array', got[1][k]))

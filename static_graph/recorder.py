@@ -187,6 +187,7 @@ class Recording(object):
         # (an argument's copy, the caller's array), also of copies that
         # share one memory (link_state._argument_memory)
         self.argument_copies = []
+        self.container_writes = []   # (link_state.attr_changes)
         # id(an argument Variable's copy) -> (its path, the caller's, it)
         self.argument_paths = {}
         # A backward inside the method moved the recording so far onto the

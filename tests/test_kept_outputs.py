@@ -450,3 +450,89 @@ def test_a_memo_of_a_variable_arguments_array_is_the_callers():
         out.append(losses)
     assert all(numpy.array_equal(u, v) for u, v in zip(*out))
     assert caches_of(b)['forward'].replays >= 3
+
+
+def _memo_twins(keep, batches, step_input=lambda b: b, use=None):
+    """Twins whose first call keeps ``keep(x)`` on ``self.ref``; each step
+    refills the twin's own batch buffer (``batches``: one per twin) and
+    calls with ``step_input(buffer)``. Returns the losses per step and
+    the twins."""
+    use = use or (lambda x, ref: x - ref)
+
+    class Memo(chainer.Chain):
+        def __init__(self):
+            super(Memo, self).__init__()
+            self.ref = None
+            with self.init_scope():
+                self.l = L.Linear(6, 3)
+
+        def forward(self, x):
+            if self.ref is None:
+                self.ref = keep(x)
+            return F.sum(self.l(use(x, self.ref)) ** 2)
+
+    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
+    a, b = Memo(), Static()
+    b.copyparams(a)
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for s in range(5):
+            got = []
+            for m, buf in zip((a, b), batches):
+                buf[...] = numpy.random.RandomState(s).randn(*buf.shape)
+                m.cleargrads()
+                loss = m(step_input(buf))
+                loss.backward()
+                got.append(loss.array)
+            losses.append(got)
+    return losses, a, b
+
+
+def test_a_copy_of_an_argument_whose_layout_the_recording_could_not_keep():
+    """``numpy.ascontiguousarray(x)`` of a field of a packed structured
+    batch (strides of 6 bytes): define-by-run copies; the recording's copy
+    of ``x`` is contiguous, so that call gave back the argument itself,
+    and review26 found the caller's buffer kept (loss 0.0 for 43.9)."""
+    dt = numpy.dtype([('x', '<f4'), ('y', '<i2')])
+    records = [numpy.zeros(24, dt).reshape(4, 6) for _ in range(2)]
+    fields = [r['x'] for r in records]
+    losses, a, b = _memo_twins(lambda x: numpy.ascontiguousarray(x), fields)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert not numpy.shares_memory(b.ref, records[1])
+
+
+def test_a_read_only_view_of_an_argument_stays_read_only():
+    """``x.diagonal()`` is a read-only view under define-by-run; the view
+    of the caller's memory built for it is read-only too (a write through
+    it reached the caller's buffer, review26)."""
+    bufs = [numpy.zeros((6, 6), numpy.float32) for _ in range(2)]
+    losses, a, b = _memo_twins(lambda x: x.diagonal(), bufs,
+                               use=lambda x, ref: x * ref)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert numpy.shares_memory(b.ref, bufs[1])
+    assert a.ref.flags.writeable == b.ref.flags.writeable is False
+
+
+def test_a_plain_view_of_a_matrix_argument_is_a_plain_array():
+    """``numpy.asarray(m)`` of an ``np.matrix`` argument is an ndarray
+    under define-by-run; the caller's matrix kept made ``ref * ref`` a
+    matrix product at later calls (review26)."""
+    bufs = [numpy.asmatrix(numpy.zeros((6, 6), numpy.float32))
+            for _ in range(2)]
+    losses, a, b = _memo_twins(lambda x: numpy.asarray(x), bufs,
+                               use=lambda x, ref: x * (ref * ref))
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert type(a.ref) is type(b.ref) is numpy.ndarray
+
+
+def test_arguments_kept_in_a_list_are_the_callers_memory():
+    """``self.ref = [x[0], x]`` (a list attribute: the key falls back): the
+    list held traced views of the recording's copy, which the calls run
+    define-by-run then read (losses 233 for 56, review26)."""
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+    losses, a, b = _memo_twins(lambda x: [x[0], x], bufs,
+                               use=lambda x, ref: x - ref[0] + ref[1])
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert b.ref[1] is bufs[1] and type(b.ref[0]) is numpy.ndarray
+    assert numpy.shares_memory(b.ref[0], bufs[1])

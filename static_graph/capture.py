@@ -27,6 +27,7 @@ from static_graph import diagnostics
 from static_graph import early_bound
 from static_graph import entry as entry_module
 from static_graph import generators
+from static_graph import kept_memory
 from static_graph import link_state
 from static_graph import link_values
 from static_graph import nodes
@@ -67,6 +68,7 @@ class Capture(object):
         self.prev = prev
         self.rec = recorder.Recording(chain)
         self.entry = entry_module.Entry(key, name)
+        self.entry.label = '%s.%s' % (type(chain).__name__, name)
         # Another call of this key records and waits for its backward (a
         # loss summed over calls: PTB's truncated BPTT): not a retrace.
         self.repeat = prev is not None and \
@@ -153,6 +155,9 @@ class Capture(object):
             watch.drop_call_outputs()
             recheck = (watch.changed_by_call() +
                        link_state.added_or_deleted(snapshot)) or None
+            if recheck:
+                kept_memory.untrace_containers(rec,
+                                               watch.changed_containers())
             if recheck and self.prev is not None and self.prev.recheck:
                 # A memo fills once; this changes at every call.
                 for what in recheck:

@@ -87,6 +87,7 @@ class Entry(object):
     def __init__(self, key, method_name):
         self.key = key
         self.method_name = method_name
+        self.label = method_name     # ('Class.method', for warnings)
         self.state = RECORDING       # see _MOVES
         # What the recording call changed on the links or in globals (a
         # memo filled): the next call records again to see whether it

@@ -20,6 +20,7 @@ from static_graph import arrayutil
 from static_graph import analysis
 from static_graph import entry as entry_module
 from static_graph import frozen_values
+from static_graph import kept_memory
 from static_graph import link_values
 from static_graph import traced
 
@@ -209,7 +210,7 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
             rec.add_reason('the method sets attribute %r (%s), which '
                            'replay would not repeat'
                            % (k, type(v).__name__))
-            if type(v) in (list, tuple, dict):
+            if isinstance(v, (list, tuple, dict)):
                 rec.container_writes.append((d, k))
     return writes
 
@@ -414,117 +415,6 @@ def put_back(detached):
             d[k] = v
 
 
-try:
-    _byte_bounds = numpy.byte_bounds
-except AttributeError:      # (NumPy 2)
-    from numpy.lib.array_utils import byte_bounds as _byte_bounds
-
-
-class _Memory(object):
-    """Holds an ``__array_interface__`` for numpy.asarray, and the array
-    whose memory it describes (kept alive as the view's base)."""
-
-    def __init__(self, interface, base):
-        self.__array_interface__ = interface
-        self.base = base
-
-
-def _pointer(a):
-    return a.__array_interface__['data'][0]
-
-
-def _argument_memory(rec, cur):
-    """What define-by-run's method holds where the recording call's holds
-    ``cur``, an array that shows the memory of an argument's copy (the
-    recording runs on copies), or None (a copy is kept, as before): the
-    caller's array where ``cur`` is the argument as the method got it (a
-    Variable argument's ``.array`` too); where the copy has the caller's
-    layout (shape, strides, dtype; on NumPy), a plain view of the
-    caller's array where ``cur`` shows all of it as a plain array
-    (``numpy.asarray(x)``: the caller's array itself where that is a plain
-    ndarray), else the same view of the caller's memory (``x[0]``,
-    ``x.T``, ``x[...]``), read-only where ``cur`` is (``x.diagonal()``).
-    Another layout (the copy of a caller whose strides are no multiple of
-    its item size is contiguous): what the method did to the copy, define-
-    by-run may have done to the caller's array as a copy
-    (``numpy.ascontiguousarray(x)``)."""
-    a = rec.traced_views.get(id(cur))
-    if a is not None:
-        caller = rec.callers.get(id(a))
-        if caller is not None:
-            return caller if _same_layout(a, caller) else None
-        cur = a     # (what it stands for: numpy.asarray(x), a plain view)
-    if type(cur) not in (numpy.ndarray, traced.TracedArray) or not cur.size:
-        return None
-    low, high = _byte_bounds(cur)
-    for a, caller in rec.argument_copies:
-        if not isinstance(a, numpy.ndarray) or not a.size:
-            continue
-        a_low, a_high = _byte_bounds(a)
-        if not a_low <= low or not high <= a_high:
-            continue
-        if not _same_layout(a, caller):
-            continue
-        if arrayutil.same_view(cur, a) and \
-                type(cur) is not traced.TracedArray:
-            return caller if type(caller) is numpy.ndarray else \
-                caller.view(numpy.ndarray)
-        memmap = isinstance(caller, numpy.memmap)
-        if type(caller) is not numpy.ndarray and not memmap:
-            continue     # (a subclass's views are of its kind: np.matrix)
-        readonly = not cur.flags.writeable or not caller.flags.writeable
-        view = numpy.asarray(_Memory(dict(
-            version=3, shape=cur.shape, typestr=cur.dtype.str,
-            descr=cur.dtype.descr, strides=cur.strides,
-            data=(_pointer(caller) + _pointer(cur) - _pointer(a),
-                  readonly)), caller))
-        return view.view(numpy.memmap) if memmap else view
-    return None
-
-
-def _same_layout(copy, caller):
-    """Does the recording's copy of an argument lay its elements out as
-    the caller's array does (so that what NumPy did to the copy, a view
-    or the array itself, it does to the caller's)?"""
-    return isinstance(copy, numpy.ndarray) and \
-        isinstance(caller, numpy.ndarray) and \
-        caller.shape == copy.shape and caller.strides == copy.strides and \
-        caller.dtype == copy.dtype
-
-
-def _untrace_containers(rec):
-    """Lists, tuples and dicts the method set as attributes (the key falls
-    back: rec.container_writes) hold what define-by-run's would: an
-    argument's memory as the caller's (``self.pe = [x[0]]``), a traced
-    array as the plain array it shows, two levels down."""
-    for d, k in rec.container_writes:
-        v = d.get(k)
-        new = _untraced(rec, v, 2)
-        if new is not v:
-            d[k] = new
-
-
-def _untraced(rec, v, depth):
-    if type(v) in (numpy.ndarray, traced.TracedArray):
-        mine = _argument_memory(rec, v)
-        if mine is not None:
-            return mine
-        return traced.untraced(v)
-    if depth == 0:
-        return v
-    if type(v) is list:
-        for i, x in enumerate(v):
-            v[i] = _untraced(rec, x, depth - 1)
-    elif type(v) is dict:
-        for key, x in list(v.items()):
-            v[key] = _untraced(rec, x, depth - 1)
-    elif type(v) is tuple:
-        new = tuple(_untraced(rec, x, depth - 1) for x in v)
-        if any(x is not y for x, y in zip(new, v)):
-            return new
-    return v
-
-
 def keep_attrs(attr_writes, by_inner, rec, aliases, fell_back):
     """What the recording call leaves in the attributes it set: the call's
     output when one was kept; the chain's memory (``aliases``: a
@@ -537,16 +427,16 @@ def keep_attrs(attr_writes, by_inner, rec, aliases, fell_back):
     replay reads its memory) leaves an array no op of the call made as
     the method set it (``self.kept = self.cfg.table``). An array
     argument kept, or a view of one, is the caller's memory
-    (``_argument_memory``)."""
+    (``kept_memory.argument_memory``)."""
     bufs = rec.buffers
     if rec.container_writes:
-        _untrace_containers(rec)
+        kept_memory.untrace_set_containers(rec)
     for d, k, b, kind in attr_writes:
         cur = d.get(k)
         if isinstance(cur, chainer.Parameter):
             continue     # (registered by the call: the chain's own now)
         if kind == 'A' and rec.argument_copies and arrayutil.is_array(cur):
-            mine = _argument_memory(rec, cur)
+            mine = kept_memory.argument_memory(rec, cur)
             if mine is not None:
                 d[k] = mine
                 continue

@@ -508,6 +508,13 @@ class Watch(object):
             self.values = tuple(self.values[i] for i in kept)
             self._kinds()
 
+    def changed_containers(self):
+        """The containers a link holds whose contents the recorded call
+        changed (a dict memo filled, a list appended to)."""
+        return [v for d, k, frozen, v in self.frozen[:self.n_link_frozen]
+                if d.get(k) is v and is_container(v) and
+                not _holds(v, frozen)]
+
     def changed_by_call(self):
         """What the recorded call itself changed, which replay does not
         repeat: the contents of a container a link still holds (a memo

@@ -98,9 +98,9 @@ def not_recorded(entry, i, had):
                                 'one' if had else 'none'))
         entry.move(entry_module.FALLBACK, reason)
         diagnostics.warn_once(
-            ('not recorded backward', entry.method_name),
+            ('not recorded backward', entry.label),
             '%s falls back to define-by-run for this call signature from '
-            'its next call: %s' % (entry.method_name, reason))
+            'its next call: %s' % (entry.label, reason))
     return NotRecordedBackward(
         'the static graph of %s was recorded with%s a gradient for its '
         'output %d, and this backward gives %s; replay only knows the '

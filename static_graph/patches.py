@@ -355,9 +355,10 @@ def _patched_report(self, values, observer=None):
             values = dict((k, reports.recording_value(rec, values[k], code))
                           for k, code in items)
         else:
-            # (Variables as they are, with their graph; an array user code
-            # got traced, ``y.array``, as the plain array it shows.)
-            values = dict((k, traced.untraced(v)) for k, v in values.items())
+            # (Variables as they are, with their graph; arrays as
+            # define-by-run reports them, not traced.)
+            values = dict((k, reports.keep_graph_value(rec, values[k], code))
+                          for k, code in items)
     return _orig_report(self, values, observer)
 
 

@@ -185,7 +185,7 @@ class Recording(object):
         # method's ``x.base``, ``x.flags`` see under define-by-run)
         self.callers = {}
         # (an argument's copy, the caller's array), also of copies that
-        # share one memory (link_state._argument_memory)
+        # share one memory (kept_memory.argument_memory)
         self.argument_copies = []
         self.container_writes = []   # (link_state.attr_changes)
         # id(an argument Variable's copy) -> (its path, the caller's, it)

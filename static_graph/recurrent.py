@@ -274,9 +274,9 @@ def summed_elsewhere(node, grad_outputs):
     cache.define_by_run = STATE_SUMMED % ', '.join(
         str(j) for j in sorted(outs & entry.summed_state_outputs))
     diagnostics.warn_once(
-        ('state summed', entry.method_name),
+        ('state summed', entry.label),
         '%s runs define-by-run from its next call: %s'
-        % (entry.method_name, cache.define_by_run))
+        % (entry.label, cache.define_by_run))
 
 
 STATE_SUMMED = (

@@ -112,6 +112,21 @@ def recording_value(rec, v, code):
     return arrayutil.detached_copy(v)
 
 
+def keep_graph_value(rec, v, code):
+    """``recording_value`` under ``keep_graph_on_report``: a Variable as it
+    is, with its graph (the call falls back); the rest as define-by-run
+    reports it, a copy where replay may rewrite the memory."""
+    kind = code[0]
+    if kind == 'var':
+        return v
+    if kind == 'seq':
+        return type(v)(keep_graph_value(rec, x, c)
+                       for x, c in zip(v, code[2]))
+    if kind == 'dict':
+        return dict((k, keep_graph_value(rec, v[k], c)) for k, c in code[1])
+    return recording_value(rec, v, code)
+
+
 def buffers(code):
     """The buffer ids a code reads."""
     kind = code[0]

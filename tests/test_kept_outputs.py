@@ -536,3 +536,112 @@ def test_arguments_kept_in_a_list_are_the_callers_memory():
     assert all(numpy.array_equal(u, v) for u, v in losses)
     assert b.ref[1] is bufs[1] and type(b.ref[0]) is numpy.ndarray
     assert numpy.shares_memory(b.ref[0], bufs[1])
+
+
+def test_numpy_require_copies_where_the_callers_flags_differ():
+    """``numpy.require(x, requirements='W')`` of a read-only caller (a
+    Variable's array) and ``requirements='A'`` of an unaligned one copy
+    under define-by-run; the recording's copy is writable and aligned, so
+    NumPy gave it back itself, and the caller's memory was kept (review27:
+    loss 0.0 for 43.9)."""
+    ro = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+
+    def read_only(buf):
+        v = buf.view()
+        v.flags.writeable = False
+        return chainer.Variable(v)
+
+    losses, a, b = _memo_twins(
+        lambda x: numpy.require(x.array, requirements='W'), ro, read_only)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert not numpy.shares_memory(b.ref, ro[1])
+    raw = [numpy.zeros(4 * 6 * 4 + 1, numpy.uint8) for _ in range(2)]
+    unaligned = [numpy.frombuffer(r.data, numpy.float32, 24, 1).reshape(4, 6)
+                 for r in raw]
+    assert not unaligned[0].flags.aligned
+    losses, a, b = _memo_twins(
+        lambda x: numpy.require(x, requirements='A'), unaligned)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert not numpy.shares_memory(b.ref, raw[1])
+
+
+def test_a_view_with_out_of_order_fields_is_kept():
+    """A kept view of a structured argument whose fields are out of order
+    (``x[['b', 'a']]``): the view over the caller's memory is built as
+    bytes and viewed as its dtype (``dtype.descr`` raised, review27)."""
+    dt = numpy.dtype([('a', '<f4'), ('b', '<f4')])
+
+    class Memo(chainer.Chain):
+        def __init__(self):
+            super(Memo, self).__init__()
+            self.ref = None
+            with self.init_scope():
+                self.l = L.Linear(3, 2)
+
+        def forward(self, x, rec):
+            if self.ref is None:
+                self.ref = rec[['b', 'a']]
+            return F.sum(self.l(x) ** 2)
+
+    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
+    a, b = Memo(), Static()
+    b.copyparams(a)
+    recs = [numpy.zeros(4, dt) for _ in range(2)]
+    for m, r in zip((a, b), recs):
+        for s in range(3):
+            r['a'] = s
+            r['b'] = -s
+            m(numpy.ones((4, 3), numpy.float32), r).backward()
+    assert a.ref.dtype == b.ref.dtype
+    assert numpy.array_equal(a.ref, b.ref)
+    assert numpy.shares_memory(b.ref, recs[1])
+
+
+@pytest.mark.parametrize('kind', ['ordered', 'named', 'deep', 'held dict',
+                                  'held list'])
+def test_arguments_in_containers_of_other_kinds(kind):
+    """An OrderedDict, a namedtuple, a list three deep set as the memo, or
+    a dict and a list the link held before the call and the call filled:
+    each held a traced view of the recording's copy, which every later
+    call read (review27: 0.0 for 43.9)."""
+    import collections
+    pair = collections.namedtuple('pair', 'ref n')
+    make = {'ordered': lambda x: collections.OrderedDict(ref=x),
+            'named': lambda x: pair(x, 1), 'deep': lambda x: [[[x]]]}
+    get = {'ordered': lambda c: c['ref'], 'named': lambda c: c.ref,
+           'deep': lambda c: c[0][0][0], 'held dict': lambda c: c['ref'],
+           'held list': lambda c: c[0]}[kind]
+
+    class Memo(chainer.Chain):
+        def __init__(self):
+            super(Memo, self).__init__()
+            self.ref = {} if kind == 'held dict' else \
+                [] if kind == 'held list' else None
+            with self.init_scope():
+                self.l = L.Linear(6, 3)
+
+        def forward(self, x):
+            if kind == 'held dict' and not self.ref:
+                self.ref['ref'] = x
+            elif kind == 'held list' and not self.ref:
+                self.ref.append(x)
+            elif kind in make and self.ref is None:
+                self.ref = make[kind](x)
+            return F.sum(self.l(x - get(self.ref)) ** 2)
+
+    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
+    a, b = Memo(), Static()
+    b.copyparams(a)
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for s in range(4):
+            losses = []
+            for m, buf in zip((a, b), bufs):
+                buf[...] = numpy.random.RandomState(s).randn(4, 6)
+                m.cleargrads()
+                loss = m(buf)
+                loss.backward()
+                losses.append(loss.array)
+            assert numpy.array_equal(*losses), s
+    assert get(b.ref) is bufs[1]

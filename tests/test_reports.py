@@ -245,3 +245,44 @@ def test_arrays_reported_by_a_recording_that_keeps_the_graph_are_plain():
             assert type(got[0][k]) is type(got[1][k]), (step, k)
             assert numpy.array_equal(getattr(got[0][k], 'array', got[0][k]),
                                      getattr(got[1][k], 'array', got[1][k]))
+
+
+def test_a_view_reported_under_keep_graph_keeps_its_values():
+    """``h.array[0]`` reported under ``keep_graph_on_report``: the
+    recording handed a view of its own buffer, which later calls
+    rewrote, so the observation of that step changed (review27); it is a
+    copy, as what define-by-run reports is that call's own."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super(Net, self).__init__()
+            with self.init_scope():
+                self.l = L.Linear(4, 3)
+
+        def forward(self, x):
+            h = self.l(x)
+            chainer.report({'h0': h.array[0], 'x0': x[0]}, self)
+            return F.sum(h * h)
+
+    Static = type("Static", (Net,),
+                  {"forward": static_graph.static_graph(Net.forward)})
+    a, b = Net(), Static()
+    b.copyparams(a)
+    kept = {}
+    for m in (a, b):
+        seen = []
+        for step in range(4):
+            x = numpy.random.RandomState(step).randn(2, 4).astype('f')
+            rep = chainer.Reporter()
+            rep.add_observer('main', m)
+            obs = {}
+            with rep.scope(obs), warnings.catch_warnings(), \
+                    chainer.using_config('keep_graph_on_report', step == 0):
+                warnings.simplefilter('ignore')
+                m(x).backward()
+            seen.append(obs)
+        kept[id(m)] = [(o['main/h0'].copy(), o['main/x0'].copy(), o)
+                       for o in seen]
+    for (h1, x1, o1), (h2, x2, o2) in zip(kept[id(a)], kept[id(b)]):
+        assert numpy.array_equal(o1['main/h0'], o2['main/h0'])
+        assert numpy.array_equal(o2['main/h0'], h2)
+        assert numpy.array_equal(o1['main/x0'], o2['main/x0'])

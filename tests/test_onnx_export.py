@@ -1530,3 +1530,87 @@ def test_a_method_that_keeps_state_is_exported(tmp_path, record_property):
             m(x)
     _integration('keeps state', m, lambda b: _rand(b, 4), tmp_path,
                  record_property)
+
+
+class EmbedText(chainer.Chain):
+    """Ids -> EmbedID (ignore_label outside the table) -> Linear over the
+    flattened embeddings: a text model's first layers."""
+
+    def __init__(self):
+        super(EmbedText, self).__init__()
+        with self.init_scope():
+            self.e = L.EmbedID(10, 4, ignore_label=-100)
+            self.l = L.Linear(20, 3)
+
+    @static_graph.static_graph
+    def forward(self, t):
+        return self.l(self.e(t))
+
+
+def test_integration_embed_then_linear(tmp_path, record_property):
+    """The EmbedID's result keeps its ids' batch axis (it was refused under
+    dynamic_batch: a fixed size taken for the batch size), and an id
+    equal to an ignore_label outside the table looks up no row (the
+    runtime failed: index out of bounds); onnx hunt."""
+    def ids(b):
+        t = numpy.random.RandomState(b).randint(0, 10, (b, 5))
+        t[0, 1] = -100
+        return t.astype(numpy.int32)
+
+    _integration('core EmbedText', EmbedText(), ids, tmp_path,
+                 record_property)
+
+
+def test_mixed_float_types_are_refused(tmp_path):
+    """A float32 input into a Linear of float64 weights: Chainer computes
+    it, ONNX's Gemm takes one type; the export refuses with the reason
+    where it wrote a model that was not valid (onnx hunt)."""
+    export_onnx = _export_onnx()
+    chain = MLP()
+    chain.l2.W.array = chain.l2.W.array.astype(numpy.float64)
+    x = _rand(RECORD_BATCH, 12)
+    path = str(tmp_path / 'mixed.onnx')
+    with pytest.raises(onnx_export.UnsupportedOpError,
+                       match='mix float32 and float64'):
+        export_onnx(chain, (x,), path, method='forward', opset=13)
+    assert not os.path.exists(path)
+
+
+class MaskedSin(chainer.Chain):
+    def __init__(self):
+        super(MaskedSin, self).__init__()
+        self.mask = numpy.array([True, False, True, False, True])
+
+    @static_graph.static_graph
+    def forward(self, x):
+        x = chainer.as_variable(x)
+        return F.where(F.broadcast_to(self.mask, x.shape).array, x,
+                       F.sin(x))
+
+
+def test_integration_where_of_a_mask_broadcast_to_the_batch(
+        tmp_path, record_property):
+    """F.where's constant condition broadcast to ``x.shape`` was exported
+    at the recorded batch size, and the runtime failed at any other (onnx
+    hunt): one row of it now broadcasts."""
+    _integration('core MaskedSin', MaskedSin(), lambda b: _rand(b, 5),
+                 tmp_path, record_property)
+
+
+class Doubled(chainer.Chain):
+    @static_graph.static_graph
+    def forward(self, x):
+        x = chainer.as_variable(x)
+        return F.vstack((x, x[1:]))
+
+
+def test_an_output_that_changes_with_the_batch_is_not_declared_fixed(
+        tmp_path, record_property):
+    """``F.vstack((x, x[1:]))`` (2B - 1 rows): the output was declared with
+    the recorded rows, and the runtime warned of a shape mismatch at any
+    other batch size (onnx hunt); that axis is left unnamed."""
+    _integration('core Doubled', Doubled(), lambda b: _rand(b, 3), tmp_path,
+                 record_property)
+    model = _onnx().load(str(tmp_path / 'core_Doubled.onnx'))
+    dim = model.graph.output[0].type.tensor_type.shape.dim[0]
+    assert not dim.HasField('dim_value')

@@ -154,9 +154,23 @@ def _cv_cast(ctx, xs, ys):
 
 @converter('Where')
 def _cv_where(ctx, xs, ys):
-    cond = ctx.const(numpy.asarray(ctx.constant_attr('condition'),
-                                   dtype=bool), 'condition')
-    ctx.emit('Where', [cond, xs[0], xs[1]], ys)
+    cond = numpy.asarray(ctx.constant_attr('condition'), dtype=bool)
+    info = ctx.in_batch(0) or ctx.in_batch(1)
+    if ctx.dynamic_batch and info is not None and \
+            cond.ndim == len(ctx.out_shape(0)) and \
+            cond.shape[info[0]] == ctx.out_shape(0)[info[0]] > 1:
+        # A condition as large as the batch (a mask broadcast to
+        # ``x.shape``): the same for every example, one row broadcasts
+        # to any batch size; else it is the recorded batch's.
+        a = info[0]
+        first = numpy.take(cond, [0], axis=a)
+        if not (cond == first).all():
+            raise ctx.unsupported(
+                "F.where's condition differs between the examples of the "
+                'recorded batch, a constant of its size: export with '
+                'dynamic_batch=False')
+        cond = first
+    ctx.emit('Where', [ctx.const(cond, 'condition'), xs[0], xs[1]], ys)
 
 
 # -- activations --------------------------------------------------------------

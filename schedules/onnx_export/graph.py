@@ -270,6 +270,18 @@ class _Context(object):
                                   % (self.op.kind, self.op_index, len(ys))))
         return ys
 
+    def _one_float_type(self, op):
+        """Refuse an op whose inputs mix floating types (a float32 input
+        into float64 weights: Chainer computes it, NumPy promoting), which
+        ONNX's operators do not take: the model would not be valid."""
+        kinds = sorted(set(str(self.dtype(b)) for b in op.inputs
+                           if b is not None and self.dtype(b).kind == 'f'))
+        if len(kinds) > 1:
+            raise self.unsupported(
+                'its inputs mix %s, and an ONNX operator takes one floating '
+                "type: give the parameters the input's dtype, or cast the "
+                'input' % ' and '.join(kinds))
+
     def _default_batch(self, op):
         """Outputs keep an input's batch axis when shapes agree there."""
         for ob in self.results:
@@ -536,6 +548,7 @@ class _Context(object):
                 continue
             self.op, self.op_index = op, i
             fn = CONVERTERS[op.kind]
+            self._one_float_type(op)
             xs = [self.tensor_of(b) for b in op.inputs]
             self.results = self._results(op)
             ys = []
@@ -566,6 +579,13 @@ class _Context(object):
             if self.dynamic_batch and info is not None:
                 a, f = info
                 dims[a] = 'batch' if f == 1 else None
+            if self.dynamic_batch and self.other_batch is not None:
+                # (An axis that changes with the batch otherwise than as
+                # a multiple of it: ``x[1:]``, ``F.vstack((x, x))``.)
+                other = self.other_batch[1].get(b)
+                if other is not None and len(other) == len(dims):
+                    dims = [None if d != o and not isinstance(d, str) else d
+                            for d, o in zip(dims, other)]
             graph_outputs.append(helper.make_tensor_value_info(
                 name, _onnx_dtype(self.onnx, buf.dtype), dims))
 

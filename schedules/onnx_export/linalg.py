@@ -18,12 +18,20 @@ def _cv_linear(ctx, xs, ys):
 
 @converter('EmbedIDFunction')
 def _cv_embed_id(ctx, xs, ys):
+    # The ids' batch axis is the result's (one more axis, at the end).
+    info = ctx.in_batch(0)
+    if info is not None:
+        ctx.set_batch(0, *info)
     ignore = ctx.attr('ignore_label')
     if ignore is None:
         ctx.emit('Gather', [xs[1], xs[0]], ys, axis=0)
         return
-    g = ctx.emit1('Gather', [xs[1], xs[0]], axis=0)
+    # As Chainer: the ignored ids look up row 0 (an ignore_label outside
+    # the table, -100, is no index), then give zeros.
     mask = ctx.emit1('Equal', [xs[0], ctx.scalar(ignore, ctx.in_dtype(0))])
+    ids = ctx.emit1('Where', [mask, ctx.scalar(0, ctx.in_dtype(0), 'row0'),
+                              xs[0]])
+    g = ctx.emit1('Gather', [xs[1], ids], axis=0)
     mask = ctx.unsqueeze(mask, [-1])
     zero = ctx.scalar(0, ctx.out_dtype(0), 'zero')
     ctx.emit('Where', [mask, zero, g], ys)

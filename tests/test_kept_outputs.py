@@ -375,83 +375,6 @@ _ARGUMENT_VIEWS = {
     'view': lambda x: x.view(numpy.float32)}
 
 
-@pytest.mark.parametrize('order', ['C', 'F'])
-@pytest.mark.parametrize('how', sorted(_ARGUMENT_VIEWS))
-def test_a_memo_of_an_array_argument_or_its_view_is_the_callers_memory(
-        how, order):
-    """``if self.pe is None: self.pe = view(x)`` over a buffer the caller
-    refills (review25): the memo is the caller's array, or the same view
-    of it (``numpy.asarray(x)`` is ``x``), as define-by-run keeps it; it
-    was a copy of the first batch (losses 1.05 for 1.56 from step 1)."""
-    view = _ARGUMENT_VIEWS[how]
-
-    class Memo(chainer.Chain):
-        def __init__(self):
-            super(Memo, self).__init__()
-            self.pe = None
-            with self.init_scope():
-                self.l = L.Linear(6, 3)
-
-        def forward(self, x):
-            if self.pe is None:
-                self.pe = view(x)
-            return F.sum(self.l(x + self.pe[..., :1].sum()) ** 2)
-
-    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
-    a, b = Memo(), Static()
-    b.copyparams(a)
-    kept = []
-    for m in (a, b):
-        buf = numpy.zeros((4, 6), numpy.float32, order=order)
-        losses = []
-        for s in range(5):
-            buf[...] = s + numpy.arange(24, dtype=numpy.float32).reshape(4, 6)
-            m.cleargrads()
-            loss = m(buf)
-            loss.backward()
-            losses.append(loss.array)
-        kept.append((losses, m.pe, buf))
-    (la, pa, ba), (lb, pb, bb) = kept
-    assert all(numpy.array_equal(u, v) for u, v in zip(la, lb))
-    assert numpy.array_equal(pa, pb)
-    assert (pa is ba) == (pb is bb)
-    assert numpy.shares_memory(pa, ba) == numpy.shares_memory(pb, bb)
-    assert (pa.shape, pa.strides, pa.dtype) == (pb.shape, pb.strides, pb.dtype)
-
-
-def test_a_memo_of_a_variable_arguments_array_is_the_callers():
-    """``self.pe = x.array`` of a Variable over a refilled buffer."""
-    class Memo(chainer.Chain):
-        def __init__(self):
-            super(Memo, self).__init__()
-            self.pe = None
-            with self.init_scope():
-                self.l = L.Linear(6, 3)
-
-        def forward(self, x):
-            if self.pe is None:
-                self.pe = x.array
-            return F.sum(self.l(x * self.pe) ** 2)
-
-    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
-    a, b = Memo(), Static()
-    b.copyparams(a)
-    out = []
-    for m in (a, b):
-        buf = numpy.zeros((4, 6), numpy.float32)
-        losses = []
-        for s in range(5):
-            buf[...] = numpy.random.RandomState(s).randn(4, 6)
-            m.cleargrads()
-            loss = m(chainer.Variable(buf))
-            loss.backward()
-            losses.append(loss.array)
-        assert m.pe is buf
-        out.append(losses)
-    assert all(numpy.array_equal(u, v) for u, v in zip(*out))
-    assert caches_of(b)['forward'].replays >= 3
-
-
 def _memo_twins(keep, batches, step_input=lambda b: b, use=None):
     """Twins whose first call keeps ``keep(x)`` on ``self.ref``; each step
     refills the twin's own batch buffer (``batches``: one per twin) and
@@ -487,6 +410,37 @@ def _memo_twins(keep, batches, step_input=lambda b: b, use=None):
                 got.append(loss.array)
             losses.append(got)
     return losses, a, b
+
+
+
+@pytest.mark.parametrize('order', ['C', 'F'])
+@pytest.mark.parametrize('how', sorted(_ARGUMENT_VIEWS))
+def test_a_memo_of_an_array_argument_or_its_view_is_the_callers_memory(
+        how, order):
+    """``if self.pe is None: self.pe = view(x)`` over a buffer the caller
+    refills (review25): the memo is the caller's array, or the same view
+    of it (``numpy.asarray(x)`` is ``x``), as define-by-run keeps it; it
+    was a copy of the first batch (losses 1.05 for 1.56 from step 1)."""
+    bufs = [numpy.zeros((4, 6), numpy.float32, order=order)
+            for _ in range(2)]
+    losses, a, b = _memo_twins(_ARGUMENT_VIEWS[how], bufs,
+                               use=lambda x, ref: x + ref[..., :1].sum())
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    (pa, ba), (pb, bb) = (a.ref, bufs[0]), (b.ref, bufs[1])
+    assert numpy.array_equal(pa, pb)
+    assert (pa is ba) == (pb is bb)
+    assert numpy.shares_memory(pa, ba) == numpy.shares_memory(pb, bb)
+    assert (pa.shape, pa.strides, pa.dtype) == (pb.shape, pb.strides, pb.dtype)
+
+
+def test_a_memo_of_a_variable_arguments_array_is_the_callers():
+    """``self.pe = x.array`` of a Variable over a refilled buffer."""
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+    losses, a, b = _memo_twins(lambda x: x.array, bufs, chainer.Variable,
+                               use=lambda x, ref: x * ref)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert b.ref is bufs[1]
+    assert caches_of(b)['forward'].replays >= 3
 
 
 def test_a_copy_of_an_argument_whose_layout_the_recording_could_not_keep():

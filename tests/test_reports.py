@@ -204,6 +204,19 @@ def test_what_replay_could_not_report_falls_back(body, reason):
     assert any(reason in str(x.message) for x in w)
 
 
+def _observed(m, step, keep_graph):
+    """What ``step()`` reports of observer ``m`` (as 'main'), run with
+    keep_graph_on_report as ``keep_graph`` (warnings silenced)."""
+    rep = chainer.Reporter()
+    rep.add_observer('main', m)
+    obs = {}
+    with rep.scope(obs), warnings.catch_warnings(), \
+            chainer.using_config('keep_graph_on_report', keep_graph):
+        warnings.simplefilter('ignore')
+        step()
+    return obs
+
+
 def test_arrays_reported_by_a_recording_that_keeps_the_graph_are_plain():
     """Under ``keep_graph_on_report`` (the trainer's dump_graph at the first
     iteration) the recording reports as the method did and falls back:
@@ -230,16 +243,8 @@ def test_arrays_reported_by_a_recording_that_keeps_the_graph_are_plain():
     a, b = Net(), Static()
     b.copyparams(a)
     for step in range(3):
-        got = []
-        for m in (a, b):
-            rep = chainer.Reporter()
-            rep.add_observer('main', m)
-            obs = {}
-            with rep.scope(obs), warnings.catch_warnings(), \
-                    chainer.using_config('keep_graph_on_report', step == 0):
-                warnings.simplefilter('ignore')
-                m(x, t).backward()
-            got.append(obs)
+        got = [_observed(m, lambda: m(x, t).backward(), step == 0)
+               for m in (a, b)]
         assert sorted(got[0]) == sorted(got[1])
         for k in got[0]:
             assert type(got[0][k]) is type(got[1][k]), (step, k)
@@ -272,14 +277,7 @@ def test_a_view_reported_under_keep_graph_keeps_its_values():
         seen = []
         for step in range(4):
             x = numpy.random.RandomState(step).randn(2, 4).astype('f')
-            rep = chainer.Reporter()
-            rep.add_observer('main', m)
-            obs = {}
-            with rep.scope(obs), warnings.catch_warnings(), \
-                    chainer.using_config('keep_graph_on_report', step == 0):
-                warnings.simplefilter('ignore')
-                m(x).backward()
-            seen.append(obs)
+            seen.append(_observed(m, lambda: m(x).backward(), step == 0))
         kept[id(m)] = [(o['main/h0'].copy(), o['main/x0'].copy(), o)
                        for o in seen]
     for (h1, x1, o1), (h2, x2, o2) in zip(kept[id(a)], kept[id(b)]):

@@ -30,15 +30,16 @@ class _Decoder(chainer.Chain):
 
 
 def _train(calls, windows=6, state_loss=lambda w: False, keep_h=False,
-           reset=True):
-    """Truncated BPTT of ``calls`` calls per window on twins, from the same
-    parameters at each window (drawn anew, so that each window is compared
-    on its own); per window, whether every gradient was equal; the static
-    twin's cache and its warnings. ``state_loss(window)``: whether the
-    caller adds ``0.01 * F.sum(model.rnn.h)`` after each call."""
-    Static = type('Static', (_Decoder,), {
-        'forward': static_graph.static_graph(_Decoder.forward)})
-    a, b = _Decoder(), Static()
+           reset=True, cls=_Decoder, returned_loss=False):
+    """Truncated BPTT of ``calls`` calls per window on twins of ``cls``,
+    from the same parameters at each window (drawn anew, so that each
+    window is compared on its own); per window, whether every gradient was
+    equal; the static twin's cache and its warnings. ``state_loss(window)``:
+    whether the caller adds ``0.01 * F.sum(model.rnn.h)`` after each call;
+    ``returned_loss``: ``0.01 * F.sum`` of the second value returned."""
+    Static = type('Static', (cls,), {
+        'forward': static_graph.static_graph(cls.forward)})
+    a, b = cls(), Static()
     rs = numpy.random.RandomState(1)
     equal = []
     with warnings.catch_warnings(record=True) as caught:
@@ -60,6 +61,8 @@ def _train(calls, windows=6, state_loss=lambda w: False, keep_h=False,
                     loss += l
                     if state_loss(w):
                         loss += 0.01 * F.sum(m.rnn.h)
+                    if returned_loss:
+                        loss += 0.01 * F.sum(h)
                     if keep_h:
                         kept.append(h)
                 m.cleargrads()
@@ -199,32 +202,7 @@ def test_the_state_handed_out_through_an_identity_runs_define_by_run():
     were 7e-9 to 3e-8 off in every window). The recording sees the three
     in one sum and the method runs define-by-run; windows after the
     recorded one are equal."""
-    Static = type('Static', (_IdentityState,), {
-        'forward': static_graph.static_graph(_IdentityState.forward)})
-    a, b = _IdentityState(), Static()
-    rs = numpy.random.RandomState(7)
-    equal = []
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for w in range(5):
-            for _, p in sorted(a.namedparams()):
-                p.array[...] = rs.uniform(-0.5, 0.5, p.shape)
-            b.copyparams(a)
-            data = [(rs.randint(0, 20, 3).astype(numpy.int32),
-                     rs.randint(0, 20, 3).astype(numpy.int32))
-                    for _ in range(4)]
-            for m in (a, b):
-                m.rnn.reset_state()
-                loss = 0
-                for y, t in data:
-                    l, r = m(y, t)
-                    loss += l + 0.01 * F.sum(r)
-                m.cleargrads()
-                loss.backward()
-                loss.unchain_backward()
-            equal.append(all(
-                numpy.array_equal(p.grad, q.grad) for (_, p), (_, q)
-                in zip(sorted(a.namedparams()), sorted(b.namedparams()))))
-    cache = caches_of(b)['forward']
+    equal, cache, _ = _train(4, windows=5, cls=_IdentityState,
+                             returned_loss=True)
     assert cache.replays == 0 and cache.define_by_run is not None
     assert all(equal[1:]), equal

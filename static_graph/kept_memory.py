@@ -4,7 +4,11 @@ method keeps the caller's arrays (``self.pe = x``, ``numpy.asarray(x)``, a
 Variable argument's ``.array``) or views of them (``x[0]``, ``x.T``), also
 inside lists, tuples and dicts; link_state.keep_attrs gives the chain those
 (docs/faithfulness.md, "What a method may return")."""
+from collections import abc
+
 import numpy
+
+import chainer
 
 from static_graph import arrayutil
 from static_graph import traced
@@ -112,11 +116,13 @@ def untrace_set_containers(rec):
     """Lists, tuples and dicts the method set as attributes (the key falls
     back: rec.container_writes) hold what define-by-run's would: an
     argument's memory as the caller's (``self.pe = [x[0]]``), a traced
-    array as the plain array it shows, three levels down (lists, dicts,
-    tuples and their subclasses: an OrderedDict, a namedtuple)."""
+    array as the plain array it shows, four levels down (lists, dicts,
+    deques, their subclasses and other mutable sequences and mappings,
+    tuples and namedtuples; a Variable the method made over an argument,
+    ``Variable(x)``, gets the caller's array)."""
     for d, k in rec.container_writes:
         v = d.get(k)
-        new = _untraced(rec, v, 3)
+        new = _untraced(rec, v, 4)
         if new is not v:
             d[k] = new
 
@@ -126,7 +132,7 @@ def untrace_containers(rec, containers):
     contents it changed (``self.cache['ref'] = x``, ``self.hist.append(
     x[0])``), in place."""
     for c in containers:
-        _untraced(rec, c, 3)
+        _untraced(rec, c, 4)
 
 
 def _untraced(rec, v, depth):
@@ -135,14 +141,26 @@ def _untraced(rec, v, depth):
         if mine is not None:
             return mine
         return traced.untraced(v)
-    if depth == 0:
+    if isinstance(v, chainer.Variable):
+        # (A leaf the method made over an argument: ``Variable(x)``.)
+        a = v.raw_array
+        if v.creator is None and type(a) in (numpy.ndarray,
+                                             traced.TracedArray):
+            mine = argument_memory(rec, a)
+            v.array = mine if mine is not None else traced.untraced(a)
         return v
-    if isinstance(v, list):
-        for i, x in enumerate(v):
-            v[i] = _untraced(rec, x, depth - 1)
-    elif isinstance(v, dict):
+    if depth == 0 or isinstance(v, (str, bytes)):
+        return v
+    if isinstance(v, abc.MutableSequence):      # list, deque, UserList
+        for i, x in enumerate(list(v)):
+            new = _untraced(rec, x, depth - 1)
+            if new is not x:
+                v[i] = new
+    elif isinstance(v, abc.MutableMapping):     # dict, OrderedDict...
         for key, x in list(v.items()):
-            v[key] = _untraced(rec, x, depth - 1)
+            new = _untraced(rec, x, depth - 1)
+            if new is not x:
+                v[key] = new
     elif isinstance(v, tuple):
         new = [_untraced(rec, x, depth - 1) for x in v]
         if any(x is not y for x, y in zip(new, v)):

@@ -509,9 +509,10 @@ class Watch(object):
             self._kinds()
 
     def changed_containers(self):
-        """The containers a link holds whose contents the recorded call
-        changed (a dict memo filled, a list appended to)."""
-        return [v for d, k, frozen, v in self.frozen[:self.n_link_frozen]
+        """The watched containers (a link's, a helper object's, a
+        global) whose contents the recorded call changed (a dict memo
+        filled, a list appended to)."""
+        return [v for d, k, frozen, v in self.frozen
                 if d.get(k) is v and is_container(v) and
                 not _holds(v, frozen)]
 

@@ -552,33 +552,42 @@ def test_a_view_with_out_of_order_fields_is_kept():
 
 
 @pytest.mark.parametrize('kind', ['ordered', 'named', 'deep', 'held dict',
-                                  'held list'])
+                                  'held list', 'held deque', 'variable',
+                                  'helper list'])
 def test_arguments_in_containers_of_other_kinds(kind):
     """An OrderedDict, a namedtuple, a list three deep set as the memo, or
     a dict and a list the link held before the call and the call filled:
     each held a traced view of the recording's copy, which every later
     call read (review27: 0.0 for 43.9)."""
     import collections
+    import types
     pair = collections.namedtuple('pair', 'ref n')
     make = {'ordered': lambda x: collections.OrderedDict(ref=x),
-            'named': lambda x: pair(x, 1), 'deep': lambda x: [[[x]]]}
+            'named': lambda x: pair(x, 1), 'deep': lambda x: [[[[x]]]],
+            'variable': lambda x: [chainer.Variable(x)]}
+    held = {'held dict': dict, 'held list': list,
+            'held deque': collections.deque,
+            'helper list': lambda: types.SimpleNamespace(items=[])}
     get = {'ordered': lambda c: c['ref'], 'named': lambda c: c.ref,
-           'deep': lambda c: c[0][0][0], 'held dict': lambda c: c['ref'],
-           'held list': lambda c: c[0]}[kind]
+           'deep': lambda c: c[0][0][0][0], 'held dict': lambda c: c['ref'],
+           'held list': lambda c: c[0], 'held deque': lambda c: c[0],
+           'variable': lambda c: c[0].array,
+           'helper list': lambda c: c.items[0]}[kind]
 
     class Memo(chainer.Chain):
         def __init__(self):
             super(Memo, self).__init__()
-            self.ref = {} if kind == 'held dict' else \
-                [] if kind == 'held list' else None
+            self.ref = held[kind]() if kind in held else None
             with self.init_scope():
                 self.l = L.Linear(6, 3)
 
         def forward(self, x):
             if kind == 'held dict' and not self.ref:
                 self.ref['ref'] = x
-            elif kind == 'held list' and not self.ref:
+            elif kind in ('held list', 'held deque') and not self.ref:
                 self.ref.append(x)
+            elif kind == 'helper list' and not self.ref.items:
+                self.ref.items.append(x)
             elif kind in make and self.ref is None:
                 self.ref = make[kind](x)
             return F.sum(self.l(x - get(self.ref)) ** 2)

@@ -1614,3 +1614,42 @@ def test_an_output_that_changes_with_the_batch_is_not_declared_fixed(
     model = _onnx().load(str(tmp_path / 'core_Doubled.onnx'))
     dim = model.graph.output[0].type.tensor_type.shape.dim[0]
     assert not dim.HasField('dim_value')
+
+
+class Mixed16BN(chainer.Chain):
+    def __init__(self):
+        super(Mixed16BN, self).__init__()
+        with chainer.using_config('dtype', chainer.mixed16), \
+                self.init_scope():
+            self.c = L.Convolution2D(3, 4, 3, pad=1)
+            self.bn = L.BatchNormalization(4)
+
+    @static_graph.static_graph
+    def forward(self, x):
+        return F.relu(self.bn(self.c(x)))
+
+
+def test_a_mixed16_batch_normalization_exports_from_opset_15(tmp_path):
+    """float16 activations into BatchNormalization's float32 parameters:
+    ONNX's BatchNormalization takes them from opset 15 (review28: the
+    check of mixed floating types refused it); at opset 13 it is refused,
+    where the model written would not be valid."""
+    onnx = _onnx()
+    _ort()
+    export_onnx = _export_onnx()
+    chain = Mixed16BN()
+    x = _rand(2, 3, 5, 5).astype(numpy.float16)
+    with chainer.using_config('train', False):
+        chain(x)
+        with pytest.raises(onnx_export.UnsupportedOpError, match='mix'):
+            export_onnx(chain, (x,), str(tmp_path / 'm13.onnx'), opset=13)
+        path = str(tmp_path / 'm17.onnx')
+        export_onnx(chain, (x,), path, opset=17)
+    _check(onnx.load(path))
+    sess = _session(onnx.load(path))
+    got, = sess.run(None, _feeds(sess, (x,)))
+    with chainer.using_config('train', False):
+        want = _undecorated(chain)(x).array
+    numpy.testing.assert_allclose(got.astype(numpy.float32),
+                                  want.astype(numpy.float32), rtol=2e-3,
+                                  atol=2e-3)

@@ -273,9 +273,19 @@ class _Context(object):
     def _one_float_type(self, op):
         """Refuse an op whose inputs mix floating types (a float32 input
         into float64 weights: Chainer computes it, NumPy promoting), which
-        ONNX's operators do not take: the model would not be valid."""
-        kinds = sorted(set(str(self.dtype(b)) for b in op.inputs
-                           if b is not None and self.dtype(b).kind == 'f'))
+        ONNX's operators do not take: the model would not be valid. (Its
+        converter decides for FixedBatchNormalization: ONNX's takes a
+        mixed16 model's from opset 15.)"""
+        if op.kind == 'FixedBatchNormalization':
+            return
+        self.float_types_alike(op)
+
+    def float_types_alike(self, op, inputs=None):
+        kinds = sorted(set(str(self.dtype(op.inputs[i]))
+                           for i in (inputs if inputs is not None
+                                     else range(len(op.inputs)))
+                           if op.inputs[i] is not None and
+                           self.dtype(op.inputs[i]).kind == 'f'))
         if len(kinds) > 1:
             raise self.unsupported(
                 'its inputs mix %s, and an ONNX operator takes one floating '

@@ -33,6 +33,15 @@ def _cv_fixed_bn(ctx, xs, ys):
     nd = len(ctx.in_shape(0))
     axis, key = _bn_axes(ctx)
     eps = float(ctx.attr('eps', 2e-5))
+    if key == (1,) and nd >= 2 and ctx.opset >= 15:
+        # (Its input, its scale and bias, its mean and variance may each
+        # be of another floating type: a mixed16 model's.)
+        ctx.float_types_alike(ctx.op, (1, 2))
+        ctx.float_types_alike(ctx.op, (3, 4))
+        ctx.emit('BatchNormalization', [x, gamma, beta, mean, var], ys,
+                 epsilon=eps)
+        return
+    ctx.float_types_alike(ctx.op)
     if key == (1,) and nd >= 2:
         ctx.emit('BatchNormalization', [x, gamma, beta, mean, var], ys,
                  epsilon=eps)

@@ -30,6 +30,7 @@ forward: reach.py) are watched like its own, and those functions' default
 argument values.
 """
 import argparse
+from collections import abc
 import itertools
 import queue
 import threading
@@ -474,6 +475,15 @@ class Watch(object):
             variable_array(v) is not None else None
         if frozen is None:
             self.objects.append((d, k, v))
+            if isinstance(v, (abc.MutableSequence, abc.MutableMapping,
+                              abc.MutableSet)):
+                # (Too big to compare by value: its length, so that an
+                # element added in place, ``self.hist.append(h)``, shows.)
+                size = places.Length(v)
+                self.prefix[id(size)] = self.prefix.get(id(d), 'global ') \
+                    + k + ' '
+                self.pairs.append((size, 'length'))
+                self.values.append(size.get('length'))
         else:
             self.frozen.append((d, k, frozen, v))
 
@@ -514,7 +524,9 @@ class Watch(object):
         filled, a list appended to)."""
         return [v for d, k, frozen, v in self.frozen
                 if d.get(k) is v and is_container(v) and
-                not _holds(v, frozen)]
+                not _holds(v, frozen)] + \
+            [d.container for (d, k), then in zip(self.pairs, self.values)
+             if type(d) is places.Length and d.get(k) != then]
 
     def changed_by_call(self):
         """What the recorded call itself changed, which replay does not
@@ -524,6 +536,9 @@ class Watch(object):
         link is decorator._attr_changes')."""
         out = [self.name_of(d, k) for d, k, frozen, v in self.frozen[
             :self.n_link_frozen] if d.get(k) is v and not _holds(v, frozen)]
+        out += [self.name_of(d, k) for (d, k), then in zip(
+            self.pairs[:self.n_link_pairs], self.values)
+            if type(d) is places.Length and d.get(k) != then]
         return out + [self.name_of(d, k) for d, k in self._changed(
             self.n_link_pairs, self.n_link_frozen, self.n_link_objects)]
 

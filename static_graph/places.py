@@ -103,6 +103,22 @@ class Alive(object):
             return None
 
 
+class Length(object):
+    """The number of elements of a container watched by identity only (a
+    list of more than MAX_ITEMS elements), as a mapping's only value: an
+    element appended at every call is a change."""
+    __slots__ = ('container',)
+
+    def __init__(self, container):
+        self.container = container
+
+    def get(self, k, default=None):
+        try:
+            return len(self.container)
+        except Exception:      # (a container that no longer tells)
+            return None
+
+
 class ClassAttributes(object):
     """A class's own attributes as a mapping that takes writes
     (generators.stand_ins puts a stand-in for a generator kept on the

@@ -608,3 +608,44 @@ def test_arguments_in_containers_of_other_kinds(kind):
                 losses.append(loss.array)
             assert numpy.array_equal(*losses), s
     assert get(b.ref) is bufs[1]
+
+
+@pytest.mark.parametrize('every_call', [True, False])
+def test_a_list_of_more_items_than_compared_by_value(every_call):
+    """A list of 100 items on the chain (watched by identity alone, too big
+    to compare by value) to which the method appends ``h.array`` at every
+    call replayed without appending (106 items for define-by-run's 101
+    after six steps, review29). Its length is watched: that falls back;
+    one appended to once (a memo) records again and keeps what
+    define-by-run keeps."""
+    class Log(chainer.Chain):
+        def __init__(self):
+            super(Log, self).__init__()
+            self.hist = [numpy.zeros(1, numpy.float32)] * 100
+            with self.init_scope():
+                self.l = L.Linear(6, 3)
+
+        def forward(self, x):
+            h = self.l(x)
+            if every_call or len(self.hist) == 100:
+                self.hist.append(h.array)
+            return F.sum((h - self.hist[-1]) ** 2)
+
+    Static = type('Static', (Log,), {'forward': static(Log.forward)})
+    a, b = Log(), Static()
+    b.copyparams(a)
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for s in range(6):
+            losses = []
+            for m, buf in zip((a, b), bufs):
+                buf[...] = numpy.random.RandomState(s).randn(4, 6)
+                m.cleargrads()
+                loss = m(buf)
+                loss.backward()
+                losses.append(loss.array)
+            assert numpy.array_equal(*losses), s
+            assert len(a.hist) == len(b.hist)
+            assert numpy.array_equal(a.hist[-1], b.hist[-1])
+    assert caches_of(b)['forward'].replays == 0 or not every_call

@@ -11,7 +11,8 @@ keeps them, and ``Watch.holds`` compares before every replay:
 * scalars (None, bool, numbers, strings, NumPy scalars and dtypes) by value;
 * containers (tuple, list, dict, set, frozenset) by value, element by
   element, which sees a list or dict changed in place; a container of more
-  than ``MAX_ITEMS`` elements in all (a vocabulary) by identity only;
+  than ``MAX_ITEMS`` elements in all (a vocabulary) by identity and, if
+  mutable, its length (places.Length);
 * anything else (a function, a global array) by identity: assigning
   another records again;
 * a helper object (an instance of a class defined outside Chainer, NumPy

@@ -160,3 +160,20 @@ def _prod(xs):
 
 def _onnx_dtype(onnx, dtype):
     return onnx.helper.np_dtype_to_tensor_dtype(numpy.dtype(dtype))
+
+
+def float_types_alike(ctx, op, inputs=None):
+    """Refuse ``op`` where its inputs (those at ``inputs``, or all) mix
+    floating types (a float32 input into float64 weights: Chainer computes
+    it, NumPy promoting), which ONNX's operators do not take: the model
+    would not be valid."""
+    kinds = sorted(set(str(ctx.dtype(op.inputs[i]))
+                       for i in (inputs if inputs is not None
+                                 else range(len(op.inputs)))
+                       if op.inputs[i] is not None and
+                       ctx.dtype(op.inputs[i]).kind == 'f'))
+    if len(kinds) > 1:
+        raise ctx.unsupported(
+            'its inputs mix %s, and an ONNX operator takes one floating '
+            "type: give the parameters the input's dtype, or cast the "
+            'input' % ' and '.join(kinds))

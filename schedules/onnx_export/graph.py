@@ -7,7 +7,8 @@ from schedules import ir
 from schedules import liveness
 from schedules.onnx_export.common import (
     CONVERTERS, INT64_MIN, UnsupportedOpError, _address, _arrays_in,
-    _as_slices, _onnx_dtype, _root, _to_numpy, sanitize_name)
+    _as_slices, _onnx_dtype, _root, _to_numpy, float_types_alike,
+    sanitize_name)
 
 
 # -- conversion context ------------------------------------------------------
@@ -269,28 +270,6 @@ class _Context(object):
             ys.append(self.unique('%s_%d_unused%d'
                                   % (self.op.kind, self.op_index, len(ys))))
         return ys
-
-    def _one_float_type(self, op):
-        """Refuse an op whose inputs mix floating types (a float32 input
-        into float64 weights: Chainer computes it, NumPy promoting), which
-        ONNX's operators do not take: the model would not be valid. (Its
-        converter decides for FixedBatchNormalization: ONNX's takes a
-        mixed16 model's from opset 15.)"""
-        if op.kind == 'FixedBatchNormalization':
-            return
-        self.float_types_alike(op)
-
-    def float_types_alike(self, op, inputs=None):
-        kinds = sorted(set(str(self.dtype(op.inputs[i]))
-                           for i in (inputs if inputs is not None
-                                     else range(len(op.inputs)))
-                           if op.inputs[i] is not None and
-                           self.dtype(op.inputs[i]).kind == 'f'))
-        if len(kinds) > 1:
-            raise self.unsupported(
-                'its inputs mix %s, and an ONNX operator takes one floating '
-                "type: give the parameters the input's dtype, or cast the "
-                'input' % ' and '.join(kinds))
 
     def _default_batch(self, op):
         """Outputs keep an input's batch axis when shapes agree there."""
@@ -558,7 +537,10 @@ class _Context(object):
                 continue
             self.op, self.op_index = op, i
             fn = CONVERTERS[op.kind]
-            self._one_float_type(op)
+            if op.kind != 'FixedBatchNormalization':
+                # (Its converter decides: ONNX's takes a mixed16 model's
+                # from opset 15.)
+                float_types_alike(self, op)
             xs = [self.tensor_of(b) for b in op.inputs]
             self.results = self._results(op)
             ys = []

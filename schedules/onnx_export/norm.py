@@ -3,7 +3,8 @@ response, L2).
 
 Each registers itself in ``common.CONVERTERS`` (see there) when imported.
 """
-from schedules.onnx_export.common import _norm_axis, converter
+from schedules.onnx_export.common import _norm_axis, converter, \
+    float_types_alike
 
 
 # -- normalization -----------------------------------------------------------
@@ -36,12 +37,12 @@ def _cv_fixed_bn(ctx, xs, ys):
     if key == (1,) and nd >= 2 and ctx.opset >= 15:
         # (Its input, its scale and bias, its mean and variance may each
         # be of another floating type: a mixed16 model's.)
-        ctx.float_types_alike(ctx.op, (1, 2))
-        ctx.float_types_alike(ctx.op, (3, 4))
+        float_types_alike(ctx, ctx.op, (1, 2))
+        float_types_alike(ctx, ctx.op, (3, 4))
         ctx.emit('BatchNormalization', [x, gamma, beta, mean, var], ys,
                  epsilon=eps)
         return
-    ctx.float_types_alike(ctx.op)
+    float_types_alike(ctx, ctx.op)
     if key == (1,) and nd >= 2:
         ctx.emit('BatchNormalization', [x, gamma, beta, mean, var], ys,
                  epsilon=eps)

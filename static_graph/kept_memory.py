@@ -135,19 +135,22 @@ def untrace_containers(rec, containers):
         _untraced(rec, c, 4)
 
 
+def _as_define_by_run(rec, a):
+    """Array ``a`` as define-by-run's method holds it: an argument's
+    memory as the caller's, a traced array as the plain array it shows."""
+    mine = argument_memory(rec, a)
+    return mine if mine is not None else traced.untraced(a)
+
+
 def _untraced(rec, v, depth):
     if type(v) in (numpy.ndarray, traced.TracedArray):
-        mine = argument_memory(rec, v)
-        if mine is not None:
-            return mine
-        return traced.untraced(v)
+        return _as_define_by_run(rec, v)
     if isinstance(v, chainer.Variable):
         # (A leaf the method made over an argument: ``Variable(x)``.)
         a = v.raw_array
         if v.creator is None and type(a) in (numpy.ndarray,
                                              traced.TracedArray):
-            mine = argument_memory(rec, a)
-            v.array = mine if mine is not None else traced.untraced(a)
+            v.array = _as_define_by_run(rec, a)
         return v
     if depth == 0 or isinstance(v, (str, bytes)):
         return v

@@ -526,8 +526,13 @@ class Watch(object):
         return [v for d, k, frozen, v in self.frozen
                 if d.get(k) is v and is_container(v) and
                 not _holds(v, frozen)] + \
-            [d.container for (d, k), then in zip(self.pairs, self.values)
-             if type(d) is places.Length and d.get(k) != then]
+            [d.container for d in self._resized(len(self.pairs))]
+
+    def _resized(self, upto):
+        """The places.Length of the first ``upto`` watched values (of
+        containers too big to compare by value) whose length changed."""
+        return [d for (d, k), then in zip(self.pairs[:upto], self.values)
+                if type(d) is places.Length and d.get(k) != then]
 
     def changed_by_call(self):
         """What the recorded call itself changed, which replay does not
@@ -537,9 +542,8 @@ class Watch(object):
         link is decorator._attr_changes')."""
         out = [self.name_of(d, k) for d, k, frozen, v in self.frozen[
             :self.n_link_frozen] if d.get(k) is v and not _holds(v, frozen)]
-        out += [self.name_of(d, k) for (d, k), then in zip(
-            self.pairs[:self.n_link_pairs], self.values)
-            if type(d) is places.Length and d.get(k) != then]
+        out += [self.name_of(d, 'length')
+                for d in self._resized(self.n_link_pairs)]
         return out + [self.name_of(d, k) for d, k in self._changed(
             self.n_link_pairs, self.n_link_frozen, self.n_link_objects)]
 

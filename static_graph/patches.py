@@ -348,17 +348,13 @@ def _patched_report(self, values, observer=None):
     rec = getattr(_local, 'recording', None)
     if rec is not None and not rec.depth and rec.phase == 'forward':
         items = rec.on_report(values, observer)
-        if not chainer.config.keep_graph_on_report:
-            # Which arrays replay will rewrite in place is known only once
-            # the backward is recorded: report copies (not of what the
-            # chain holds, which define-by-run's reporter keeps as is).
-            values = dict((k, reports.recording_value(rec, values[k], code))
-                          for k, code in items)
-        else:
-            # (Variables as they are, with their graph; arrays as
-            # define-by-run reports them, not traced.)
-            values = dict((k, reports.keep_graph_value(rec, values[k], code))
-                          for k, code in items)
+        # Which arrays replay will rewrite in place is known only once the
+        # backward is recorded: report copies (not of what the chain
+        # holds, which define-by-run's reporter keeps as is); under
+        # keep_graph_on_report, Variables as they are, with their graph.
+        keep = chainer.config.keep_graph_on_report
+        values = dict((k, reports.recording_value(rec, values[k], code, keep))
+                      for k, code in items)
     return _orig_report(self, values, observer)
 
 

@@ -55,15 +55,16 @@ def _label(rec, b):
     return 'a sum'
 
 
-def state_sum_tie(rec, state_in_grads, state_out_grads):
+def state_sum_tie(sums, state_in_grads, state_out_grads):
     """Where the call's state input has several consumers (its gradient a
     sum of their contributions) and its state output a consumer inside the
     call (the incoming gradient added to that one's): define-by-run adds
     each consumer's contribution of the next call to the state's gradient
     in its rank order, between this call's own (L.StatefulMGU: ``h`` feeds
     three nodes of the next call and ``self.o(h)`` of this one: 3e-8 off),
-    where a replay adds their sum. Returns a text, or None."""
-    summed_into, summed_from = _sums(rec)
+    where a replay adds their sum (``sums``: _sums'). Returns a text, or
+    None."""
+    summed_into, summed_from = sums
     if any(b in summed_into for b in state_in_grads if b is not None) and \
             any(b in summed_from for b in state_out_grads if b is not None):
         return 'the contributions to its state input\'s gradient (used ' \
@@ -73,15 +74,15 @@ def state_sum_tie(rec, state_in_grads, state_out_grads):
 
 
 def _sums(rec):
-    """The buffers the recorded backward's sums (those backprop made, not
-    a node's) write, and those they read."""
+    """The sums of the recorded backward (those backprop made, not a
+    node's): [their ops], the buffers they write, those they read."""
     inside = rec.step_of()
+    ops = [rop for j, rop in enumerate(rec.backward_ops) if j not in inside]
     summed_into, summed_from = set(), set()
-    for j, rop in enumerate(rec.backward_ops):
-        if j not in inside:
-            summed_into.update(rop.outputs)
-            summed_from.update(rop.inputs)
-    return summed_into, summed_from
+    for rop in ops:
+        summed_into.update(rop.outputs)
+        summed_from.update(rop.inputs)
+    return ops, summed_into, summed_from
 
 
 def check_sums(cap, grad_in, grad_out_bids):
@@ -92,6 +93,8 @@ def check_sums(cap, grad_in, grad_out_bids):
     added to: ``summed_elsewhere``). ``grad_in``: the buffers of the
     gradients of the call's inputs; ``grad_out_bids``: its outputs'."""
     rec, e = cap.rec, cap.entry
+    sum_ops, summed_into, summed_from = _sums(rec)
+    state = state_outputs(cap)
     tie = None
     if e.recurrent:
         first_state = len(cap.leaves) - len(e.recurrent)
@@ -100,12 +103,17 @@ def check_sums(cap, grad_in, grad_out_bids):
             tie = 'the gradient contributions of %s, of one rank' % tie
         else:
             tie = state_sum_tie(
-                rec, [b for t, b in zip(cap.targets, grad_in)
-                      if first_state <= t < len(cap.leaves)],
-                [grad_out_bids[i] for i in state_outputs(cap)])
+                (summed_into, summed_from),
+                [b for t, b in zip(cap.targets, grad_in)
+                 if first_state <= t < len(cap.leaves)],
+                [grad_out_bids[i] for i in state])
     if tie is None:
-        tie = output_sum_tie(cap, grad_out_bids)
-    e.summed_state_outputs = summed_state_outputs(cap, grad_out_bids)
+        tie = output_sum_tie(state, grad_out_bids, sum_ops)
+    # (The state outputs whose incoming gradient the recorded backward adds
+    # to a contribution from inside the call: summed_elsewhere.)
+    e.summed_state_outputs = frozenset(
+        i for i in state
+        if grad_out_bids[i] is not None and grad_out_bids[i] in summed_from)
     e.cache_ref = weakref.ref(cap.cache)
     summed = e.summed_state_outputs.intersection(cap.state_summed)
     if tie is not None:
@@ -124,25 +132,22 @@ def check_sums(cap, grad_in, grad_out_bids):
     cap.cache.define_by_run = reason
 
 
-def output_sum_tie(cap, grad_out_bids):
+def output_sum_tie(state, grad_out_bids, sum_ops):
     """A sum of the recorded backward over the gradient of a state output,
     that of another output and a third contribution (``return loss,
     F.identity(h)`` of L.LSTM's h, whose identity the caller adds to its
     loss): the caller's graph decides where define-by-run adds the other
     output's, between the next call's and this call's own (7e-9 to 3e-8
-    off). As text, or None."""
-    state = state_outputs(cap)
+    off). ``state``: the state outputs' indexes; ``sum_ops``: the
+    backward's sums (_sums). As text, or None."""
     state_bids = set(grad_out_bids[i] for i in state
                      if grad_out_bids[i] is not None)
     other = set(b for i, b in enumerate(grad_out_bids)
                 if b is not None and i not in state)
     if not state_bids or not other:
         return None
-    inside = cap.rec.step_of()
     leaves = {}      # buffer -> the contributions a sum made it of
-    for j, rop in enumerate(cap.rec.backward_ops):
-        if j in inside:
-            continue
+    for rop in sum_ops:
         parts = frozenset().union(*[leaves.get(b, frozenset([b]))
                                     for b in rop.inputs])
         for b in rop.outputs:
@@ -285,12 +290,3 @@ STATE_SUMMED = (
     'of the state: activation regularization): define-by-run orders those '
     'three or more contributions by its whole graph of calls, which a '
     'replayed call cannot know (the last bits could differ)')
-
-
-def summed_state_outputs(cap, grad_out_bids):
-    """The state outputs whose incoming gradient the recorded backward
-    adds to a contribution from inside the call."""
-    summed_from = _sums(cap.rec)[1]
-    return frozenset(i for i in state_outputs(cap)
-                     if grad_out_bids[i] is not None and
-                     grad_out_bids[i] in summed_from)

@@ -94,37 +94,25 @@ def encode(rec, key, v):
     return ('const', v)
 
 
-def recording_value(rec, v, code):
+def recording_value(rec, v, code, keep_graph=False):
     """What the recording call itself hands the reporter for ``v``: what
-    define-by-run would (a copy where replay may rewrite the memory)."""
+    define-by-run would (a copy where replay may rewrite the memory); with
+    ``keep_graph`` (``keep_graph_on_report``: the call falls back), a
+    Variable as it is, with its graph."""
     kind = code[0]
     if kind == 'live':
         return code[1]       # (an array as the chain holds it, untraced)
-    if kind == 'const':
+    if kind == 'const' or kind == 'var' and keep_graph:
         return v
     if kind == 'scalar':
         return numpy.array(traced.untraced(v))[()]
     if kind == 'seq':
-        return type(v)(recording_value(rec, x, c)
+        return type(v)(recording_value(rec, x, c, keep_graph)
                        for x, c in zip(v, code[2]))
     if kind == 'dict':
-        return dict((k, recording_value(rec, v[k], c)) for k, c in code[1])
+        return dict((k, recording_value(rec, v[k], c, keep_graph))
+                    for k, c in code[1])
     return arrayutil.detached_copy(v)
-
-
-def keep_graph_value(rec, v, code):
-    """``recording_value`` under ``keep_graph_on_report``: a Variable as it
-    is, with its graph (the call falls back); the rest as define-by-run
-    reports it, a copy where replay may rewrite the memory."""
-    kind = code[0]
-    if kind == 'var':
-        return v
-    if kind == 'seq':
-        return type(v)(keep_graph_value(rec, x, c)
-                       for x, c in zip(v, code[2]))
-    if kind == 'dict':
-        return dict((k, keep_graph_value(rec, v[k], c)) for k, c in code[1])
-    return recording_value(rec, v, code)
 
 
 def buffers(code):

@@ -394,13 +394,24 @@ def _memo_twins(keep, batches, step_input=lambda b: b, use=None):
                 self.ref = keep(x)
             return F.sum(self.l(use(x, self.ref)) ** 2)
 
-    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
-    a, b = Memo(), Static()
+    return _twin_steps(Memo, batches, step_input)
+
+
+def _twin_steps(cls, batches, step_input=lambda b: b, steps=5,
+                after=None):
+    """``cls`` and its twin with ``forward`` decorated, the same
+    parameters, trained ``steps`` steps; each step refills the twin's own
+    batch buffer (``batches``: one per twin), calls with
+    ``step_input(buffer)`` and backpropagates, then calls ``after(step,
+    define-by-run's, the static twin)``. Returns the losses per step and
+    the twins."""
+    Static = type('Static', (cls,), {'forward': static(cls.forward)})
+    a, b = cls(), Static()
     b.copyparams(a)
     losses = []
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        for s in range(5):
+        for s in range(steps):
             got = []
             for m, buf in zip((a, b), batches):
                 buf[...] = numpy.random.RandomState(s).randn(*buf.shape)
@@ -409,6 +420,8 @@ def _memo_twins(keep, batches, step_input=lambda b: b, use=None):
                 loss.backward()
                 got.append(loss.array)
             losses.append(got)
+            if after is not None:
+                after(s, a, b)
     return losses, a, b
 
 
@@ -592,21 +605,9 @@ def test_arguments_in_containers_of_other_kinds(kind):
                 self.ref = make[kind](x)
             return F.sum(self.l(x - get(self.ref)) ** 2)
 
-    Static = type('Static', (Memo,), {'forward': static(Memo.forward)})
-    a, b = Memo(), Static()
-    b.copyparams(a)
     bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for s in range(4):
-            losses = []
-            for m, buf in zip((a, b), bufs):
-                buf[...] = numpy.random.RandomState(s).randn(4, 6)
-                m.cleargrads()
-                loss = m(buf)
-                loss.backward()
-                losses.append(loss.array)
-            assert numpy.array_equal(*losses), s
+    losses, a, b = _twin_steps(Memo, bufs, steps=4)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
     assert get(b.ref) is bufs[1]
 
 
@@ -631,21 +632,11 @@ def test_a_list_of_more_items_than_compared_by_value(every_call):
                 self.hist.append(h.array)
             return F.sum((h - self.hist[-1]) ** 2)
 
-    Static = type('Static', (Log,), {'forward': static(Log.forward)})
-    a, b = Log(), Static()
-    b.copyparams(a)
+    def same_history(step, a, b):
+        assert len(a.hist) == len(b.hist), step
+        assert numpy.array_equal(a.hist[-1], b.hist[-1]), step
+
     bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        for s in range(6):
-            losses = []
-            for m, buf in zip((a, b), bufs):
-                buf[...] = numpy.random.RandomState(s).randn(4, 6)
-                m.cleargrads()
-                loss = m(buf)
-                loss.backward()
-                losses.append(loss.array)
-            assert numpy.array_equal(*losses), s
-            assert len(a.hist) == len(b.hist)
-            assert numpy.array_equal(a.hist[-1], b.hist[-1])
+    losses, a, b = _twin_steps(Log, bufs, steps=6, after=same_history)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
     assert caches_of(b)['forward'].replays == 0 or not every_call

@@ -71,12 +71,13 @@ class ClassNames(Names):
     """How many attributes a class has now (one set on it that shadows a
     base class's adds one), but the one this package sets on a class
     itself (``_static_graph_type_info`` on a FunctionNode class at its
-    first recording). A count, not the names: looked at in every replay's
-    check."""
+    first recording) and the one ``copy`` and ``pickle`` set on a class
+    at its first copy (``__slotnames__``: ``copy.deepcopy(model)``). A
+    count, not the names: looked at in every replay's check."""
 
     def get(self, k, default=None):
         d = self.fields
-        return len(d) - (TYPE_INFO in d)
+        return len(d) - (TYPE_INFO in d) - ('__slotnames__' in d)
 
 
 # What recorder.py sets on a FunctionNode class (its kind, ...).

@@ -175,3 +175,24 @@ def test_a_chain_let_go_is_freed_with_its_caches():
     del model, opt
     gc.collect()
     assert chain() is None and link() is None
+
+
+def test_the_first_copy_of_a_chain_records_nothing_again():
+    """``copy`` and ``pickle`` leave ``__slotnames__`` on a class at its
+    first copy: no change the watch of the class's attributes counts (the
+    original's keys recorded once more, persist30 hunt)."""
+    import copy
+    cls = type('FreshNet', (Net,), {
+        'forward': static_graph.static_graph(Net.forward)})
+    rs = numpy.random.RandomState(0)
+    model = cls()
+    opt = chainer.optimizers.SGD(0.1)
+    opt.setup(model)
+    for i in range(4):
+        if i == 2:
+            assert '__slotnames__' not in cls.__dict__
+            copy.deepcopy(model)
+            assert '__slotnames__' in cls.__dict__
+        _step(model, opt, rs)
+    c = caches_of(model)['forward']
+    assert (c.recordings, c.replays) == (1, 3)

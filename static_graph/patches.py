@@ -27,6 +27,7 @@ from chainer import variable as variable_module
 from chainer.utils import walker_alias
 
 from static_graph import arguments
+from static_graph import communicator_calls
 from static_graph import device_reads
 from static_graph import held_views
 from static_graph import numpy_calls
@@ -511,9 +512,18 @@ _PATCHES += ((walker_alias.WalkerAlias,
 
 
 def _put(which):
+    global _communicator
     fn = function_node.FunctionNode
     if which and fn.apply is not _patched_apply:
         fn.apply = _patched_apply
+    if _communicator is None and which:
+        # ChainerMN imported since: its communicator's methods, wrapped for
+        # good, as apply's (a recording watches the classes it reaches;
+        # communicator_calls)
+        _communicator = communicator_calls.patch()
+        if _communicator is not None:
+            for name, call in _communicator[1].items():
+                setattr(_communicator[0], name, call)
     for where, patched, orig in _PATCHES:
         pairs = patched if which else orig
         if isinstance(where, dict):
@@ -524,6 +534,9 @@ def _put(which):
                     delattr(where, name)
                 else:
                     setattr(where, name, fn)
+
+
+_communicator = None
 
 
 def install():

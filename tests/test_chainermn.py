@@ -84,8 +84,12 @@ SCENARIOS = {
     'evaluator': {'Predictor.forward': (2, 10)},
     'p2p': ({'First.forward': (1, 5)}, {'Second.forward': (1, 5)}),
     'bcast': {'Broadcast.forward': (1, 5)},
+    # (recordings, replays, define-by-run calls): comm.allreduce in the
+    # method (communicator_calls.py)
+    'normalized': {'Normalized.forward': (1, 0, 5)},
 }
-DATA_PARALLEL = ('sgd', 'adam', 'mnbn', 'allgather', 'evaluator')
+DATA_PARALLEL = ('sgd', 'adam', 'mnbn', 'allgather', 'evaluator',
+                 'normalized')
 
 # The captured optimizer update (static_graph.capture_update): scenarios
 # of tests/mpi/mn.py that run a scenario above with
@@ -107,9 +111,9 @@ def expected_counts(name, rank):
     want = SCENARIOS[name]
     if isinstance(want, tuple):
         want = want[rank]
-    return dict((method, {'recordings': rec, 'replays': rep,
-                          'fallback_calls': 0})
-                for method, (rec, rep) in want.items())
+    return dict((method, {'recordings': n[0], 'replays': n[1],
+                          'fallback_calls': n[2] if len(n) > 2 else 0})
+                for method, n in want.items())
 
 
 def check_bit_for_bit(static, dbr, name, rank):

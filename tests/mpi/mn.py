@@ -177,6 +177,24 @@ class Gathered(chainer.Chain):
         return F.softmax_cross_entropy(self.l2(F.concat(hs, axis=1)), t)
 
 
+class Normalized(chainer.Chain):
+    """The loss summed over every rank's examples, divided by their count
+    over all ranks: the method calls the communicator itself (it falls
+    back: replay would not communicate, and would keep the first count)."""
+
+    def __init__(self, n_in=10, n_units=16, n_out=3):
+        super(Normalized, self).__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(n_in, n_units)
+            self.l2 = L.Linear(n_units, n_out)
+
+    @static_graph.static_graph
+    def forward(self, x, t):
+        n = comm.allreduce((t >= 1).sum(keepdims=True).astype('f'))
+        h = self.l2(F.relu(self.l1(x)))
+        return F.sum(F.softmax_cross_entropy(h, t, reduce='no')) / n[0]
+
+
 def data_parallel(model_cls, inner, capture=False):
     numpy.random.seed(comm.rank)   # different initial values: bcast
     model = model_cls()
@@ -202,6 +220,10 @@ def scenario_adam_update():
 
 def scenario_mnbn():
     return data_parallel(BNMLP, chainer.optimizers.SGD(lr=0.3))
+
+
+def scenario_normalized():
+    return data_parallel(Normalized, chainer.optimizers.SGD(lr=0.3))
 
 
 def scenario_allgather():
@@ -337,6 +359,7 @@ def scenario_bcast():
 SCENARIOS = {
     'sgd': scenario_sgd, 'adam': scenario_adam, 'mnbn': scenario_mnbn,
     'allgather': scenario_allgather, 'evaluator': scenario_evaluator,
+    'normalized': scenario_normalized,
     'p2p': scenario_p2p, 'bcast': scenario_bcast,
     'sgd+update': scenario_sgd_update, 'adam+update': scenario_adam_update,
 }

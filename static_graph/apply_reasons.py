@@ -6,12 +6,18 @@ could not repeat (recorder.Recording.on_apply): each a reason, or None.
 * ``held_contents`` / ``held_changed``: a list, dict or set a node defined
   outside Chainer holds and writes into in its forward (``self.st['k'] =
   k``): no attribute is set, so its backward would read the last replay's;
+* ``nested_arrays``: the arrays in a node's tuple or list attribute
+  (GetItem's ``slices``): one computed from values, or a boolean mask from
+  the data (the result's shape follows the values);
 * ``kept_arrays``: a list or tuple of arrays a node keeps for its backward
   (``F.tree_lstm``'s gates): one for all calls, where a second call's
   forward before the first's backward would hand the first the second's.
 """
+import numpy
+
 from chainer.utils import type_check
 
+from static_graph import traced
 from static_graph.arrayutil import is_array
 
 # Exceptions of a Chainer function that its inputs' shapes and dtypes decide
@@ -71,3 +77,31 @@ def kept_arrays(kind, name, value):
                 'which replay cannot keep per call'
                 % (kind, type(value).__name__, name.rpartition('.')[2]))
     return None
+
+
+def nested_arrays(rec, kind, value):
+    """Arrays held inside a node's tuple or list attribute (GetItem's
+    ``slices``): a view of a recorded buffer is seen like any, one
+    computed from values is not, and a boolean mask decides the shape of
+    the result. Returns ``value``, or a copy with the constants the method
+    made as their plain arrays (what the node keeps)."""
+    out, changed = [], False
+    for x in value:
+        y = x
+        if type(x) in (tuple, list):
+            y = nested_arrays(rec, kind, x)
+        elif getattr(x, 'key_constant', False):
+            y = rec.untrace(x, kind)
+        elif isinstance(x, traced.TracedArray):
+            if x.dtype == numpy.bool_:
+                rec.add_reason(
+                    '%s indexes with a boolean mask from the data at %s: '
+                    'the shape of its result depends on the values'
+                    % (kind, traced.user_location(4)))
+            else:
+                rec.untrace(x, kind)
+        elif rec.user_made:
+            rec.check_device_computed(kind, x)
+        out.append(y)
+        changed = changed or y is not x
+    return type(value)(out) if changed else value

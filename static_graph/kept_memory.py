@@ -11,6 +11,7 @@ import numpy
 import chainer
 
 from static_graph import arrayutil
+from static_graph import key_constants
 from static_graph import traced
 
 try:
@@ -135,6 +136,10 @@ def untrace_containers(rec, containers):
         _untraced(rec, c, 4)
 
 
+# (A plain array, or one user code was handed while recording: key_constants.)
+_ARRAYS = (numpy.ndarray, traced.TracedArray, key_constants.KeyConstant)
+
+
 def _as_define_by_run(rec, a):
     """Array ``a`` as define-by-run's method holds it: an argument's
     memory as the caller's, a traced array as the plain array it shows."""
@@ -143,13 +148,12 @@ def _as_define_by_run(rec, a):
 
 
 def _untraced(rec, v, depth):
-    if type(v) in (numpy.ndarray, traced.TracedArray):
+    if type(v) in _ARRAYS:
         return _as_define_by_run(rec, v)
     if isinstance(v, chainer.Variable):
         # (A leaf the method made over an argument: ``Variable(x)``.)
         a = v.raw_array
-        if v.creator is None and type(a) in (numpy.ndarray,
-                                             traced.TracedArray):
+        if v.creator is None and type(a) in _ARRAYS:
             v.array = _as_define_by_run(rec, a)
         return v
     if depth == 0 or isinstance(v, (str, bytes)):

@@ -55,7 +55,7 @@ _NONE = object()
 # argument: never ops.
 NOT_DRAWS = frozenset(('seed', 'set_state', 'shuffle'))
 _CONSTANTS = (int, float, complex, bool, str, bytes, type(None),
-              numpy.generic, numpy.dtype, type)
+              numpy.generic, numpy.dtype, type, slice, type(Ellipsis))
 
 
 class NumpyCall(function_node.FunctionNode):

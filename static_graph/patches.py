@@ -30,6 +30,7 @@ from static_graph import arguments
 from static_graph import communicator_calls
 from static_graph import device_reads
 from static_graph import held_views
+from static_graph import key_constants
 from static_graph import numpy_calls
 from static_graph import reports
 from static_graph import rng_patches
@@ -260,6 +261,10 @@ def _keeps_traced(name):
         if type(a) is held_views.HeldArray:
             a._used()      # (its backward runs again at every replay)
             return out
+        if type(a) is key_constants.KeyConstant and \
+                type(out) is numpy.ndarray:
+            rec = getattr(_local, 'recording', None)
+            return out if rec is None else key_constants.constant(rec, out)
         if type(a) is not TracedArray or type(out) is not numpy.ndarray:
             if type(a) in (list, tuple) and type(out) is numpy.ndarray and \
                     traced.holds_traced(a):
@@ -321,28 +326,15 @@ _patched_numpy.update((name, _checks_values(name))
                       for name in _NUMPY_CHECKS)
 
 
-def _shape_maker(name):
-    """numpy.arange and the like: a result made by user code from Python
-    values alone is noted as a constant of the key (device_reads has
-    CuPy's)."""
-    orig = _orig_numpy[name]
-
-    def maker(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        rec = getattr(_local, 'recording', None)
-        if rec is not None and not rec.depth and \
-                device_reads.numbers_only(args, kwargs):
-            rec.shape_made[id(out)] = out   # (alive: its id stays its own)
-        return out
-
-    maker.__name__ = name
-    maker.__doc__ = orig.__doc__
-    return maker
-
-
-for _name in device_reads.SHAPE_MAKERS:
+# numpy.arange, numpy.eye, numpy.zeros and the like: a result made by user
+# code from Python values alone is a constant of the key, handed to it as
+# a KeyConstant (device_reads has CuPy's).
+for _name in device_reads.SHAPE_MAKERS + (
+        'zeros', 'ones', 'empty', 'full', 'triu_indices', 'tril_indices',
+        'diag_indices'):
     _orig_numpy[_name] = getattr(numpy, _name)
-    _patched_numpy[_name] = _shape_maker(_name)
+    _patched_numpy[_name] = key_constants.maker(_orig_numpy[_name],
+                                                device_reads.numbers_only)
 
 
 def _patched_report(self, values, observer=None):

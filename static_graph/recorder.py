@@ -20,10 +20,12 @@ from schedules import ir
 from static_graph import apply_reasons
 from static_graph import arrayutil
 from static_graph import device_reads
+from static_graph import key_constants
 from static_graph import patches
 from static_graph import places
 from static_graph import reports
 from static_graph import traced
+from static_graph.key_constants import KeyConstant
 from static_graph.arrayutil import MISSING, is_array, root_of
 from static_graph.node_attrs import AdapterAttrs
 from static_graph.patches import current  # NOQA  (recorder.current())
@@ -221,6 +223,9 @@ class Recording(object):
         # ids of arrays user code made from Python values alone
         # (numpy.arange(n)): constants of the key, uniform or not
         self.shape_made = {}
+        # constants of the key ops took: {id: (array, its values then)}
+        # (key_constants.check_taken)
+        self.constants_taken = {}
         # ids of traced 0-d arrays that stand for the NumPy scalars a ufunc
         # of 0-d arrays gives (numpy_calls.compute)
         self.scalar_like = set()
@@ -313,11 +318,16 @@ class Recording(object):
                     'the write')
                 break
         self.handed_out = {}
+        key_constants.check_taken(self)
 
     def untrace(self, a, kind):
         if not isinstance(a, traced.TracedArray):
             return a
         base = self.traced_views.get(id(a))
+        if type(a) is KeyConstant:     # (a constant of the key, or was)
+            plain = base if base is not None else traced.plain(a)
+            key_constants.entering(self, a, plain, kind)
+            return plain
         if base is not None:
             return base
         plain = traced.plain(a)
@@ -336,31 +346,12 @@ class Recording(object):
         return root is not a and (id(root) in self.by_id or
                                   id(root) in self.chain_held)
 
-    def _check_device_computed(self, kind, a):
+    def check_device_computed(self, kind, a):
         """The CuPy counterpart of ``untrace`` for a node's attribute."""
         if self.computed_on_device(a) and id(a) not in self.by_id and \
                 not self._view_of_buffer(a):
             self.add_reason(device_reads.computed_reason(
                 kind, traced.user_location(1)))
-
-    def _check_nested(self, kind, value):
-        """Arrays held inside a node's tuple or list attribute (GetItem's
-        ``slices``): a view of a recorded buffer is seen like any, one
-        computed from values is not, and a boolean mask decides the shape
-        of the result."""
-        for x in value:
-            if type(x) in (tuple, list):
-                self._check_nested(kind, x)
-            elif isinstance(x, traced.TracedArray):
-                if x.dtype == numpy.bool_:
-                    self.add_reason(
-                        '%s indexes with a boolean mask from the data at '
-                        '%s: the shape of its result depends on the '
-                        'values' % (kind, traced.user_location(4)))
-                else:
-                    self.untrace(x, kind)
-            elif self.user_made:
-                self._check_device_computed(kind, x)
 
     # -- hooks ----------------------------------------------------------------
     def on_apply(self, node, inputs):
@@ -432,14 +423,16 @@ class Recording(object):
         pre = d.copy()
         for k, v in pre.items():
             t = type(v)
-            if t is TracedArray:
+            if t is TracedArray or t is KeyConstant:
                 # Handed to the constructor, not as an input (F.where's
                 # condition): a view of a buffer is fine, derived is not.
                 d[k] = pre[k] = self.untrace(v, kind)
             elif t is tuple or t is list:
-                self._check_nested(kind, v)
+                v = apply_reasons.nested_arrays(self, kind, v)
+                if v is not pre[k]:
+                    d[k] = pre[k] = v
             elif self.user_made:
-                self._check_device_computed(kind, v)
+                self.check_device_computed(kind, v)
         self.depth += 1
         try:
             outs = patches.orig_apply(node, inputs)

@@ -70,12 +70,35 @@ def flag_write(rec, what):
                    % (what, user_location(2)))
 
 
+def data_written(what):
+    """User code writes the data into an array it made from numbers
+    (key_constants.py): a reason."""
+    rec = active_recording()
+    if rec is not None:
+        rec.add_reason(
+            'user code writes values computed from the data, or at '
+            'positions taken from it, into an array it made (%s) at %s; '
+            'replay would not repeat the write' % (what, user_location(2)))
+
+
 def _in_place(name, symbol):
     op = getattr(numpy.ndarray, name)
 
     def method(self, other):
         _flag_write(self, symbol)
         return op(self, other)
+
+    method.__name__ = name
+    return method
+
+
+def _read_of(name, what):
+    """ndarray's method ``name``, a read of the values (``what``)."""
+    op = getattr(numpy.ndarray, name)
+
+    def method(self, *args, **kwargs):
+        flag(what)
+        return op(self.view(numpy.ndarray), *args, **kwargs)
 
     method.__name__ = name
     return method
@@ -122,12 +145,22 @@ class TracedArray(numpy.ndarray):
         numpy.ndarray.__setitem__(self, key, value)
 
     def __getitem__(self, key):
-        if _has_traced_mask(key):
+        if has_traced_mask(key):
             flag('indexing with a boolean mask (the result\'s shape '
                   'depends on the values)')
         out = numpy.ndarray.__getitem__(self, key)
         if not isinstance(out, numpy.ndarray):
             flag('reading an element, x[i, j]')
+        elif calls is not None and not _may_share(out, self):
+            # A copy (indexed by an array: ``self.table[t]``, a link's
+            # array by the labels; ``x[[0, 2]]``): an op of the recording,
+            # so a node built with it reads every call's.
+            rec = active_recording()
+            if rec is not None:
+                made = calls(rec, getitem, 'getitem', (self, key), {},
+                             plain(out))
+                if made is not None:
+                    return made
         return out
 
     for _name, _symbol in (
@@ -168,42 +201,26 @@ class TracedArray(numpy.ndarray):
             return round(plain(self)[()])
         return numpy.round(self, ndigits)
 
-    def __bool__(self):
-        flag('bool()')
-        return bool(self.view(numpy.ndarray))
-
-    def __float__(self):
-        flag('float()')
-        return float(self.view(numpy.ndarray))
-
-    def __int__(self):
-        flag('int()')
-        return int(self.view(numpy.ndarray))
-
-    def __index__(self):
-        flag('index')
-        return self.view(numpy.ndarray).__index__()
-
-    def __complex__(self):
-        flag('complex()')
-        return complex(self.view(numpy.ndarray))
-
-    def item(self, *args):
-        flag('.item()')
-        return self.view(numpy.ndarray).item(*args)
-
-    def tolist(self):
-        flag('.tolist()')
-        return self.view(numpy.ndarray).tolist()
+    # Reads of the values through ndarray's own methods (of the plain
+    # view: NumPy's, with no hook of this class in between)
+    for _name, _what in (
+            ('__bool__', 'bool()'), ('__float__', 'float()'),
+            ('__int__', 'int()'), ('__index__', 'index'),
+            ('__complex__', 'complex()'), ('item', '.item()'),
+            ('tolist', '.tolist()'), ('tobytes', '.tobytes()'),
+            ('__dlpack__', '__dlpack__()'), ('dumps', '.dumps()'),
+            ('dump', '.dump()'), ('tofile', '.tofile()'),
+            ('tostring', '.tostring()'),        # (gone in NumPy 2)
+            ('__reduce_ex__', 'pickling'), ('__reduce__', 'pickling')):
+        if hasattr(numpy.ndarray, _name):
+            locals()[_name] = _read_of(_name, _what)
+    del _name, _what
 
     def __iter__(self):
         if self.ndim == 1:
             flag('iteration')
         return super(TracedArray, self).__iter__()
 
-    def tobytes(self, *args, **kwargs):
-        flag('.tobytes()')
-        return numpy.ndarray.tobytes(self, *args, **kwargs)
 
     def view(self, *args, **kwargs):
         out = numpy.ndarray.view(self, *args, **kwargs)
@@ -232,10 +249,6 @@ class TracedArray(numpy.ndarray):
             flag('format()')
         return numpy.ndarray.__format__(self.view(numpy.ndarray), spec)
 
-    def __dlpack__(self, *args, **kwargs):
-        flag('__dlpack__()')
-        return numpy.ndarray.__dlpack__(self.view(numpy.ndarray), *args,
-                                        **kwargs)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         # A ufunc making new arrays from traced ones, while a forward
@@ -306,14 +319,23 @@ class TracedArray(numpy.ndarray):
         into = kwargs.get('out') if name not in numpy_rules.INTO else (
             args[0] if args else kwargs.get(numpy_rules.INTO[name]))
         _check_destinations(into, 'numpy.%s()' % name)
+        plain_args = plain_all(args)
         try:
-            result = func(*plain_all(args), **plain_kwargs(kwargs))
+            result = func(*plain_args, **plain_kwargs(kwargs))
         except Exception as e:
             # Whether it raises can depend on the values
             # (numpy.linalg.cholesky): a method that catches it would take
             # that branch at every replay.
             flag('numpy.%s() raised %s' % (name, type(e).__name__))
             raise
+        if into is None and type(args) is tuple:
+            # ``out`` given by position (numpy.clip(t, 0, 2, buf),
+            # numpy.dot(a, b, buf)): the very array it returns
+            outs = result if type(result) is tuple else (result,)
+            _check_destinations(tuple(
+                a for a, p in zip(args[1:], plain_args[1:])
+                if isinstance(p, numpy.ndarray) and
+                any(o is p for o in outs)), 'numpy.%s()' % name)
         if name not in numpy_rules.SHAPE_ONLY and \
                 numpy_rules.holds_values(result) or \
                 isinstance(result, numpy.dtype) and _zero_d_traced(args):
@@ -428,31 +450,6 @@ class TracedArray(numpy.ndarray):
             flag('its memory, through the buffer protocol')
             return memoryview(self.view(numpy.ndarray))
 
-    if hasattr(numpy.ndarray, 'tostring'):    # (gone in NumPy 2)
-        def tostring(self, *args, **kwargs):
-            flag('.tostring()')
-            return numpy.ndarray.tostring(self, *args, **kwargs)
-
-    def dumps(self):
-        flag('.dumps()')
-        return numpy.ndarray.dumps(self)
-
-    def dump(self, file):
-        flag('.dump()')
-        return numpy.ndarray.dump(self, file)
-
-    def tofile(self, *args, **kwargs):
-        flag('.tofile()')
-        return numpy.ndarray.tofile(self, *args, **kwargs)
-
-    def __reduce_ex__(self, protocol):
-        flag('pickling')
-        return numpy.ndarray.__reduce_ex__(self, protocol)
-
-    def __reduce__(self):
-        flag('pickling')
-        return numpy.ndarray.__reduce__(self)
-
 
 def _check_destinations(into, what):
     """The arrays NumPy call ``what`` writes into (``into``: an ``out=``
@@ -464,7 +461,10 @@ def _check_destinations(into, what):
     the recording's check of values misses where it changed nothing this
     call."""
     for o in into if type(into) in (tuple, list) else (into,):
-        if isinstance(o, TracedArray):
+        if getattr(o, 'key_constant', False):
+            # (An array the method made from numbers: key_constants.py)
+            data_written(what)
+        elif isinstance(o, TracedArray):
             _flag_write(o, what)
         elif isinstance(o, numpy.ndarray):
             flag('%s, which writes them into an untraced array' % what)
@@ -551,10 +551,20 @@ def _copy(a, order='C'):
     return a.copy(order)
 
 
-def _has_traced_mask(key):
+def _may_share(a, b):
+    return numpy.may_share_memory(a.view(numpy.ndarray),
+                                  b.view(numpy.ndarray))
+
+
+def getitem(a, key):
+    """``a[key]``: indexing as a NumPy call of a recording (numpy_calls)."""
+    return a[key]
+
+
+def has_traced_mask(key):
     keys = key if type(key) is tuple else (key,)
-    return any(isinstance(k, TracedArray) and k.dtype == numpy.bool_
-               for k in keys)
+    return any(isinstance(k, TracedArray) and k.dtype == numpy.bool_ and
+               not getattr(k, 'key_constant', False) for k in keys)
 
 
 def retrace(result):

@@ -385,7 +385,10 @@ if hasattr(numpy.ndarray, 'tostring'):     # (gone in NumPy 2)
     (scalar_draw, 'draws random numbers'),
     (value_read, 'reads array values'),
     (values_shaped, 'reads array values'),
-] + [(_reading(read), 'reads array values') for read in C_READS.values()],
+] + [(_reading(read), 'writes values computed from the data'
+       # (into an array numpy.empty made: key_constants.py)
+       if name in ('ufunc out=', 'numpy.copyto') else 'reads array values')
+      for name, read in C_READS.items()],
     ids=['scalar draw', 'value read', 'shape from values'] + list(C_READS))
 def test_what_cannot_replay_still_falls_back(body, reason):
     """A number drawn and used in Python, a value read (however it is

@@ -1,0 +1,425 @@
+"""Arrays user code makes from Python numbers while a call records, handed
+to it as ``KeyConstant`` so that what it computes from them with the data
+is seen.
+
+``numpy.eye(n)``, ``numpy.arange(n)``, ``numpy.zeros(shape)`` and the like,
+made from numbers alone, are constants of the key (``rec.shape_made``): the
+same at every call. But indexing a plain array with a traced one runs in
+NumPy's C code, which never asks the index: ``numpy.eye(k, dtype=bool)[t]``
+(a one-hot mask of the labels, CosFace's target mask), ``numpy.arange(k)
+[::-1][t]`` would give an array that looks like one more constant, and a
+node built with it (``F.where``'s condition, ``F.get_item``'s index) would
+keep the recording's labels at every replay. So while a call records,
+those makers hand user code a ``KeyConstant``, a ``TracedArray`` whose
+values are no secret (reading them is no reason to fall back: they are the
+key's) and on which:
+
+* indexing with a traced array is an op of the recording (numpy_calls), its
+  result traced: a node built with it reads every call's labels;
+* NumPy's ufuncs and functions with a traced operand are the traced
+  array's (an op; the constant its input); with constants and numbers
+  alone, their result is a new constant; with a plain array of unknown
+  origin, a plain array (as before: it falls back where it meets a
+  Chainer function, unless uniform);
+* a write into it of traced values, or at traced positions, is a reason:
+  replay would not repeat it; one of a plain array's values makes it an
+  array of unknown origin (``demote``), as does handing out its memory
+  (``.flat``, ``.view(numpy.ndarray)``, ``.data``, ``__array__()``...),
+  through which it could be written unseen;
+* a change of its values after an op took it (a buffer refilled with
+  other constants between two uses) is a reason (``check_taken``):
+  replay would give each op its last values.
+
+What enters a Chainer function is its plain array (recorder.untrace).
+Outside a recording it is a plain array.
+"""
+import sys
+
+import numpy
+
+from static_graph import arrayutil
+from static_graph import traced
+
+TracedArray = traced.TracedArray
+_ndarray = numpy.ndarray
+
+
+def _flat(x):
+    if type(x) in (tuple, list):
+        for v in x:
+            yield from _flat(v)
+    elif type(x) is dict:
+        for v in x.values():
+            yield from _flat(v)
+    else:
+        yield x
+
+
+def _kind(x, rec):
+    """'traced' where ``x`` (arrays in tuples, lists, a dict's values) holds
+    a traced array that is no constant of ``rec``, else 'plain' where it
+    holds an array of unknown origin (not a 0-d one: a number), else
+    'const'."""
+    kind = 'const'
+    for v in _flat(x):
+        if isinstance(v, TracedArray):
+            if type(v) is not KeyConstant or not live(rec, v):
+                return 'traced'
+        elif isinstance(v, _ndarray) and v.ndim:
+            kind = 'plain'
+    return kind
+
+
+def live(rec, c):
+    """Is KeyConstant ``c`` a constant of ``rec`` (its memory one
+    ``rec.shape_made`` holds, not demoted)?"""
+    return rec is not None and id(arrayutil.root_of(c)) in rec.shape_made
+
+
+def constant(rec, out):
+    """``out`` (a result computed from constants alone) as a KeyConstant of
+    ``rec``; NumPy scalars and other results as they are."""
+    if type(out) is _ndarray:
+        # (alive: its id stays its own; its root too, new memory NumPy may
+        # hand out as a view of it: numpy.tile's reshape)
+        rec.shape_made[id(out)] = out
+        root = arrayutil.root_of(out)
+        rec.shape_made[id(root)] = root
+        return rec.trace(out, check=False, kind=KeyConstant)
+    if type(out) in (tuple, list):
+        return type(out)(constant(rec, o) for o in out)
+    return out
+
+
+def _view(rec, out):
+    """A view of a constant: a constant (its root is one)."""
+    if isinstance(out, _ndarray):
+        return rec.trace(traced.untraced(out), check=False, kind=KeyConstant)
+    if type(out) in (tuple, list):
+        return type(out)(_view(rec, o) for o in out)
+    return out
+
+
+def _active():
+    rec = traced.active_recording()
+    return rec if rec is not None and not rec.depth else None
+
+
+def _plain_result(out):
+    if isinstance(out, TracedArray):
+        return traced.plain(out)
+    if type(out) in (tuple, list):
+        return type(out)(_plain_result(o) for o in out)
+    return out
+
+
+def entering(rec, a, plain, kind):
+    """KeyConstant ``a`` (``plain``, its plain array) enters ``kind`` (a
+    Chainer function, as an input or the node's attribute): its values as
+    the op takes them, to tell whether they change later (check_taken); a
+    demoted one of values not all equal is a reason (a node keeps an
+    attribute as it is, unchecked)."""
+    if id(plain) not in rec.constants_taken:
+        rec.constants_taken[id(plain)] = (plain, plain.copy())
+    if not live(rec, a) and not arrayutil.uniform(plain):
+        rec.add_reason(
+            'an array the method made holds values of unknown origin '
+            '(written through its memory, .flat or a plain view, or from '
+            'an array not produced by a Chainer function) and enters %s at '
+            '%s; replay would freeze them' % (kind, traced.user_location(4)))
+
+
+def demote(rec, c):
+    """``c``'s memory holds, or may come to hold through a way no hook
+    sees, values of unknown origin: no constant of ``rec`` any more (an op
+    that takes it is checked as any array of unknown origin)."""
+    rec.shape_made.pop(id(arrayutil.root_of(c)), None)
+
+
+def check_taken(rec):
+    """Did a constant change after an op took it (``rec.constants_taken``:
+    {id: (array, its values then)})? Replay would give each op that took
+    it its last values."""
+    for a, before in rec.constants_taken.values():
+        if arrayutil.changed(before, a):
+            rec.add_reason(
+                'an array the method made changes after an op of the call '
+                'took it (a buffer written again between two uses); '
+                'replay would give every such op its last values')
+            break
+    rec.constants_taken = {}
+
+
+def _read(name):
+    """ndarray's ``name`` on the plain array: a read of the constant's own
+    values, which are the key's (no reason; one demoted, a read of values
+    of unknown origin)."""
+    op = getattr(_ndarray, name)
+
+    def method(self, *args, **kwargs):
+        rec = _active()
+        if rec is not None and not live(rec, self):
+            traced.flag(name)
+        return op(traced.plain(self), *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _escape(name, prop=False):
+    """ndarray's ``name``, which hands out the memory itself (``.data``,
+    ``.flat``, a plain view): from user code, the constant is demoted, as
+    it may be written through that unseen."""
+    op = getattr(_ndarray, name)
+    if prop:
+        op = op.__get__
+
+    def method(self, *args, **kwargs):
+        rec = _active()
+        if rec is not None and traced.reads_as_user(
+                sys._getframe(1).f_code.co_filename):
+            demote(rec, self)
+        return op(traced.plain(self), *args, **kwargs)
+
+    method.__name__ = name
+    return property(method) if prop else method
+
+
+class KeyConstant(TracedArray):
+    """An array made from numbers alone while a call records (module
+    docstring)."""
+
+    key_constant = True     # (traced.has_traced_mask: no data mask)
+
+    def __getitem__(self, key):
+        rec = _active()
+        kind = _kind((self, key), rec) if rec is not None else None
+        plain = traced.plain(self)
+        if kind == 'traced' and traced.has_traced_mask(key):
+            traced.flag('indexing with a boolean mask (the result\'s shape '
+                        'depends on the values)')
+        out = _ndarray.__getitem__(plain, traced.plain_all(key))
+        if kind is None or not isinstance(out, _ndarray):
+            if kind == 'traced':
+                traced.flag('reading an element at a position from the '
+                            'data')
+            return out
+        if kind == 'const':
+            return _view(rec, out) if numpy.may_share_memory(out, plain) \
+                else constant(rec, out)
+        if kind == 'plain':
+            return out
+        made = traced.calls(rec, traced.getitem, 'getitem', (self, key), {},
+                            out)
+        if made is None:
+            traced.flag('indexing with an array from the data')
+            return out.view(TracedArray)
+        return made
+
+    def __setitem__(self, key, value):
+        rec = _active()
+        if rec is not None:
+            kind = _kind((self, key, value), rec)
+            if kind == 'traced':
+                traced.data_written('[...] =')
+            elif kind == 'plain':
+                demote(rec, self)
+        _ndarray.__setitem__(traced.plain(self), traced.plain_all(key),
+                             traced.untraced(value))
+
+    def __array_wrap__(self, obj, context=None, return_scalar=False):
+        if isinstance(obj, _ndarray) and obj.ndim == 0 and \
+                (return_scalar or context is not None):
+            return obj[()]
+        return obj.view(_ndarray) if isinstance(obj, _ndarray) else obj
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        rec = _active()
+        out = kwargs.get('out') or ()
+        into = out + (inputs[:1] if method == 'at' else ())
+        kind = _kind(inputs + (kwargs.get('where'),), rec) \
+            if rec is not None else None
+        if kind == 'traced':
+            if any(type(o) is KeyConstant for o in into):
+                traced.data_written('numpy.%s' % ufunc.__name__)
+            first = next(x for x in _flat(inputs + (kwargs.get('where'),))
+                         if isinstance(x, TracedArray) and
+                         _kind(x, rec) == 'traced')
+            return TracedArray.__array_ufunc__(first, ufunc, method,
+                                               *inputs, **kwargs)
+        if kind == 'plain':
+            for o in into:
+                if type(o) is KeyConstant:
+                    demote(rec, o)
+        result = getattr(ufunc, method)(
+            *[traced.untraced(x) for x in inputs],
+            **traced.plain_kwargs(kwargs))
+        if method == 'at':
+            return result
+        if out:
+            return out[0] if len(out) == 1 else tuple(out)
+        return constant(rec, result) if kind == 'const' else result
+
+    def __array_function__(self, func, types, args, kwargs):
+        rec = _active()
+        kind = _kind((args, kwargs), rec) if rec is not None else None
+        written = [a for a in tuple(_flat(args))[1:] + (kwargs.get('out'),)
+                   if type(a) is KeyConstant]
+        if kind == 'traced':
+            first = next(x for x in _flat((args, kwargs))
+                         if isinstance(x, TracedArray) and
+                         _kind(x, rec) == 'traced')
+            result = TracedArray.__array_function__(first, func, types, args,
+                                                    kwargs)
+            if any(_shares(result, a) for a in written):
+                # (``out`` given, by name or by position: numpy.clip(t, 0,
+                # 2, c); numpy.copyto(c, t), numpy.place, putmask...)
+                traced.data_written('numpy.%s()' % func.__name__)
+            return result
+        result = func(*traced.plain_all(args), **traced.plain_kwargs(kwargs))
+        if kind is None:
+            return _plain_result(result)
+        if kind == 'plain':
+            for a in written:
+                if _shares(result, a) or func.__name__ in _INTO:
+                    demote(rec, a)
+            return _plain_result(result)
+        result = _plain_result(result)
+        if any(_shares(result, traced.untraced(a)) for a in _flat(args)
+               if isinstance(a, _ndarray)):
+            return _view(rec, result)
+        return constant(rec, result)
+
+    def astype(self, dtype, order='K', casting='unsafe', subok=True,
+               copy=True):
+        rec = _active()
+        if rec is not None and not live(rec, self):
+            return TracedArray.astype(self, dtype, order, casting, subok,
+                                      copy)
+        plain = traced.plain(self)
+        out = _ndarray.astype(plain, dtype, order, casting, subok, copy)
+        if rec is None:
+            return out
+        return _view(rec, out) if numpy.may_share_memory(out, plain) else \
+            constant(rec, out)
+
+    def copy(self, order='C'):
+        rec = _active()
+        if rec is not None and not live(rec, self):
+            return TracedArray.copy(self, order)
+        out = _ndarray.copy(traced.plain(self), order)
+        return constant(rec, out) if rec is not None else out
+
+    def _writes(what):
+        op = getattr(_ndarray, what)
+
+        def method(self, *args, **kwargs):
+            rec = _active()
+            if rec is not None:
+                kind = _kind((args, kwargs), rec)
+                if kind == 'traced':
+                    traced.data_written('.%s()' % what)
+                elif kind == 'plain':
+                    demote(rec, self)
+            return op(traced.plain(self), *traced.plain_all(args),
+                      **traced.plain_kwargs(kwargs))
+
+        method.__name__ = what
+        return method
+
+    # ndarray methods that write their arguments into it in C, seen by no
+    # ufunc or NumPy function
+    for _name in ('put', 'fill', 'itemset', 'setfield', 'resize'):
+        if hasattr(_ndarray, _name):
+            locals()[_name] = _writes(_name)
+    # Reads of its values (TracedArray's are reasons)
+    for _name in ('__bool__', '__float__', '__int__', '__index__',
+                  '__complex__', 'item', 'tolist', 'tobytes',
+                  '__str__', '__repr__', '__format__', 'dumps', 'dump',
+                  'tofile', 'tostring'):
+        if hasattr(_ndarray, _name):
+            locals()[_name] = _read(_name)
+    # Its memory handed out: writes through it would be unseen
+    for _name in ('__array__', '__dlpack__', '__buffer__'):
+        if hasattr(_ndarray, _name):
+            locals()[_name] = _escape(_name)
+    for _name in ('flat', 'data', 'ctypes', '__array_interface__'):
+        locals()[_name] = _escape(_name, prop=True)
+    del _name, _writes
+
+    @property
+    def base(self):
+        base = _ndarray.base.__get__(self)
+        rec = _active()
+        if rec is not None and traced.reads_as_user(
+                sys._getframe(1).f_code.co_filename):
+            # (The array behind it, handed out: define-by-run's base.)
+            demote(rec, self)
+            dbr = rec.as_define_by_run(self)
+            if dbr is not None:
+                return dbr.base
+        return base
+
+    def __iter__(self):
+        rec = _active()
+        if rec is None or self.ndim < 2 or not live(rec, self):
+            return _read('__iter__')(self)
+        return iter([_view(rec, row) for row in
+                     _ndarray.__iter__(traced.plain(self))])
+
+    def view(self, *args, **kwargs):
+        out = _ndarray.view(self, *args, **kwargs)
+        if type(out) is not KeyConstant:
+            rec = _active()
+            if rec is not None and traced.reads_as_user(
+                    sys._getframe(1).f_code.co_filename):
+                demote(rec, self)
+        return out
+
+    @property
+    def flags(self):
+        return _ndarray.flags.__get__(self)
+
+    def __reduce__(self):
+        return traced.plain(self).__reduce__()
+
+    def __reduce_ex__(self, protocol):
+        return traced.plain(self).__reduce_ex__(protocol)
+
+
+# NumPy functions that write into their first argument (numpy_rules.INTO)
+_INTO = frozenset(('copyto', 'put', 'putmask', 'place', 'fill_diagonal',
+                   'put_along_axis'))
+
+
+def _shares(result, a):
+    """Does ``result`` (arrays in tuples, lists) share memory with ``a``?"""
+    if a is None:
+        return False
+    a = traced.untraced(a)
+    return any(isinstance(o, _ndarray) and numpy.may_share_memory(
+        traced.untraced(o), a) for o in _flat(result))
+
+
+def maker(orig, numbers_only):
+    """NumPy's ``orig`` (``numpy.eye``, ``numpy.zeros``): its result, made
+    by user code from Python numbers alone while a forward records, a
+    KeyConstant (and a constant of the key, ``rec.shape_made``); a tuple
+    of them (``numpy.triu_indices``) likewise."""
+    def make(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        rec = traced.active_recording()
+        if rec is None or rec.depth or not numbers_only(args, kwargs) or \
+                not (type(out) is _ndarray or type(out) is tuple and all(
+                    type(o) is _ndarray for o in out)):
+            return out
+        if rec.phase != 'forward' or not traced.reads_as_user(
+                sys._getframe(1).f_code.co_filename):
+            for o in out if type(out) is tuple else (out,):
+                rec.shape_made[id(o)] = o
+            return out
+        return constant(rec, out)
+
+    make.__name__ = orig.__name__
+    make.__doc__ = orig.__doc__
+    return make

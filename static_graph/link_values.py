@@ -11,8 +11,8 @@ keeps them, and ``Watch.holds`` compares before every replay:
 * scalars (None, bool, numbers, strings, NumPy scalars and dtypes) by value;
 * containers (tuple, list, dict, set, frozenset) by value, element by
   element, which sees a list or dict changed in place; a container of more
-  than ``MAX_ITEMS`` elements in all (a vocabulary) by identity and, if
-  mutable, its length (places.Length);
+  than ``MAX_ITEMS`` elements in all (a vocabulary) by identity, and the
+  identities of what it and the containers in it hold (places.Contents);
 * anything else (a function, a global array) by identity: assigning
   another records again;
 * a helper object (an instance of a class defined outside Chainer, NumPy
@@ -31,7 +31,6 @@ forward: reach.py) are watched like its own, and those functions' default
 argument values.
 """
 import argparse
-from collections import abc
 import itertools
 import queue
 import threading
@@ -476,15 +475,14 @@ class Watch(object):
             variable_array(v) is not None else None
         if frozen is None:
             self.objects.append((d, k, v))
-            if isinstance(v, (abc.MutableSequence, abc.MutableMapping,
-                              abc.MutableSet)):
-                # (Too big to compare by value: its length, so that an
-                # element added in place, ``self.hist.append(h)``, shows.)
-                size = places.Length(v)
-                self.prefix[id(size)] = self.prefix.get(id(d), 'global ') \
-                    + k + ' '
-                self.pairs.append((size, 'length'))
-                self.values.append(size.get('length'))
+            # (Too big to compare by value: the objects it and the
+            # containers in it hold, so that an element added or replaced
+            # in place shows: ``self.hist.append(h)``, ``self.c[i] = h``.)
+            held = places.Contents(v) if is_container(v) else None
+            if held is not None and held.watched():
+                self.prefix[id(held)] = self.name_of(d, k) + ' '
+                self.pairs.append((held, 'contents'))
+                self.values.append(held)
         else:
             self.frozen.append((d, k, frozen, v))
 
@@ -526,13 +524,14 @@ class Watch(object):
         return [v for d, k, frozen, v in self.frozen
                 if d.get(k) is v and is_container(v) and
                 not _holds(v, frozen)] + \
-            [d.container for d in self._resized(len(self.pairs))]
+            [d.container for d in self._refilled(len(self.pairs))]
 
-    def _resized(self, upto):
-        """The places.Length of the first ``upto`` watched values (of
-        containers too big to compare by value) whose length changed."""
+    def _refilled(self, upto):
+        """The places.Contents of the first ``upto`` watched values (of
+        containers too big to compare by value) whose contents changed."""
         return [d for (d, k), then in zip(self.pairs[:upto], self.values)
-                if type(d) is places.Length and d.get(k) != then]
+                if type(d) is places.Contents and
+                d.get(k, None, True) is not then]
 
     def changed_by_call(self):
         """What the recorded call itself changed, which replay does not
@@ -542,8 +541,8 @@ class Watch(object):
         link is decorator._attr_changes')."""
         out = [self.name_of(d, k) for d, k, frozen, v in self.frozen[
             :self.n_link_frozen] if d.get(k) is v and not _holds(v, frozen)]
-        out += [self.name_of(d, 'length')
-                for d in self._resized(self.n_link_pairs)]
+        out += [self.name_of(d, 'contents')
+                for d in self._refilled(self.n_link_pairs)]
         return out + [self.name_of(d, k) for d, k in self._changed(
             self.n_link_pairs, self.n_link_frozen, self.n_link_objects)]
 
@@ -558,7 +557,8 @@ class Watch(object):
                 out.append((d, k))
         for (d, k), then in zip(self.pairs[pairs_from:],
                                 self.values[pairs_from:]):
-            now = d.get(k)
+            now = d.get(k, None, True) if type(d) is places.Contents \
+                else d.get(k)
             # (An array or Variable where a number or None was: changed,
             # without ``==``, whose bool() of a traced array is a read.)
             if now is not then and (_kept(now) or not _equal(now, then)):

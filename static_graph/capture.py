@@ -27,6 +27,7 @@ from static_graph import diagnostics
 from static_graph import early_bound
 from static_graph import entry as entry_module
 from static_graph import generators
+from static_graph import key_constants
 from static_graph import kept_memory
 from static_graph import link_state
 from static_graph import link_values
@@ -517,6 +518,8 @@ class Capture(object):
         more_params, _ = analysis.classify_unknown(rec, self.chain_map)
         if more_params:
             rec.add_reason('a parameter is used only in backward')
+        key_constants.check_taken(rec, 'between the forward and the '
+                                  'backward (written by the caller)')
         recurrent.check_sums(self, grad_in, grad_out_bids)
         now = analysis.chain_arrays(self.chain, self.written)
         now.update(link_state.foreign_parameters(rec, now)

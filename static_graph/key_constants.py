@@ -136,18 +136,19 @@ def demote(rec, c):
     rec.shape_made.pop(id(arrayutil.root_of(c)), None)
 
 
-def check_taken(rec):
+def check_taken(rec, when='after an op of the call took it (a buffer '
+                'written again between two uses)'):
     """Did a constant change after an op took it (``rec.constants_taken``:
     {id: (array, its values then)})? Replay would give each op that took
-    it its last values."""
+    it its last values. Checked after the forward, and again after the
+    recorded backward (the caller wrote into one the method returned)."""
     for a, before in rec.constants_taken.values():
         if arrayutil.changed(before, a):
             rec.add_reason(
-                'an array the method made changes after an op of the call '
-                'took it (a buffer written again between two uses); '
-                'replay would give every such op its last values')
-            break
-    rec.constants_taken = {}
+                'an array the method made changes %s; replay would give '
+                'every op that took it its last values' % when)
+            rec.constants_taken = {}
+            return
 
 
 def _read(name):
@@ -228,10 +229,18 @@ class KeyConstant(TracedArray):
                              traced.untraced(value))
 
     def __array_wrap__(self, obj, context=None, return_scalar=False):
+        # (NumPy's C methods hand their result here: ``c.squeeze(0)``, a
+        # view, is a constant too; new memory, of unknown origin.)
         if isinstance(obj, _ndarray) and obj.ndim == 0 and \
                 (return_scalar or context is not None):
             return obj[()]
-        return obj.view(_ndarray) if isinstance(obj, _ndarray) else obj
+        if not isinstance(obj, _ndarray):
+            return obj
+        obj = obj.view(_ndarray)
+        rec = _active()
+        if rec is not None and numpy.may_share_memory(obj, self):
+            return _view(rec, obj)
+        return obj
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         rec = _active()
@@ -269,13 +278,10 @@ class KeyConstant(TracedArray):
             first = next(x for x in _flat((args, kwargs))
                          if isinstance(x, TracedArray) and
                          _kind(x, rec) == 'traced')
-            result = TracedArray.__array_function__(first, func, types, args,
-                                                    kwargs)
-            if any(_shares(result, a) for a in written):
-                # (``out`` given, by name or by position: numpy.clip(t, 0,
-                # 2, c); numpy.copyto(c, t), numpy.place, putmask...)
-                traced.data_written('numpy.%s()' % func.__name__)
-            return result
+            # (which sees an ``out``, by name or by position, and the
+            # functions that write into an argument: traced.py)
+            return TracedArray.__array_function__(first, func, types, args,
+                                                  kwargs)
         result = func(*traced.plain_all(args), **traced.plain_kwargs(kwargs))
         if kind is None:
             return _plain_result(result)
@@ -343,9 +349,31 @@ class KeyConstant(TracedArray):
     for _name in ('__array__', '__dlpack__', '__buffer__'):
         if hasattr(_ndarray, _name):
             locals()[_name] = _escape(_name)
-    for _name in ('flat', 'data', 'ctypes', '__array_interface__'):
+    for _name in ('data', 'ctypes', '__array_interface__'):
         locals()[_name] = _escape(_name, prop=True)
     del _name, _writes
+
+    def _set(name, view):
+        """A property whose setting (``c.flat = 1.0``, ``c.real = x``)
+        writes into it; its getter ``view``."""
+        put = getattr(_ndarray, name).__set__
+
+        def setter(self, value):
+            rec = _active()
+            if rec is not None:
+                kind = _kind(value, rec)
+                if kind == 'traced':
+                    traced.data_written('.%s =' % name)
+                elif kind == 'plain':
+                    demote(rec, self)
+            put(traced.plain(self), traced.untraced(value))
+
+        return property(view, setter)
+
+    flat = _set('flat', _escape('flat', prop=True).fget)
+    real = _set('real', TracedArray.real.fget)
+    imag = _set('imag', TracedArray.imag.fget)
+    del _set
 
     @property
     def base(self):

@@ -115,7 +115,22 @@ def values_read(self, x, t):
     return F.mean(self.l(x))
 
 
-REPLAYED = [where_eye, arcface_like, one_hot_product, label_smoothing,
+def squeezed_mask(self, x, t):
+    """A view NumPy's C method makes (``squeeze``) is a constant too."""
+    h = self.l(x)
+    m = numpy.eye(K, dtype=bool)[None].squeeze(0)[t]
+    return F.mean(F.where(m, h - 0.3, h))
+
+
+def set_through_properties(self, x, t):
+    m = numpy.zeros((N, K), numpy.float32)
+    m.flat = 1.0
+    c = numpy.zeros(K, numpy.complex64)
+    c.real = 2.0
+    return F.mean(self.l(x) * m * c.real.astype(numpy.float32))
+
+
+REPLAYED = [squeezed_mask, set_through_properties, where_eye, arcface_like, one_hot_product, label_smoothing,
             take_rows, reversed_index, early_bound_eye, concatenated_index,
             memo_on_the_chain, class_weights, gathered_rows, causal_masks,
             values_read]
@@ -201,6 +216,19 @@ def buffer_refilled(self, x, t):
     return (sum(outs) + F.sum(y * h * a)) / 100.
 
 
+def written_through_a_squeezed_view(self, x, t):
+    oh = numpy.zeros((1, N, K), numpy.float32)
+    v = oh.squeeze(0)
+    v[numpy.arange(N), t] = 1
+    return -F.mean(F.log_softmax(self.l(x)) * oh[0])
+
+
+def labels_set_through_flat(self, x, t):
+    m = numpy.zeros(N, numpy.int64)
+    m.flat = t
+    return F.mean(self.l(x)[numpy.arange(N), m])
+
+
 def mask_from_the_labels(self, x, t):
     return F.mean(self.l(x)[numpy.arange(N)[t > 2]])
 
@@ -213,6 +241,8 @@ FELL_BACK = [(scattered_one_hot, 'writes values computed from the data'),
              (positional_out, 'writes values computed from the data'),
              (buffer_refilled, 'changes after an op of the call took it'),
              (mask_from_the_labels, 'boolean mask'),
+             (written_through_a_squeezed_view, 'writes values computed from'),
+             (labels_set_through_flat, 'writes values computed from the'),
              (added_in_place, 'writes values computed from the data'),
              (put_mask, 'writes values computed from the data'),
              (copied_labels, 'writes values computed from the data'),
@@ -308,3 +338,43 @@ def test_numbers_from_constants_have_define_by_runs_types():
     reductions(plain, numpy.zeros((N, 4), numpy.float32),
                numpy.zeros(N, numpy.int32))
     assert m.kept == plain.kept
+
+
+def returns_weights(self, x, t):
+    w = numpy.linspace(1, 2, K, dtype=numpy.float32)
+    return F.mean(self.l(x) * w), w
+
+
+def test_a_returned_constant_the_caller_writes_before_backward():
+    """The caller normalizes the weights the method returned, in place,
+    before the backward (the node that took them sees it, as in
+    define-by-run): the recording's constant changed, so the key runs
+    define-by-run from its next call (replay would compute with the
+    normalized weights; review32)."""
+    models = []
+    for decorate in (False, True):
+        cls = type('Net', (Net,), {'forward': static_graph.static_graph(
+            returns_weights) if decorate else returns_weights})
+        numpy.random.seed(0)
+        m = cls()
+        opt = chainer.optimizers.SGD(0.1)
+        opt.setup(m)
+        models.append((m, opt))
+    rs = numpy.random.RandomState(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for i in range(4):
+            x = rs.standard_normal((N, 4)).astype(numpy.float32)
+            seen = []
+            for m, opt in models:
+                m.cleargrads()
+                loss, weights = m(x, None)
+                weights /= weights.sum()
+                loss.backward()
+                opt.update()
+                seen.append((loss.array.tobytes(), weights.tobytes(),
+                             m.l.W.array.tobytes()))
+            assert seen[0] == seen[1], i
+    assert counts(models[1][0]) == (1, 0, 3)
+    assert any('between the forward and the backward' in str(x.message)
+               for x in w)

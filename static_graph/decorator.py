@@ -6,6 +6,7 @@ import chainer
 
 from static_graph import compat
 from static_graph import diagnostics
+from static_graph import places
 
 if compat.UNSUPPORTED is None:
     # The recorder needs Chainer internals of version 7; older Chainers get
@@ -297,6 +298,9 @@ def _stale(method, self, name, cache, key, e, why, wait, args, kwargs):
     cache_module.bound(cache.backoff)
     # After the wait, one recording; gone stale again, the next wait.
     e.stale = cache_module.STALE_AFTER - 2
+    if e.link_values is not None:
+        # (what big containers held: replaced arrays, let go)
+        places.forget_contents(e.link_values.pairs)
     diagnostics.warn_once(
         (type(self), name, 'stale'),
         '%s.%s runs define-by-run for this call signature: it records '

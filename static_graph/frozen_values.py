@@ -25,8 +25,10 @@ SCALARS = (type(None), bool, int, float, complex, str, bytes, numpy.generic,
 _WEAK = (weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
 _MAPPINGS = (dict, collections.UserDict, collections.ChainMap,
              types.MappingProxyType) + _WEAK
+# (A dict's keys, values or items view: what the dict holds now.)
+VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
 _SEQUENCES = (tuple, list, collections.deque, collections.UserList,
-              array.array, bytearray)
+              array.array, bytearray) + VIEWS
 CONTAINERS = _MAPPINGS + _SEQUENCES + (set, frozenset, memoryview,
                                         weakref.WeakSet, functools.partial)
 MAX_ITEMS = 64

@@ -282,17 +282,19 @@ class Watch(object):
 
     def trace_arrays(self, rec):
         """Hand the call the NumPy arrays of the watched globals, helper
-        objects' attributes, lists and dicts as traced views, as the links'
-        own are (link_state.trace_held_arrays): a branch on their values
-        (``if GATE > 0``, ``self.cfg.gate``, ``self.gates[0]``) is a value
-        read, which replay would freeze. Returns what ``put_back_arrays``
-        restores."""
+        objects' attributes, lists and dicts (of any size) as traced views,
+        as the links' own are (link_state.trace_held_arrays): a branch on
+        their values (``if GATE > 0``, ``self.gates[0]``) is a value read,
+        which replay would freeze. Returns what ``put_back_arrays`` puts
+        back."""
         out = []
         for d, k, v in self.objects[self.n_link_objects:]:
             if type(d) is dict and type(v) is numpy.ndarray and d.get(k) is v:
                 view = d[k] = rec.trace(v)
                 out.append((d, k, v, view))
-        for _, _, _, c in self.frozen:
+        for c in [c for _, _, _, c in self.frozen] + [    # (and too big)
+                c for d, _ in self.pairs if type(d) is places.Contents
+                for c in d.lists_and_dicts()]:
             items = enumerate(c) if type(c) is list else \
                 list(c.items()) if type(c) is dict else ()
             for k, v in items:

@@ -142,10 +142,23 @@ class Contents(object):
         """Is there anything in the container that can change?"""
         return bool(self.parts or self.sized)
 
+    def lists_and_dicts(self):
+        """The lists and dicts among the containers it watches by their
+        contents (Watch.trace_arrays hands the call their arrays traced)."""
+        return [p[0] for p in self.parts if type(p[0]) in (list, dict)]
+
+    def forget(self):
+        """Let go of what it held (the objects the loop replaced in the
+        container: arrays kept alive by a key gone stale, which records
+        again anyway): it no longer holds."""
+        self.parts = None
+
     def get(self, k=None, default=None, exact=False):
         """This object while the contents hold, else None; ``exact``:
         by identity only (after a recording call, whose traced arrays
         ``==`` would read)."""
+        if self.parts is None:
+            return None
         try:
             for part in self.parts:
                 if not _hold(exact, *part):
@@ -176,7 +189,8 @@ def _how(c):
         return None
     if isinstance(c, abc.Mapping):
         return 'map'
-    if isinstance(c, (abc.MutableSequence, abc.MutableSet)):
+    if isinstance(c, (abc.MutableSequence, abc.MutableSet) +
+                  frozen_values.VIEWS):
         return 'seq'
     return None
 
@@ -287,3 +301,10 @@ class ClassAttributes(object):
 
     def __setitem__(self, k, v):
         setattr(self.cls, k, v)
+
+
+def forget_contents(pairs):
+    """``Contents.forget`` for those among ``pairs`` (Watch.pairs)."""
+    for d, _ in pairs:
+        if type(d) is Contents:
+            d.forget()

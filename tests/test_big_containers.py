@@ -48,6 +48,15 @@ def _same_contents(a, b):
         assert numpy.array_equal(u, v)
 
 
+def _trained(cls, steps, after):
+    """The static twin's cache after ``cls`` and its twin trained ``steps``
+    steps (_twin_steps, ``after`` each), equal bit for bit at every step."""
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+    losses, a, b = _twin_steps(cls, bufs, steps=steps, after=after)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    return caches_of(b)['forward']
+
+
 def _net(init, forward, n_layers=1):
     class Net(chainer.Chain):
         def __init__(self):
@@ -163,10 +172,7 @@ def test_a_list_in_a_big_dict_appended_to(every_call):
     def same(step, a, b):
         _same_contents(a.c, b.c)
 
-    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
-    losses, a, b = _twin_steps(cls, bufs, steps=5, after=same)
-    assert all(numpy.array_equal(u, v) for u, v in losses)
-    cache = caches_of(b)['forward']
+    cache = _trained(cls, 5, same)
     assert cache.recordings == 2
     assert cache.replays == (0 if every_call else 3)
 
@@ -257,10 +263,7 @@ def test_a_float_in_a_big_dict_set_between_calls():
         if step == 2:
             assert caches_of(b)['forward'].recordings == 1
 
-    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
-    losses, a, b = _twin_steps(cls, bufs, steps=6, after=set_scale)
-    assert all(numpy.array_equal(u, v) for u, v in losses)
-    cache = caches_of(b)['forward']
+    cache = _trained(cls, 6, set_scale)
     assert cache.recordings == 3
     assert cache.replays == 3
 
@@ -278,12 +281,49 @@ def test_an_item_replaced_between_calls_in_a_big_list_of_lists():
         if step == 1:
             a.c[7][0] = b.c[7][0] = -3.0
 
-    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
-    losses, a, b = _twin_steps(cls, bufs, steps=4, after=set_item)
-    assert all(numpy.array_equal(u, v) for u, v in losses)
-    cache = caches_of(b)['forward']
+    cache = _trained(cls, 4, set_item)
     assert cache.recordings == 2
     assert cache.replays == 2
+
+
+@pytest.mark.parametrize('n', [10, 100])
+def test_an_array_in_a_dict_read_as_a_number(n):
+    """A dict of 0-d temperatures the loop anneals in place, one of them
+    read as a number (``float(self.c[0])``): a value read, whatever the
+    dict's size (review33: of 100 entries, not handed traced, it replayed
+    the recorded temperature, silently)."""
+    def forward(self, x):
+        return F.sum(self.layers[0](x) ** 2) / float(self.c[0])
+
+    cls = _net(lambda: dict((i, numpy.array(1.0, numpy.float32))
+                            for i in range(n)), forward)
+
+    def anneal(step, a, b):
+        for m in (a, b):
+            m.c[0][...] = 1.0 + 0.5 * step
+
+    cache = _trained(cls, 5, anneal)
+    assert cache.replays == 0 and cache.fallback_calls == 4
+
+
+def test_a_dict_view_on_the_chain():
+    """``self.c = weights.values()`` (the dict itself kept elsewhere), the
+    loop reweighting a class: watched by what the view shows (review33:
+    replayed the recorded weights, silently)."""
+    def forward(self, x):
+        return F.sum(self.layers[0](x) ** 2) * (sum(self.c) / len(self.c))
+
+    weights = [dict(('c%d' % i, 1.0) for i in range(10)) for _ in range(2)]
+    made = iter(weights)
+    cls = _net(lambda: next(made).values(), forward)
+
+    def reweight(step, a, b):
+        if step == 2:
+            for w in weights:
+                w['c0'] = 3.0
+
+    cache = _trained(cls, 5, reweight)
+    assert cache.recordings == 2 and cache.replays == 3
 
 
 def _replace(i, value):
@@ -347,3 +387,32 @@ def test_what_the_contents_of_a_big_container_tell(case):
     change(c)
     assert (watched.get() is watched) == holds
     assert (watched.get(None, None, True) is watched) == holds
+
+
+def test_arrays_the_loop_replaces_in_a_big_list_are_let_go():
+    """A bank of 100 arrays on the chain that the loop replaces before
+    every call (the method does not read it): the key goes stale and runs
+    define-by-run, and the arrays it held are let go (review33: the stale
+    entry's watch kept each key's last bank alive)."""
+    import gc
+    import weakref
+
+    def forward(self, x):
+        return F.sum(self.layers[0](x) ** 2)
+
+    cls = type('Static', (_net(lambda: [_z(8) for _ in range(100)],
+                                forward),), {})
+    cls.forward = static(cls.forward)
+    m = cls()
+    refs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for _ in range(6):
+            refs += [weakref.ref(a) for a in m.c]
+            m.c[:] = [_z(8) for _ in range(100)]
+            m.cleargrads()
+            F.sum(m(numpy.ones((2, 6), numpy.float32))).backward()
+    gc.collect()
+    cache = caches_of(m)['forward']
+    assert cache.replays == 0 and cache.fallback_calls > 0
+    assert sum(r() is not None for r in refs) == 0

@@ -249,11 +249,9 @@ FELL_BACK = [(scattered_one_hot, 'writes values computed from the data'),
              (branch_on_data, 'reads array values')]
 
 
-def train_twins(body, steps=6):
-    """An undecorated and a decorated Net with ``body`` as forward, trained
-    on the same batches of inputs and labels; checks the losses and
-    parameters bit for bit at every step; returns the decorated one, its
-    StaticGraphWarnings and what each twin's calls returned."""
+def twins(body):
+    """[(chain, optimizer)]: an undecorated and a decorated Net with
+    ``body`` as forward, built under one seed."""
     models = []
     for decorate in (False, True):
         cls = type('Net', (Net,), {'forward': static_graph.static_graph(
@@ -263,6 +261,15 @@ def train_twins(body, steps=6):
         opt = chainer.optimizers.SGD(0.1)
         opt.setup(m)
         models.append((m, opt))
+    return models
+
+
+def train_twins(body, steps=6):
+    """An undecorated and a decorated Net with ``body`` as forward, trained
+    on the same batches of inputs and labels; checks the losses and
+    parameters bit for bit at every step; returns the decorated one, its
+    StaticGraphWarnings and what each twin's calls returned."""
+    models = twins(body)
     rs = numpy.random.RandomState(1)
     returned = ([], [])
     with warnings.catch_warnings(record=True) as w:
@@ -351,15 +358,7 @@ def test_a_returned_constant_the_caller_writes_before_backward():
     define-by-run): the recording's constant changed, so the key runs
     define-by-run from its next call (replay would compute with the
     normalized weights; review32)."""
-    models = []
-    for decorate in (False, True):
-        cls = type('Net', (Net,), {'forward': static_graph.static_graph(
-            returns_weights) if decorate else returns_weights})
-        numpy.random.seed(0)
-        m = cls()
-        opt = chainer.optimizers.SGD(0.1)
-        opt.setup(m)
-        models.append((m, opt))
+    models = twins(returns_weights)
     rs = numpy.random.RandomState(1)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')

@@ -33,7 +33,9 @@ key's) and on which:
 What enters a Chainer function is its plain array (recorder.untrace).
 Outside a recording it is a plain array.
 """
+import os
 import sys
+import sysconfig
 
 import numpy
 
@@ -429,10 +431,31 @@ def _shares(result, a):
         traced.untraced(o), a) for o in _flat(result))
 
 
+_STDLIB = tuple(set(os.path.join(sysconfig.get_paths()[k], '')
+                    for k in ('stdlib', 'platstdlib')))
+_project_files = {}
+
+
+def _project_file(name):
+    """Is file ``name`` the project's own code (a script, a notebook, a
+    module of its own), not Chainer's, NumPy's, this package's, Python's
+    library or an installed package's (``import scipy.stats`` inside the
+    method: its module-level tables are no constants of the call)?
+    (Remembered per name.)"""
+    mine = _project_files.get(name)
+    if mine is None:
+        if len(_project_files) > 4096:
+            _project_files.clear()
+        mine = _project_files[name] = not traced.internal_file(name) and \
+            not name.startswith(_STDLIB) and 'site-packages' not in name \
+            and 'dist-packages' not in name
+    return mine
+
+
 def maker(orig, numbers_only):
     """NumPy's ``orig`` (``numpy.eye``, ``numpy.zeros``): its result, made
-    by user code from Python numbers alone while a forward records, a
-    KeyConstant (and a constant of the key, ``rec.shape_made``); a tuple
+    by the project's code from Python numbers alone while a forward
+    records, a KeyConstant (and a constant of the key, ``rec.shape_made``); a tuple
     of them (``numpy.triu_indices``) likewise."""
     def make(*args, **kwargs):
         out = orig(*args, **kwargs)
@@ -441,7 +464,7 @@ def maker(orig, numbers_only):
                 not (type(out) is _ndarray or type(out) is tuple and all(
                     type(o) is _ndarray for o in out)):
             return out
-        if rec.phase != 'forward' or not traced.reads_as_user(
+        if rec.phase != 'forward' or not _project_file(
                 sys._getframe(1).f_code.co_filename):
             for o in out if type(out) is tuple else (out,):
                 rec.shape_made[id(o)] = o

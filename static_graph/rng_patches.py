@@ -23,6 +23,9 @@ def _global_rng_functions(module, instance, skip):
                 not name.startswith('_') and name not in skip)
 
 
+_SETS_STATE = frozenset(('seed', 'set_state', 'setstate'))
+
+
 def _flag_draw(module_name, name):
     orig = ORIGINAL[module_name, name]
     as_op = module_name == 'numpy.random' and \
@@ -42,7 +45,12 @@ def _flag_draw(module_name, name):
                                     kwargs)
             if made is not None:
                 return made
-        if user:
+        if user and name in _SETS_STATE:
+            rec.add_reason(
+                'user code sets the state of the global generator (%s.%s) '
+                'at %s; replay would not' % (module_name, name,
+                                             traced.user_location(2)))
+        elif user:
             rec.add_reason(
                 'user code draws random numbers (%s.%s) at %s; replay '
                 'would freeze them (use Chainer functions such as '
@@ -63,9 +71,17 @@ MODULES = {'numpy.random': numpy.random, 'random': random}
 ORIGINAL = {}
 for _m, _inst, _skip in (
         ('numpy.random', numpy.random.mtrand._rand, ('get_state',)),
-        ('random', random._inst, ('getstate', 'getrandbits'))):
+        ('random', random._inst, ('getstate',))):
     for _name, _fn in _global_rng_functions(
             MODULES[_m], _inst, _skip).items():
         ORIGINAL[_m, _name] = _fn
+# numpy.random's functions of its global generator that NumPy defines as
+# functions of their own, not as its methods (NumPy 1: seed, and sample
+# and ranf, random_sample's other names; augment30 hunt: a reseeding, or
+# a mask drawn with them, replayed frozen).
+for _name in ('seed', 'sample', 'ranf'):
+    if ('numpy.random', _name) not in ORIGINAL and \
+            callable(getattr(numpy.random, _name, None)):
+        ORIGINAL['numpy.random', _name] = getattr(numpy.random, _name)
 del _m, _inst, _skip, _name, _fn
 PATCHED = dict((key, _flag_draw(*key)) for key in ORIGINAL)

@@ -266,9 +266,12 @@ def twins(body):
 
 def train_twins(body, steps=6):
     """An undecorated and a decorated Net with ``body`` as forward, trained
-    on the same batches of inputs and labels; checks the losses and
-    parameters bit for bit at every step; returns the decorated one, its
-    StaticGraphWarnings and what each twin's calls returned."""
+    on the same batches of inputs and labels, NumPy's and Python's global
+    generators seeded alike before each twin's step; checks the losses,
+    the parameters and the generators' next draws bit for bit at every
+    step; returns the decorated one, its StaticGraphWarnings and what each
+    twin's calls returned."""
+    import random
     models = twins(body)
     rs = numpy.random.RandomState(1)
     returned = ([], [])
@@ -279,13 +282,16 @@ def train_twins(body, steps=6):
             t = rs.randint(0, K, N).astype(numpy.int32)
             seen = []
             for (m, opt), out in zip(models, returned):
+                numpy.random.seed(100 + i)
+                random.seed(100 + i)
                 m.cleargrads()
                 r = m(x, t)
                 loss = r[0] if isinstance(r, tuple) else r
                 loss.backward()
                 opt.update()
                 out.append(r)
-                seen.append([loss.array] + [p.array for p in m.params()])
+                seen.append([loss.array] + [p.array for p in m.params()] +
+                            [numpy.random.rand(2), random.random()])
             for k, (a, b) in enumerate(zip(*seen)):
                 assert numpy.asarray(a).tobytes() == \
                     numpy.asarray(b).tobytes(), (body.__name__, i, k)
@@ -377,3 +383,71 @@ def test_a_returned_constant_the_caller_writes_before_backward():
     assert counts(models[1][0]) == (1, 0, 3)
     assert any('between the forward and the backward' in str(x.message)
                for x in w)
+
+
+def reseeded(self, x, t):
+    numpy.random.seed(1234)
+    return F.mean(self.l(x + numpy.random.randn(N, 4).astype(numpy.float32)))
+
+
+def erased_by_sample(self, x, t):
+    keep = numpy.random.sample(x.shape) > 0.3
+    return F.mean(self.l(x * keep.astype(numpy.float32)))
+
+
+def flipped_by_getrandbits(self, x, t):
+    import random
+    if random.getrandbits(1):
+        x = x[:, ::-1]
+    return F.mean(self.l(x))
+
+
+@pytest.mark.parametrize('body,replays', [
+    (reseeded, False), (erased_by_sample, True),
+    (flipped_by_getrandbits, False)], ids=lambda v: getattr(v, '__name__',
+                                                            str(v)))
+def test_draws_and_reseeds_of_numpys_and_pythons_own_functions(body,
+                                                               replays):
+    """numpy.random.seed and sample (functions of their own in NumPy 1,
+    not methods of the global generator) and random.getrandbits: a reseed
+    and a scalar draw fall back, an array drawn is an op (augment30 hunt:
+    all three replayed frozen)."""
+    if body is erased_by_sample and not hasattr(numpy.random, 'sample'):
+        pytest.skip('no numpy.random.sample in this NumPy')
+    m, w, _ = train_twins(body)
+    rec, rep, dbr = counts(m)
+    assert (rep, dbr) == ((5, 0) if replays else (0, 5))
+
+
+def test_an_installed_packages_arrays_made_inside_the_method(tmp_path,
+                                                             monkeypatch):
+    """A package imported inside the method (an optional dependency,
+    imported at the first call, which records): its module-level arrays are
+    no constants of the call, and its own work on them no reads of the
+    method's (augment30 hunt: the key fell back for good)."""
+    import sys
+    site = tmp_path / 'site-packages' / 'lazy_tables'
+    site.mkdir(parents=True)
+    (site / '__init__.py').write_text(
+        'import numpy\n'
+        'TABLE = numpy.arange(5)\n'
+        'PLAIN = TABLE.view(numpy.ndarray)\n'
+        'SECOND = int(TABLE[2])\n')
+    monkeypatch.syspath_prepend(str(tmp_path / 'site-packages'))
+    monkeypatch.delitem(sys.modules, 'lazy_tables', raising=False)
+
+    def lazy(self, x, t):
+        import lazy_tables
+        return F.mean(self.l(x)) * lazy_tables.SECOND
+
+    m = type('Net', (Net,), {'forward': static_graph.static_graph(lazy)})()
+    x = numpy.ones((N, 4), numpy.float32)
+    t = numpy.zeros(N, numpy.int32)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        for _ in range(4):      # (the first call records, and imports)
+            m.cleargrads()
+            m(x, t).backward()
+    assert not [x for x in w if issubclass(x.category, StaticGraphWarning)]
+    assert counts(m) == (1, 3, 0)
+    assert type(sys.modules['lazy_tables'].TABLE) is numpy.ndarray

@@ -365,8 +365,13 @@ def _once_per_backward(ws):
     now = _backwards[0]
     if use is None or use[3]() is not first:
         _uses[key] = [now, 0, False, weakref.ref(
-            first, lambda _, key=key: _uses.pop(key, None))]
+            first, lambda _, key=key: _uses.pop(key, None)), ()]
         return False
+    if use[0] == now and not any(r() is not None for r in use[4]):
+        # (The earlier use's outputs are all gone: an evaluation with
+        # backprop on whose graph was dropped, which no backward reaches;
+        # nlp30 hunt.)
+        use[0] = now - 1
     if use[0] == now:
         if not use[2] and use[1] > 0:
             warnings.warn(
@@ -407,8 +412,8 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
         # (every use counts, fused or not)
         fuse = _once_per_backward(ws) and fuse
     if not fuse:
-        return _original_impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
-                              use_bi_direction)
+        return _outputs_noted(ws, _original_impl(
+            f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction))
     node = NStepLoop(cell, n_layers, dropout_ratio, use_bi_direction,
                      bool(chainer.config.train),
                      (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
@@ -417,8 +422,20 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
         [v for group in bs for v in group] + list(xs)
     outs = node.apply(args)
     if cx is None:
-        return outs[0], None, tuple(outs[1:])
-    return outs[0], outs[1], tuple(outs[2:])
+        return _outputs_noted(ws, (outs[0], None, tuple(outs[1:])))
+    return _outputs_noted(ws, (outs[0], outs[1], tuple(outs[2:])))
+
+
+def _outputs_noted(ws, outs):
+    """``outs`` (hy, cy, ys), whose graph nodes the weights' use notes
+    weakly (_once_per_backward: a use whose outputs are gone joins no
+    backward)."""
+    use = _uses.get(id(ws[0][0]))
+    if use is not None and chainer.config.enable_backprop:
+        hy, cy, ys = outs
+        use[4] = tuple(weakref.ref(v.node) for v in (hy, cy) + tuple(ys)
+                       if v is not None)
+    return outs
 
 
 @contextlib.contextmanager

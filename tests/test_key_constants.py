@@ -451,3 +451,22 @@ def test_an_installed_packages_arrays_made_inside_the_method(tmp_path,
     assert not [x for x in w if issubclass(x.category, StaticGraphWarning)]
     assert counts(m) == (1, 3, 0)
     assert type(sys.modules['lazy_tables'].TABLE) is numpy.ndarray
+
+
+def test_evaluation_with_backprop_on_of_a_smoothed_target_replays():
+    """Chainer's custom loops evaluate under train=False with backprop on
+    and never backpropagate: the backward is recorded from a stand-in
+    gradient, which the NumpyCall of ``numpy.eye(k)[t]`` does not stop
+    (nlp30 hunt: it ran define-by-run for good)."""
+    models = twins(label_smoothing)
+    rs = numpy.random.RandomState(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for _ in range(8):
+            x = rs.standard_normal((N, 4)).astype(numpy.float32)
+            t = rs.randint(0, K, N).astype(numpy.int32)
+            with chainer.using_config('train', False):
+                a, b = (m(x, t).array for m, _ in models)
+            assert a.tobytes() == b.tobytes()
+    rec, replays, dbr = counts(models[1][0])
+    assert replays >= 4 and dbr == 0

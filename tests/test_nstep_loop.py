@@ -2,6 +2,7 @@
 define-by-run calls of decorated methods: the same bits as Chainer's
 unrolled loop, gradients included, in every configuration."""
 import contextlib
+import warnings
 
 import numpy
 import pytest
@@ -312,3 +313,34 @@ def test_a_carried_state_without_a_gradient_at_the_windows_end():
             else:
                 assert numpy.array_equal(a, b), w
     assert sum(c.replays for c in caches_of(models[1][0]).values()) >= 6
+
+
+def test_an_evaluation_with_backprop_on_between_steps_keeps_the_node():
+    """An evaluation forward with backprop on whose graph is dropped (no
+    backward reaches it) between training steps is no second use before
+    one backward: no warning, the loop stays one node, the same bits
+    (nlp30 hunt: it warned and unrolled the loop for good)."""
+    def train(fused):
+        numpy.random.seed(0)
+        link = L.NStepLSTM(1, 3, 3, 0.0)
+        rs = numpy.random.RandomState(1)
+        kinds, grads = [], []
+        for _ in range(4):
+            link.cleargrads()
+            xs = [rs.randn(n, 3).astype('f') for n in (4, 2)]
+            with nstep_loop.fused() if fused else contextlib.suppress():
+                with chainer.using_config('train', False):
+                    link(None, None, xs)        # dropped at once
+                hy, _, _ = link(None, None, xs)
+            kinds.append(_loop_node(hy))
+            F.sum(hy * hy).backward()
+            grads += [p.grad.copy() for p in link.params()]
+        return grads, kinds
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        ours, kinds = train(True)
+    theirs, _ = train(False)
+    assert not [x for x in w if 'used twice' in str(x.message)]
+    assert all(kinds[1:])
+    for a, b in zip(ours, theirs):
+        assert a.tobytes() == b.tobytes()

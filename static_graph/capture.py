@@ -13,6 +13,7 @@ reads the recorder, the analysis and the entry, and they never call back.
     RecordNode.backward -> Capture.backward -> recorder (the backward runs)
                                             -> Capture.build -> Entry.build
 """
+import sys
 import weakref
 
 import chainer
@@ -100,6 +101,7 @@ class Capture(object):
 
     def _forward(self, args, kwargs, leaves, paths):
         rec, chain, e = self.rec, self.chain, self.entry
+        rec.call_frame = id(sys._getframe())    # (key_constants.maker)
         inner, leaf_bids = arguments.inner_arguments(rec, leaves, paths)
         made = []
         new_args, new_kwargs = signature.rebuild(args, kwargs, inner, made)

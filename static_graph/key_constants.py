@@ -33,9 +33,7 @@ key's) and on which:
 What enters a Chainer function is its plain array (recorder.untrace).
 Outside a recording it is a plain array.
 """
-import os
 import sys
-import sysconfig
 
 import numpy
 
@@ -431,31 +429,27 @@ def _shares(result, a):
         traced.untraced(o), a) for o in _flat(result))
 
 
-_STDLIB = tuple(set(os.path.join(sysconfig.get_paths()[k], '')
-                    for k in ('stdlib', 'platstdlib')))
-_project_files = {}
-
-
-def _project_file(name):
-    """Is file ``name`` the project's own code (a script, a notebook, a
-    module of its own), not Chainer's, NumPy's, this package's, Python's
-    library or an installed package's (``import scipy.stats`` inside the
-    method: its module-level tables are no constants of the call)?
-    (Remembered per name.)"""
-    mine = _project_files.get(name)
-    if mine is None:
-        if len(_project_files) > 4096:
-            _project_files.clear()
-        mine = _project_files[name] = not traced.internal_file(name) and \
-            not name.startswith(_STDLIB) and 'site-packages' not in name \
-            and 'dist-packages' not in name
-    return mine
+def _makes_constants(rec, frame):
+    """Does code at ``frame`` (a maker's caller) get KeyConstants: code
+    whose reads are the method's (``traced.reads_as_user``: the project's,
+    an installed package's, chainer.distributions'), not while it runs to
+    import a module inside the call (``import scipy.stats`` in the method:
+    its module-level tables are no constants of the call, and would stay
+    KeyConstants in the module; augment30 hunt)?"""
+    if not traced.reads_as_user(frame.f_code.co_filename):
+        return False
+    stop = rec.call_frame     # (an id: a frame on the stack, alive)
+    while frame is not None and id(frame) != stop:
+        if frame.f_code.co_filename.startswith('<frozen importlib'):
+            return False
+        frame = frame.f_back
+    return True
 
 
 def maker(orig, numbers_only):
     """NumPy's ``orig`` (``numpy.eye``, ``numpy.zeros``): its result, made
-    by the project's code from Python numbers alone while a forward
-    records, a KeyConstant (and a constant of the key, ``rec.shape_made``); a tuple
+    by user code from Python numbers alone while a forward records (not
+    at an import: _makes_constants), a KeyConstant (and a constant of the key, ``rec.shape_made``); a tuple
     of them (``numpy.triu_indices``) likewise."""
     def make(*args, **kwargs):
         out = orig(*args, **kwargs)
@@ -464,8 +458,8 @@ def maker(orig, numbers_only):
                 not (type(out) is _ndarray or type(out) is tuple and all(
                     type(o) is _ndarray for o in out)):
             return out
-        if rec.phase != 'forward' or not _project_file(
-                sys._getframe(1).f_code.co_filename):
+        if rec.phase != 'forward' or not _makes_constants(
+                rec, sys._getframe(1)):
             for o in out if type(out) is tuple else (out,):
                 rec.shape_made[id(o)] = o
             return out

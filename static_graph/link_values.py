@@ -292,15 +292,15 @@ class Watch(object):
             if type(d) is dict and type(v) is numpy.ndarray and d.get(k) is v:
                 view = d[k] = rec.trace(v)
                 out.append((d, k, v, view))
-        for c in [c for _, _, _, c in self.frozen] + [    # (and too big)
-                c for d, _ in self.pairs if type(d) is places.Contents
-                for c in d.lists_and_dicts()]:
-            items = enumerate(c) if type(c) is list else \
-                list(c.items()) if type(c) is dict else ()
-            for k, v in items:
-                if type(v) is numpy.ndarray:
-                    view = c[k] = rec.trace(v)
-                    out.append((c, k, v, view))
+        # (No copy to compare after the call, for a big bank: writes
+        # through the views are seen, Recording.is_recorded.)
+        for c, k, v in places.array_slots(
+                [c for _, _, _, c in self.frozen] + [
+                    c for d, _ in self.pairs if type(d) is places.Contents
+                    for c in d.containers()]):
+            rec.container_held.add(id(v))
+            view = c[k] = rec.trace(v, check=False)
+            out.append((c, k, v, view))
         return out
 
     @staticmethod

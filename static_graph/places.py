@@ -5,6 +5,8 @@ reference still refers to its object, and what a container too big to
 compare by value holds (by identity: Contents). The closure and defaults take
 writes too (generators.stand_ins, early_bound.stand_ins)."""
 import array
+import collections
+import gc
 from collections import abc
 import itertools
 import operator
@@ -142,10 +144,10 @@ class Contents(object):
         """Is there anything in the container that can change?"""
         return bool(self.parts or self.sized)
 
-    def lists_and_dicts(self):
-        """The lists and dicts among the containers it watches by their
-        contents (Watch.trace_arrays hands the call their arrays traced)."""
-        return [p[0] for p in self.parts if type(p[0]) in (list, dict)]
+    def containers(self):
+        """The containers it watches by their contents (Watch.trace_arrays
+        hands the call their arrays traced)."""
+        return [p[0] for p in self.parts]
 
     def forget(self):
         """Let go of what it held (the objects the loop replaced in the
@@ -187,10 +189,9 @@ def _how(c):
         return 'bytes'
     if isinstance(c, (tuple, frozenset)):
         return None
-    if isinstance(c, abc.Mapping):
-        return 'map'
-    if isinstance(c, (abc.MutableSequence, abc.MutableSet) +
-                  frozen_values.VIEWS):
+    if isinstance(c, abc.Mapping) or isinstance(c, frozen_values.VIEWS):
+        return 'map'    # (a dict's view: the dict's keys and values)
+    if isinstance(c, (abc.MutableSequence, abc.MutableSet)):
         return 'seq'
     return None
 
@@ -222,9 +223,15 @@ def _parts(c, depth, parts, sized, seen):
         return
     if depth == 0 or how in ('weak', 'bytes'):
         return
-    for x in list(c.values() if how == 'map' else c):
+    for x in list(_mapping(c).values() if how == 'map' else c):
         if frozen_values.is_container(x):
             _parts(x, depth - 1, parts, sized, seen)
+
+
+def _mapping(c):
+    """Mapping ``c``, or the dict a view of one shows (``d.items()``,
+    whose tuples are new at every look: review34)."""
+    return c.mapping if isinstance(c, frozen_values.VIEWS) else c
 
 
 def _now(c, how):
@@ -232,6 +239,7 @@ def _now(c, how):
     if how == 'seq':
         return c if type(c) is list else (*c,)
     if how == 'map':
+        c = _mapping(c)
         return (*c, *c.values())
     if how == 'bytes':
         return bytes(c)
@@ -308,3 +316,39 @@ def forget_contents(pairs):
     for d, _ in pairs:
         if type(d) is Contents:
             d.forget()
+
+
+def array_slots(containers, depth=3):
+    """[(container, key, array)]: the NumPy arrays that ``containers`` and
+    the mutable containers in them, ``depth`` levels down, hold where an
+    item can be set (a list's, a deque's, a dict's or its subclasses':
+    OrderedDict, defaultdict; the dict a view shows). A tuple's or a
+    set's cannot: not among them."""
+    out, seen = [], set()
+    for c in containers:
+        _slots(c, depth, out, seen)
+    return out
+
+
+def _slots(c, depth, out, seen):
+    if id(c) in seen:
+        return
+    seen.add(id(c))
+    if isinstance(c, frozen_values.VIEWS):
+        # (the dict the view shows: the only object it refers to)
+        c = next((d for d in gc.get_referents(c)
+                  if isinstance(d, dict)), None)
+    if isinstance(c, dict):
+        items = list(c.items())
+    elif isinstance(c, (list, collections.deque)):
+        items = list(enumerate(list(c)))
+    elif isinstance(c, tuple):
+        items = [(None, x) for x in c]      # (nested ones only)
+    else:
+        return
+    for k, v in items:
+        if type(v) is numpy.ndarray:
+            if k is not None:
+                out.append((c, k, v))
+        elif depth and frozen_values.is_container(v):
+            _slots(v, depth - 1, out, seen)

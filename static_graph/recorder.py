@@ -200,6 +200,7 @@ class Recording(object):
         self.detached_from = {}
         self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.chain_held = set()   # ids of the links' array attributes
+        self.container_held = set()   # of arrays in watched containers
         self.reports = []         # (observer, [(key, buffer id | const)])
         self.pending_backward_consts = []   # checked once captures are known
         self.held = set()         # buffers some node attribute refers to
@@ -226,6 +227,7 @@ class Recording(object):
         # constants of the key ops took: {id: (array, its values then)}
         # (key_constants.check_taken)
         self.constants_taken = {}
+        self.call_frame = None    # id of capture._forward's frame
         # ids of traced 0-d arrays that stand for the NumPy scalars a ufunc
         # of 0-d arrays gives (numpy_calls.compute)
         self.scalar_like = set()
@@ -300,7 +302,8 @@ class Recording(object):
         """Is ``array`` (or what it is a view of) an array of this
         recording or of its chain?"""
         while array is not None:
-            if id(array) in self.by_id or id(array) in self.chain_held:
+            if id(array) in self.by_id or id(array) in self.chain_held \
+                    or id(array) in self.container_held:
                 return True
             array = getattr(array, 'base', None)
         return False

@@ -416,3 +416,69 @@ def test_arrays_the_loop_replaces_in_a_big_list_are_let_go():
     cache = caches_of(m)['forward']
     assert cache.replays == 0 and cache.fallback_calls > 0
     assert sum(r() is not None for r in refs) == 0
+
+
+_KINDS = {
+    'OrderedDict': lambda items: collections.OrderedDict(items),
+    'defaultdict': lambda items: collections.defaultdict(float, items),
+    'deque': lambda items: collections.deque(v for _, v in items),
+    'values view': lambda items: dict(items).values(),
+    'list of lists': lambda items: [[v] for _, v in items],
+}
+
+
+def _first(c):
+    if isinstance(c, dict):
+        return c[0]
+    if isinstance(c, collections.deque):
+        return c[0]
+    if type(c) is list:
+        return c[0][0]
+    return next(iter(c))
+
+
+@pytest.mark.parametrize('n', [10, 100])
+@pytest.mark.parametrize('kind', sorted(_KINDS))
+def test_an_array_read_as_a_number_in_other_containers(kind, n):
+    """The same annealed temperature in an OrderedDict, a defaultdict, a
+    deque, a dict's values view or a list of lists: handed to the call
+    traced too (review34: they replayed the recorded one, silently)."""
+    def forward(self, x):
+        return F.sum(self.layers[0](x) ** 2) / float(_first(self.c))
+
+    cls = _net(lambda: _KINDS[kind]([(i, numpy.array(1.0, numpy.float32))
+                                     for i in range(n)]), forward)
+
+    def anneal(step, a, b):
+        for m in (a, b):
+            _first(m.c)[...] = 1.0 + 0.5 * step
+
+    cache = _trained(cls, 5, anneal)
+    assert cache.replays == 0 and cache.fallback_calls == 4
+
+
+def test_a_big_items_view_nobody_changes_replays():
+    """A dict's items() view of 100 weights: its tuples are new at every
+    look, the dict's keys and values are not (review34: it fell back for
+    good, 'changes attribute ... contents at every call')."""
+    def forward(self, x):
+        return F.sum(self.layers[0](x) ** 2) * sum(w for _, w in self.c)
+
+    cls = _net(lambda: dict((i, 0.01) for i in range(100)).items(), forward)
+    cache = _trained(cls, 5, None)
+    assert cache.recordings == 1 and cache.replays == 4
+
+
+def test_a_write_into_an_array_of_a_big_list_falls_back():
+    """The method adds into an array a 100-item list holds (traced without
+    a copy to compare: the write is seen through the view)."""
+    def forward(self, x):
+        self.c[0] += 1.0
+        return F.sum(self.layers[0](x) ** 2)
+
+    cls = _net(lambda: [_z() for _ in range(100)], forward)
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+    losses, a, b = _twin_steps(cls, bufs, steps=4)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    _same_contents(a.c, b.c)
+    assert a.c[0][0] == 4.0 and caches_of(b)['forward'].replays == 0

@@ -56,7 +56,11 @@ def _step(model, opt, rs, batch_size=4):
 @pytest.fixture
 def collector_off():
     """Only the gc.collect() calls of the test collect: their counts say
-    what reference counting left behind."""
+    what reference counting left behind. (The process's C worker, which a
+    first build starts, loads its library through ctypes, whose types are
+    cycles: started first, where the test runs in a process of its own.)"""
+    from schedules import stream
+    stream.available()
     gc.collect()
     with gc_paused():
         yield

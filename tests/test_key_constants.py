@@ -470,3 +470,50 @@ def test_evaluation_with_backprop_on_of_a_smoothed_target_replays():
             assert a.tobytes() == b.tobytes()
     rec, replays, dbr = counts(models[1][0])
     assert replays >= 4 and dbr == 0
+
+
+def one_hot_sampled(self, x, t):
+    """REINFORCE with chainer.distributions.OneHotCategorical: its
+    sample is ``xp.eye(k)[drawn]``, made in chainer.distributions' code,
+    whose reads count as the method's (review34: a regression of the
+    commit before made it fall back)."""
+    import chainer.distributions as D
+    logits = self.l(x)
+    d = D.OneHotCategorical(F.softmax(logits))
+    a = d.sample()
+    reward = F.sum(a * numpy.arange(K, dtype=numpy.float32), axis=1)
+    return -F.mean(d.log_prob(a) * reward.array) + \
+        F.softmax_cross_entropy(logits, t)
+
+
+def test_a_one_hot_categorical_sample_replays():
+    m, w, _ = train_twins(one_hot_sampled)
+    assert not w and counts(m) == (1, 5, 0)
+
+
+def test_a_mask_an_installed_packages_loss_makes_replays(tmp_path,
+                                                         monkeypatch):
+    """A CosFace loss from an installed package (its code under
+    site-packages) called by the method: its ``numpy.eye(k)[t]`` mask is
+    made at the call, not at an import, so it is an op (review34: an
+    earlier version of the last commit kept it plain, and replay froze
+    the labels, 7.53 for 4.20)."""
+    import sys
+    site = tmp_path / 'site-packages' / 'margin_losses'
+    site.mkdir(parents=True)
+    (site / '__init__.py').write_text(
+        'import numpy\n'
+        'import chainer.functions as F\n'
+        'def cosface(cos, t, m=0.35, s=30.0):\n'
+        '    mask = numpy.eye(cos.shape[1], dtype=bool)[t]\n'
+        '    return F.softmax_cross_entropy(F.where(mask, cos - m, cos) * s,'
+        ' t)\n')
+    monkeypatch.syspath_prepend(str(tmp_path / 'site-packages'))
+    monkeypatch.delitem(sys.modules, 'margin_losses', raising=False)
+    import margin_losses
+
+    def body(self, x, t):
+        return margin_losses.cosface(F.normalize(self.l(x)), t)
+
+    m, w, _ = train_twins(body)
+    assert not w and counts(m) == (1, 5, 0)

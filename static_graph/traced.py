@@ -84,9 +84,9 @@ def data_written(what):
 def _in_place(name, symbol):
     op = getattr(numpy.ndarray, name)
 
-    def method(self, other):
+    def method(self, *args, **kwargs):
         _flag_write(self, symbol)
-        return op(self, other)
+        return op(self, *args, **kwargs)
 
     method.__name__ = name
     return method
@@ -168,8 +168,14 @@ class TracedArray(numpy.ndarray):
             ('__itruediv__', '/='), ('__ifloordiv__', '//='),
             ('__imod__', '%='), ('__ipow__', '**='), ('__imatmul__', '@='),
             ('__iand__', '&='), ('__ior__', '|='), ('__ixor__', '^='),
-            ('__ilshift__', '<<='), ('__irshift__', '>>=')):
-        locals()[_name] = _in_place(_name, _symbol)
+            ('__ilshift__', '<<='), ('__irshift__', '>>='),
+            # (methods that write in C: the arrays of watched containers
+            # are traced without a copy to compare, review35)
+            ('put', '.put()'), ('fill', '.fill()'), ('itemset', '.itemset()'),
+            ('setfield', '.setfield()'), ('sort', '.sort()'),
+            ('partition', '.partition()'), ('resize', '.resize()')):
+        if hasattr(numpy.ndarray, _name):
+            locals()[_name] = _in_place(_name, _symbol)
     del _name, _symbol
 
     def __array_wrap__(self, obj, context=None, return_scalar=False):

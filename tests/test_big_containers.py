@@ -482,3 +482,27 @@ def test_a_write_into_an_array_of_a_big_list_falls_back():
     assert all(numpy.array_equal(u, v) for u, v in losses)
     _same_contents(a.c, b.c)
     assert a.c[0][0] == 4.0 and caches_of(b)['forward'].replays == 0
+
+
+@pytest.mark.parametrize('kind', ['list', 'deque', 'values view'])
+@pytest.mark.parametrize('how', ['put', 'setfield'])
+def test_a_write_in_c_into_an_array_of_a_container(kind, how):
+    """``a.put(i, a + 1)`` or ``a.setfield(a + 1, ...)`` into an array a
+    watched container holds, read in the loss: a write replay would not
+    repeat (review35: with no copy taken, the list's replayed silently)."""
+    def forward(self, x):
+        a = _first(self.c) if kind != 'list' else self.c[0]
+        if how == 'put':
+            a.put([0, 1, 2], a + 1)
+        else:
+            a.setfield(a + 1, numpy.float32)
+        return F.sum(self.layers[0](x)[:, :3] * a)
+
+    make = {'list': lambda: [_z() for _ in range(100)],
+            'deque': lambda: collections.deque(_z() for _ in range(100)),
+            'values view': lambda: dict((i, _z()) for i in range(100)).values()}
+    cls = _net(make[kind], forward)
+    bufs = [numpy.zeros((4, 6), numpy.float32) for _ in range(2)]
+    losses, a, b = _twin_steps(cls, bufs, steps=4)
+    assert all(numpy.array_equal(u, v) for u, v in losses)
+    assert caches_of(b)['forward'].replays == 0

@@ -419,6 +419,17 @@ def test_draws_and_reseeds_of_numpys_and_pythons_own_functions(body,
     assert (rep, dbr) == ((5, 0) if replays else (0, 5))
 
 
+def _installed(tmp_path, monkeypatch, name, source):
+    """Package ``name`` with ``source`` as its code, in a site-packages
+    directory on the path (an installed package, not yet imported)."""
+    import sys
+    site = tmp_path / 'site-packages' / name
+    site.mkdir(parents=True)
+    (site / '__init__.py').write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path / 'site-packages'))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+
 def test_an_installed_packages_arrays_made_inside_the_method(tmp_path,
                                                              monkeypatch):
     """A package imported inside the method (an optional dependency,
@@ -426,15 +437,11 @@ def test_an_installed_packages_arrays_made_inside_the_method(tmp_path,
     no constants of the call, and its own work on them no reads of the
     method's (augment30 hunt: the key fell back for good)."""
     import sys
-    site = tmp_path / 'site-packages' / 'lazy_tables'
-    site.mkdir(parents=True)
-    (site / '__init__.py').write_text(
-        'import numpy\n'
-        'TABLE = numpy.arange(5)\n'
-        'PLAIN = TABLE.view(numpy.ndarray)\n'
-        'SECOND = int(TABLE[2])\n')
-    monkeypatch.syspath_prepend(str(tmp_path / 'site-packages'))
-    monkeypatch.delitem(sys.modules, 'lazy_tables', raising=False)
+    _installed(tmp_path, monkeypatch, 'lazy_tables',
+               'import numpy\n'
+               'TABLE = numpy.arange(5)\n'
+               'PLAIN = TABLE.view(numpy.ndarray)\n'
+               'SECOND = int(TABLE[2])\n')
 
     def lazy(self, x, t):
         import lazy_tables
@@ -498,18 +505,13 @@ def test_a_mask_an_installed_packages_loss_makes_replays(tmp_path,
     made at the call, not at an import, so it is an op (review34: an
     earlier version of the last commit kept it plain, and replay froze
     the labels, 7.53 for 4.20)."""
-    import sys
-    site = tmp_path / 'site-packages' / 'margin_losses'
-    site.mkdir(parents=True)
-    (site / '__init__.py').write_text(
-        'import numpy\n'
-        'import chainer.functions as F\n'
-        'def cosface(cos, t, m=0.35, s=30.0):\n'
-        '    mask = numpy.eye(cos.shape[1], dtype=bool)[t]\n'
-        '    return F.softmax_cross_entropy(F.where(mask, cos - m, cos) * s,'
-        ' t)\n')
-    monkeypatch.syspath_prepend(str(tmp_path / 'site-packages'))
-    monkeypatch.delitem(sys.modules, 'margin_losses', raising=False)
+    _installed(tmp_path, monkeypatch, 'margin_losses',
+               'import numpy\n'
+               'import chainer.functions as F\n'
+               'def cosface(cos, t, m=0.35, s=30.0):\n'
+               '    mask = numpy.eye(cos.shape[1], dtype=bool)[t]\n'
+               '    return F.softmax_cross_entropy(F.where(mask, cos - m, '
+               'cos) * s, t)\n')
     import margin_losses
 
     def body(self, x, t):

@@ -44,14 +44,15 @@ def _watched(name, orig, package):
     return call
 
 
-def patch():
-    """``(class, {name: patched}, {name: original})`` for patches.py, or
-    None while ChainerMN is not imported."""
+def install():
+    """Wrap the communicator's methods (for good); False while ChainerMN
+    is not imported (patches._put asks again at the next install)."""
     module = sys.modules.get(_MODULE)
     if module is None:
-        return None
+        return False
     cls = module.MpiCommunicatorBase
     package = os.path.dirname(sys.modules['chainermn'].__file__)
-    orig = dict((n, cls.__dict__[n]) for n in _CALLS if n in cls.__dict__)
-    return cls, dict((n, _watched(n, f, package))
-                     for n, f in orig.items()), orig
+    for name in _CALLS:
+        if name in cls.__dict__:
+            setattr(cls, name, _watched(name, cls.__dict__[name], package))
+    return True

@@ -38,6 +38,7 @@ import sys
 import numpy
 
 from static_graph import arrayutil
+from static_graph import numpy_rules
 from static_graph import traced
 
 TracedArray = traced.TracedArray
@@ -105,14 +106,6 @@ def _active():
     return rec if rec is not None and not rec.depth else None
 
 
-def _plain_result(out):
-    if isinstance(out, TracedArray):
-        return traced.plain(out)
-    if type(out) in (tuple, list):
-        return type(out)(_plain_result(o) for o in out)
-    return out
-
-
 def entering(rec, a, plain, kind):
     """KeyConstant ``a`` (``plain``, its plain array) enters ``kind`` (a
     Chainer function, as an input or the node's attribute): its values as
@@ -127,6 +120,32 @@ def entering(rec, a, plain, kind):
             '(written through its memory, .flat or a plain view, or from '
             'an array not produced by a Chainer function) and enters %s at '
             '%s; replay would freeze them' % (kind, traced.user_location(4)))
+
+
+def _writing(c, what, values):
+    """``values`` written into constant ``c`` (or at positions they give):
+    the data's are a reason, replay would not repeat the write; ones of
+    unknown origin make ``c`` such an array (``demote``)."""
+    rec = _active()
+    if rec is not None:
+        kind = _kind(values, rec)
+        if kind == 'traced':
+            traced.data_written(what)
+        elif kind == 'plain':
+            demote(rec, c)
+
+
+def _handed_out(c):
+    """``c``'s memory handed to the code that called the method calling
+    this (a plain view, ``.data``, ``.base``): to user code, ``c`` is
+    demoted, as it may be written through that unseen. Returns the
+    recording where it was."""
+    rec = _active()
+    if rec is not None and traced.reads_as_user(
+            sys._getframe(2).f_code.co_filename):
+        demote(rec, c)
+        return rec
+    return None
 
 
 def demote(rec, c):
@@ -176,10 +195,7 @@ def _escape(name, prop=False):
         op = op.__get__
 
     def method(self, *args, **kwargs):
-        rec = _active()
-        if rec is not None and traced.reads_as_user(
-                sys._getframe(1).f_code.co_filename):
-            demote(rec, self)
+        _handed_out(self)
         return op(traced.plain(self), *args, **kwargs)
 
     method.__name__ = name
@@ -218,13 +234,7 @@ class KeyConstant(TracedArray):
         return made
 
     def __setitem__(self, key, value):
-        rec = _active()
-        if rec is not None:
-            kind = _kind((self, key, value), rec)
-            if kind == 'traced':
-                traced.data_written('[...] =')
-            elif kind == 'plain':
-                demote(rec, self)
+        _writing(self, '[...] =', (self, key, value))
         _ndarray.__setitem__(traced.plain(self), traced.plain_all(key),
                              traced.untraced(value))
 
@@ -272,8 +282,6 @@ class KeyConstant(TracedArray):
     def __array_function__(self, func, types, args, kwargs):
         rec = _active()
         kind = _kind((args, kwargs), rec) if rec is not None else None
-        written = [a for a in tuple(_flat(args))[1:] + (kwargs.get('out'),)
-                   if type(a) is KeyConstant]
         if kind == 'traced':
             first = next(x for x in _flat((args, kwargs))
                          if isinstance(x, TracedArray) and
@@ -284,13 +292,16 @@ class KeyConstant(TracedArray):
                                                   kwargs)
         result = func(*traced.plain_all(args), **traced.plain_kwargs(kwargs))
         if kind is None:
-            return _plain_result(result)
+            return traced.plain_all(result)
         if kind == 'plain':
-            for a in written:
-                if _shares(result, a) or func.__name__ in _INTO:
+            # (written into, or handed out as a plain view)
+            for a in tuple(_flat(args))[1:] + (kwargs.get('out'),):
+                if type(a) is KeyConstant and (
+                        _shares(result, a) or
+                        func.__name__ in numpy_rules.INTO):
                     demote(rec, a)
-            return _plain_result(result)
-        result = _plain_result(result)
+            return traced.plain_all(result)
+        result = traced.plain_all(result)
         if any(_shares(result, traced.untraced(a)) for a in _flat(args)
                if isinstance(a, _ndarray)):
             return _view(rec, result)
@@ -320,13 +331,7 @@ class KeyConstant(TracedArray):
         op = getattr(_ndarray, what)
 
         def method(self, *args, **kwargs):
-            rec = _active()
-            if rec is not None:
-                kind = _kind((args, kwargs), rec)
-                if kind == 'traced':
-                    traced.data_written('.%s()' % what)
-                elif kind == 'plain':
-                    demote(rec, self)
+            _writing(self, '.%s()' % what, (args, kwargs))
             return op(traced.plain(self), *traced.plain_all(args),
                       **traced.plain_kwargs(kwargs))
 
@@ -359,13 +364,7 @@ class KeyConstant(TracedArray):
         put = getattr(_ndarray, name).__set__
 
         def setter(self, value):
-            rec = _active()
-            if rec is not None:
-                kind = _kind(value, rec)
-                if kind == 'traced':
-                    traced.data_written('.%s =' % name)
-                elif kind == 'plain':
-                    demote(rec, self)
+            _writing(self, '.%s =' % name, value)
             put(traced.plain(self), traced.untraced(value))
 
         return property(view, setter)
@@ -377,16 +376,10 @@ class KeyConstant(TracedArray):
 
     @property
     def base(self):
-        base = _ndarray.base.__get__(self)
-        rec = _active()
-        if rec is not None and traced.reads_as_user(
-                sys._getframe(1).f_code.co_filename):
-            # (The array behind it, handed out: define-by-run's base.)
-            demote(rec, self)
-            dbr = rec.as_define_by_run(self)
-            if dbr is not None:
-                return dbr.base
-        return base
+        rec = _handed_out(self)
+        dbr = rec.as_define_by_run(self) if rec is not None else None
+        # (from user code: the base define-by-run's array has)
+        return dbr.base if dbr is not None else _ndarray.base.__get__(self)
 
     def __iter__(self):
         rec = _active()
@@ -398,10 +391,7 @@ class KeyConstant(TracedArray):
     def view(self, *args, **kwargs):
         out = _ndarray.view(self, *args, **kwargs)
         if type(out) is not KeyConstant:
-            rec = _active()
-            if rec is not None and traced.reads_as_user(
-                    sys._getframe(1).f_code.co_filename):
-                demote(rec, self)
+            _handed_out(self)
         return out
 
     @property
@@ -413,11 +403,6 @@ class KeyConstant(TracedArray):
 
     def __reduce_ex__(self, protocol):
         return traced.plain(self).__reduce_ex__(protocol)
-
-
-# NumPy functions that write into their first argument (numpy_rules.INTO)
-_INTO = frozenset(('copyto', 'put', 'putmask', 'place', 'fill_diagonal',
-                   'put_along_axis'))
 
 
 def _shares(result, a):
@@ -449,8 +434,9 @@ def _makes_constants(rec, frame):
 def maker(orig, numbers_only):
     """NumPy's ``orig`` (``numpy.eye``, ``numpy.zeros``): its result, made
     by user code from Python numbers alone while a forward records (not
-    at an import: _makes_constants), a KeyConstant (and a constant of the key, ``rec.shape_made``); a tuple
-    of them (``numpy.triu_indices``) likewise."""
+    at an import: _makes_constants), a KeyConstant (and a constant of the
+    key, ``rec.shape_made``); a tuple of them (``numpy.triu_indices``)
+    likewise."""
     def make(*args, **kwargs):
         out = orig(*args, **kwargs)
         rec = traced.active_recording()

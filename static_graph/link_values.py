@@ -295,9 +295,9 @@ class Watch(object):
         # (No copy to compare after the call, for a big bank: writes
         # through the views are seen, Recording.is_recorded.)
         for c, k, v in places.array_slots(
-                [c for _, _, _, c in self.frozen] + [
-                    c for d, _ in self.pairs if type(d) is places.Contents
-                    for c in d.containers()]):
+                [c for _, _, _, c in self.frozen] +
+                [d.container for d, _ in self.pairs
+                 if type(d) is places.Contents]):
             rec.container_held.add(id(v))
             view = c[k] = rec.trace(v, check=False)
             out.append((c, k, v, view))

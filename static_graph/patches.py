@@ -508,14 +508,11 @@ def _put(which):
     fn = function_node.FunctionNode
     if which and fn.apply is not _patched_apply:
         fn.apply = _patched_apply
-    if _communicator is None and which:
+    if which and not _communicator:
         # ChainerMN imported since: its communicator's methods, wrapped for
         # good, as apply's (a recording watches the classes it reaches;
         # communicator_calls)
-        _communicator = communicator_calls.patch()
-        if _communicator is not None:
-            for name, call in _communicator[1].items():
-                setattr(_communicator[0], name, call)
+        _communicator = communicator_calls.install()
     for where, patched, orig in _PATCHES:
         pairs = patched if which else orig
         if isinstance(where, dict):
@@ -528,7 +525,7 @@ def _put(which):
                     setattr(where, name, fn)
 
 
-_communicator = None
+_communicator = False
 
 
 def install():

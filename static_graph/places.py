@@ -144,11 +144,6 @@ class Contents(object):
         """Is there anything in the container that can change?"""
         return bool(self.parts or self.sized)
 
-    def containers(self):
-        """The containers it watches by their contents (Watch.trace_arrays
-        hands the call their arrays traced)."""
-        return [p[0] for p in self.parts]
-
     def forget(self):
         """Let go of what it held (the objects the loop replaced in the
         container: arrays kept alive by a key gone stale, which records
@@ -318,7 +313,7 @@ def forget_contents(pairs):
             d.forget()
 
 
-def array_slots(containers, depth=3):
+def array_slots(containers, depth=DEPTH):
     """[(container, key, array)]: the NumPy arrays that ``containers`` and
     the mutable containers in them, ``depth`` levels down, hold where an
     item can be set (a list's, a deque's, a dict's or its subclasses':

@@ -18,6 +18,7 @@ import chainer.links as L
 import static_graph
 from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
+from tests.twins import method_twins
 
 from numpy import eye as bound_eye
 
@@ -252,16 +253,7 @@ FELL_BACK = [(scattered_one_hot, 'writes values computed from the data'),
 def twins(body):
     """[(chain, optimizer)]: an undecorated and a decorated Net with
     ``body`` as forward, built under one seed."""
-    models = []
-    for decorate in (False, True):
-        cls = type('Net', (Net,), {'forward': static_graph.static_graph(
-            body) if decorate else body})
-        numpy.random.seed(0)
-        m = cls()
-        opt = chainer.optimizers.SGD(0.1)
-        opt.setup(m)
-        models.append((m, opt))
-    return models
+    return method_twins(Net, body, lambda: chainer.optimizers.SGD(0.1))
 
 
 def train_twins(body, steps=6):

@@ -17,6 +17,7 @@ import chainer.links as L
 import static_graph
 from static_graph import StaticGraphWarning
 from static_graph.decorator import caches_of
+from tests.twins import method_twins as twins
 
 
 class Base(chainer.Chain):
@@ -216,21 +217,6 @@ REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             array_of_rows, masked_sum,
             gumbel, categorical_log_prob, greedy_log_prob,
             exponential_log_prob]
-
-
-def twins(base, body, optimizer=lambda: chainer.optimizers.SGD(0.01)):
-    """[(chain, optimizer)] of an undecorated and a decorated chain of
-    class ``base`` with ``body`` as their forward, built under one seed."""
-    models = []
-    for decorate in (False, True):
-        cls = type('Net', (base,), {'forward': static_graph.static_graph(
-            body) if decorate else body})
-        numpy.random.seed(0)
-        m = cls()
-        opt = optimizer()
-        opt.setup(m)
-        models.append((m, opt))
-    return models
 
 
 def train_twins(body, steps=6, base=Base, before=None, after=None):

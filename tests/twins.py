@@ -131,6 +131,21 @@ def static_twins(cls, *args, **options):
     return a, b
 
 
+def method_twins(base, body, optimizer=lambda: chainer.optimizers.SGD(0.01)):
+    """[(chain, optimizer)] of an undecorated and a decorated chain of
+    class ``base`` with ``body`` as their forward, built under one seed."""
+    models = []
+    for decorate in (False, True):
+        cls = type('Net', (base,), {'forward': static_graph(
+            body) if decorate else body})
+        numpy.random.seed(0)
+        m = cls()
+        opt = optimizer()
+        opt.setup(m)
+        models.append((m, opt))
+    return models
+
+
 def bptt_window(model, opt, xs):
     """One window of truncated backpropagation (examples/ptb): the loss
     of the calls over consecutive words ``xs`` summed, backward, the graph

@@ -177,16 +177,10 @@ class Gathered(chainer.Chain):
         return F.softmax_cross_entropy(self.l2(F.concat(hs, axis=1)), t)
 
 
-class Normalized(chainer.Chain):
+class Normalized(MLP):
     """The loss summed over every rank's examples, divided by their count
     over all ranks: the method calls the communicator itself (it falls
     back: replay would not communicate, and would keep the first count)."""
-
-    def __init__(self, n_in=10, n_units=16, n_out=3):
-        super(Normalized, self).__init__()
-        with self.init_scope():
-            self.l1 = L.Linear(n_in, n_units)
-            self.l2 = L.Linear(n_units, n_out)
 
     @static_graph.static_graph
     def forward(self, x, t):

@@ -156,14 +156,13 @@ def classify_unknown(rec, chain_map):
             # Memory a recorded buffer shows without owning it (a 0-d
             # loss, a view of the sum Chainer computed): the very same
             # view follows that buffer; another part of it would be frozen.
+            # (Only buffers made before this one entered the recording:
+            # a later one showing that memory, F.broadcast_to's result,
+            # is a view of this array, not where its values came from.)
             if siblings is None:
                 siblings = _per_call_views(rec)
-            shown = siblings.get(id(root), ())
-            same = [b for b in shown
-                    if arrayutil.same_view(rec.buffers[b].storage, a)]
-            if same:
-                rbid = same[0]
-            elif shown:
+            rbid, shown = _shown_by(rec, siblings, a, root, bid)
+            if rbid is None and shown:
                 rec.add_reason(
                     'an array that shares memory with %%%d, a result of '
                     'this call, enters %s at %s; replay would freeze it'
@@ -202,6 +201,36 @@ def classify_unknown(rec, chain_map):
                 % (kind, source))
         buf.name = buf.name or 'const'
     return params, persists
+
+
+def _shown_by(rec, siblings, a, root, before=None):
+    """(the buffer among ``siblings`` (_per_call_views') that is the very
+    view ``a`` is of memory no buffer owns, or None; the buffers showing
+    part of that memory), of those made before buffer ``before``."""
+    shown = [b for b in siblings.get(id(root), ())
+             if before is None or b < before]
+    same = [b for b in shown
+            if arrayutil.same_view(rec.buffers[b].storage, a)]
+    return (same[0] if same else None), shown
+
+
+def _held_buffer(rec, a, siblings):
+    """The recorded buffer a node attribute's array ``a`` is (or views),
+    or None: by identity; as a traced view of it (the node was built with
+    what user code held); by its root; or as the very view a per-call
+    buffer is of memory no buffer owns (``numpy.tile``'s reshape of an
+    array it made, the slice ``numpy.random.choice`` takes of a
+    permutation). Returns (buffer id, the buffers that show part of its
+    memory without being it)."""
+    a = rec.traced_views.get(id(a), a)
+    bid = rec.by_id.get(id(a))
+    if bid is not None:
+        return bid, ()
+    root = arrayutil.root_of(a)
+    bid = rec.by_id.get(id(root))
+    if bid is not None or root is a:
+        return bid, ()
+    return _shown_by(rec, siblings(), a, root)
 
 
 def _per_call_views(rec):
@@ -346,6 +375,12 @@ def mark_captured(rec, chain_map):
     # forward ops are visited, before any backward op reads it.
     forward_numbers = set()
     referenced = set()   # ids of nodes another node holds
+    views = []
+
+    def siblings():
+        if not views:
+            views.append(_per_call_views(rec))
+        return views[0]
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every
         # replay; what the node was constructed with (ctor arguments) is a
@@ -411,11 +446,16 @@ def mark_captured(rec, chain_map):
         for a, refreshed in arrays:
             if a is None:
                 continue
-            bid = rec.by_id.get(id(a))
-            if bid is None:
-                bid = rec.by_id.get(id(arrayutil.root_of(a)))
+            bid, shown = _held_buffer(rec, a, siblings)
             if bid is None:
                 if id(a) in chain_map or id(arrayutil.root_of(a)) in chain_map:
+                    continue
+                if shown and i < n_forward:
+                    rec.add_reason(
+                        '%s holds an array that shares memory with %%%d, a '
+                        'result of this call (a part of it), at %s; replay '
+                        'would freeze it' % (op.kind, shown[0],
+                                             op.source or 'an op'))
                     continue
                 if i < n_forward:
                     forward_consts.add(id(a))

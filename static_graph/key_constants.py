@@ -431,26 +431,35 @@ def _makes_constants(rec, frame):
     return True
 
 
-def maker(orig, numbers_only):
+def maker(orig, numbers_only, depth=1):
     """NumPy's ``orig`` (``numpy.eye``, ``numpy.zeros``): its result, made
     by user code from Python numbers alone while a forward records (not
     at an import: _makes_constants), a KeyConstant (and a constant of the
     key, ``rec.shape_made``); a tuple of them (``numpy.triu_indices``)
-    likewise."""
+    likewise. ``depth``: how many frames up from the returned function its
+    caller is (2 where another wrapper calls it for user code)."""
     def make(*args, **kwargs):
         out = orig(*args, **kwargs)
         rec = traced.active_recording()
-        if rec is None or rec.depth or not numbers_only(args, kwargs) or \
-                not (type(out) is _ndarray or type(out) is tuple and all(
-                    type(o) is _ndarray for o in out)):
+        if rec is None or rec.depth or not numbers_only(args, kwargs):
             return out
-        if rec.phase != 'forward' or not _makes_constants(
-                rec, sys._getframe(1)):
-            for o in out if type(out) is tuple else (out,):
-                rec.shape_made[id(o)] = o
-            return out
-        return constant(rec, out)
+        return made(rec, out, sys._getframe(depth))
 
     make.__name__ = orig.__name__
     make.__doc__ = orig.__doc__
     return make
+
+
+def made(rec, out, frame):
+    """``out``, made from Python numbers alone by the code at ``frame``
+    while ``rec`` records (outside any Chainer function): a KeyConstant
+    (or a tuple or list of them) where that code gets them
+    (_makes_constants), else as it is, noted a constant of the key."""
+    if not (type(out) is _ndarray or type(out) in (tuple, list) and out and
+            all(type(o) is _ndarray for o in out)):
+        return out
+    if rec.phase != 'forward' or not _makes_constants(rec, frame):
+        for o in out if type(out) is not _ndarray else (out,):
+            rec.shape_made[id(o)] = o
+        return out
+    return constant(rec, out)

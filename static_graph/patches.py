@@ -31,6 +31,7 @@ from static_graph import communicator_calls
 from static_graph import device_reads
 from static_graph import held_views
 from static_graph import key_constants
+from static_graph import number_makers
 from static_graph import numpy_calls
 from static_graph import reports
 from static_graph import rng_patches
@@ -335,6 +336,8 @@ for _name in device_reads.SHAPE_MAKERS + (
     _orig_numpy[_name] = getattr(numpy, _name)
     _patched_numpy[_name] = key_constants.maker(_orig_numpy[_name],
                                                 device_reads.numbers_only)
+_orig_numpy.update(number_makers.ORIGINAL)      # (mgrid, hanning, ...)
+_patched_numpy.update(number_makers.PATCHED)
 
 
 def _patched_report(self, values, observer=None):

@@ -131,10 +131,36 @@ def set_through_properties(self, x, t):
     return F.mean(self.l(x) * m * c.real.astype(numpy.float32))
 
 
+def grid_cells(self, x, t):
+    """A YOLO-style cell index through ``numpy.mgrid`` (and ``ogrid``,
+    ``r_``, ``fromfunction``), indexed by the labels: plain arrays
+    before, which replay froze at the recording's labels (vision31
+    hunt, 2.71 for 1.27)."""
+    h = self.l(x)
+    gy, gx = numpy.mgrid[0:K, 0:1]
+    cells = (gy * 1 + gx)[:, 0]
+    rows = numpy.ogrid[0:N]
+    by_r = numpy.r_[0:K][::-1]
+    made = numpy.fromfunction(lambda i: (i * 2) % K, (K,), dtype=int)
+    return F.mean(F.get_item(h, (rows, cells[t]))) + \
+        F.mean(F.where(by_r[t][:, None] == made, h, h * 0.5))
+
+
+def windows_and_spaces(self, x, t):
+    """``numpy.hanning`` and its kin, ``geomspace``, ``fromiter`` of a
+    range: masks from the labels."""
+    h = self.l(x)
+    w = numpy.hanning(K + 2)[1:-1] + numpy.kaiser(K, 2.0)
+    g = numpy.geomspace(1, 16, K).astype(int) % K
+    f = numpy.fromiter(range(K), dtype=int)[::-1]
+    return F.mean(F.where((g[t] == f[t])[:, None], h, h * 2)) + \
+        F.mean(h * w[t][:, None].astype(numpy.float32))
+
+
 REPLAYED = [squeezed_mask, set_through_properties, where_eye, arcface_like, one_hot_product, label_smoothing,
             take_rows, reversed_index, early_bound_eye, concatenated_index,
             memo_on_the_chain, class_weights, gathered_rows, causal_masks,
-            values_read]
+            values_read, grid_cells, windows_and_spaces]
 
 
 def scattered_one_hot(self, x, t):

@@ -164,6 +164,34 @@ def exponential_log_prob(self, x):
     return self.l2(F.where(xp.isinf(lp.array), xp.zeros_like(lp.array), lp))
 
 
+def tiled_index(self, x):
+    """Labels tiled for two views of a batch (``numpy.tile`` returns a
+    reshape of an array it made, memory no buffer owns), held in
+    GetItem's ``slices``: replay froze them at the recording's (silently,
+    found by a hunt)."""
+    h = self.l1(x)
+    t = numpy.tile(numpy.random.randint(0, 4, 3), 2)
+    return self.l2(h * h[numpy.arange(6), t][:, None])
+
+
+def chosen_rows(self, x):
+    """``numpy.random.choice(n, k, replace=False)`` is a slice of a
+    permutation it made: replay drew again, then indexed with the
+    recording's rows (silently)."""
+    h = self.l1(x)
+    return self.l2(h[numpy.random.choice(6, 4, replace=False)])
+
+
+def reshaped_constant(self, x):
+    """A uniform constant that is a view of memory NumPy made
+    (``numpy.float32(2).reshape(1, 1)``) broadcast by F.broadcast_to: the
+    broadcast, a view of it, was taken for the result it came from (a
+    fallback, 'shares memory with a result of this call')."""
+    h = self.l1(x)
+    w = numpy.float32(2.0).reshape(1, 1)
+    return self.l2(h * F.broadcast_to(w, h.shape))
+
+
 def sign_of_a_mean(self, x):
     """F.sign, F.floor, F.ceil and F.fix compute on their argument's array
     outside any node: a one-element result was taken for a constant and
@@ -216,7 +244,8 @@ REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             numpy_internals, argmax_per_row, top_two_by_methods,
             array_of_rows, masked_sum,
             gumbel, categorical_log_prob, greedy_log_prob,
-            exponential_log_prob]
+            exponential_log_prob, tiled_index, chosen_rows,
+            reshaped_constant]
 
 
 def train_twins(body, steps=6, base=Base, before=None, after=None):

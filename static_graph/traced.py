@@ -290,8 +290,13 @@ class TracedArray(numpy.ndarray):
                copy=True):
         rec = active_recording()
         if rec is not None and calls is not None:
-            result = numpy.ndarray.astype(plain(self), dtype, order, casting,
-                                          subok, copy)
+            p = plain(self)
+            result = numpy.ndarray.astype(p, dtype, order, casting, subok,
+                                          copy)
+            if result is p and subok:
+                # No copy (``copy=False``, its dtype already): itself, as
+                # NumPy hands it back (Chainer's ``x + a`` casts ``a``).
+                return self
             made = calls(rec, _astype, 'astype', (self, dtype),
                          {'order': order, 'casting': casting}, result)
             if made is not None:

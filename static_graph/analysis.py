@@ -23,12 +23,13 @@ from static_graph import arrayutil
 from static_graph import device_reads
 from static_graph import node_attrs
 from static_graph import recorder
+from static_graph import unowned
 from static_graph import user_nodes
 
 _SCAN_DEPTH = 4
 # Buffers whose arrays are new on every call (not the chain's, not
 # constants): a reference to one must be refreshed (static) or rebound.
-_PER_CALL_ROLES = (ir.TEMP, ir.STATE, ir.INPUT, ir.GRAD_OUT)
+_PER_CALL_ROLES = unowned.PER_CALL_ROLES
 _SKIP_TYPES = (type, type(numpy), type(len))   # and links (is_link)
 # Attribute values that hold no array, node or number of interest.
 _ATOMIC = frozenset((type(None), bool, int, str, bytes))
@@ -160,8 +161,8 @@ def classify_unknown(rec, chain_map):
             # a later one showing that memory, F.broadcast_to's result,
             # is a view of this array, not where its values came from.)
             if siblings is None:
-                siblings = _per_call_views(rec)
-            rbid, shown = _shown_by(rec, siblings, a, root, bid)
+                siblings = unowned.per_call_views(rec)
+            rbid, shown = unowned.shown_by(rec, siblings, a, root, bid)
             if rbid is None and shown:
                 rec.add_reason(
                     'an array that shares memory with %%%d, a result of '
@@ -201,49 +202,6 @@ def classify_unknown(rec, chain_map):
                 % (kind, source))
         buf.name = buf.name or 'const'
     return params, persists
-
-
-def _shown_by(rec, siblings, a, root, before=None):
-    """(the buffer among ``siblings`` (_per_call_views') that is the very
-    view ``a`` is of memory no buffer owns, or None; the buffers showing
-    part of that memory), of those made before buffer ``before``."""
-    shown = [b for b in siblings.get(id(root), ())
-             if before is None or b < before]
-    same = [b for b in shown
-            if arrayutil.same_view(rec.buffers[b].storage, a)]
-    return (same[0] if same else None), shown
-
-
-def _held_buffer(rec, a, siblings):
-    """The recorded buffer a node attribute's array ``a`` is (or views),
-    or None: by identity; as a traced view of it (the node was built with
-    what user code held); by its root; or as the very view a per-call
-    buffer is of memory no buffer owns (``numpy.tile``'s reshape of an
-    array it made, the slice ``numpy.random.choice`` takes of a
-    permutation). Returns (buffer id, the buffers that show part of its
-    memory without being it)."""
-    a = rec.traced_views.get(id(a), a)
-    bid = rec.by_id.get(id(a))
-    if bid is not None:
-        return bid, ()
-    root = arrayutil.root_of(a)
-    bid = rec.by_id.get(id(root))
-    if bid is not None or root is a:
-        return bid, ()
-    return _shown_by(rec, siblings(), a, root)
-
-
-def _per_call_views(rec):
-    """id(root memory) -> ids of the recorded per-call buffers whose
-    arrays are views of memory no buffer owns."""
-    out = {}
-    for b, buf in rec.buffers.items():
-        a = buf.storage
-        if buf.role in _PER_CALL_ROLES and arrayutil.is_array(a):
-            root = arrayutil.root_of(a)
-            if root is not a and id(root) not in rec.by_id:
-                out.setdefault(id(root), []).append(b)
-    return out
 
 
 def _parameter_gradients(chain_map):
@@ -379,7 +337,7 @@ def mark_captured(rec, chain_map):
 
     def siblings():
         if not views:
-            views.append(_per_call_views(rec))
+            views.append(unowned.per_call_views(rec))
         return views[0]
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every
@@ -446,7 +404,7 @@ def mark_captured(rec, chain_map):
         for a, refreshed in arrays:
             if a is None:
                 continue
-            bid, shown = _held_buffer(rec, a, siblings)
+            bid, shown = unowned.held_buffer(rec, a, siblings)
             if bid is None:
                 if id(a) in chain_map or id(arrayutil.root_of(a)) in chain_map:
                     continue

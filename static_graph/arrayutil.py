@@ -47,6 +47,28 @@ def is_link(v):
     return _Link in type(v).__mro__
 
 
+def _byte_range(a):
+    """(first byte, one past the last byte) of a NumPy array's elements."""
+    lo = hi = a.__array_interface__['data'][0]
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += st * (n - 1)
+        else:
+            hi += st * (n - 1)
+    return lo, hi + a.itemsize
+
+
+def within(a, b):
+    """Does every element of NumPy array ``a`` lie in memory that NumPy
+    array ``b``'s elements cover (``b`` one block of memory, ``a`` inside
+    its bounds)?"""
+    if type(a) is not numpy.ndarray or type(b) is not numpy.ndarray or \
+            a.size == 0 or not (b.flags.c_contiguous or b.flags.f_contiguous):
+        return False
+    (alo, ahi), (blo, bhi) = _byte_range(a), _byte_range(b)
+    return blo <= alo and ahi <= bhi
+
+
 def root_of(a):
     base = getattr(a, 'base', None)
     while base is not None and is_array(base):

@@ -25,6 +25,7 @@ from static_graph import patches
 from static_graph import places
 from static_graph import reports
 from static_graph import traced
+from static_graph import unowned
 from static_graph.key_constants import KeyConstant
 from static_graph.arrayutil import MISSING, is_array, root_of
 from static_graph.node_attrs import AdapterAttrs
@@ -347,7 +348,8 @@ class Recording(object):
     def _view_of_buffer(self, a):
         root = root_of(a)
         return root is not a and (id(root) in self.by_id or
-                                  id(root) in self.chain_held)
+                                  id(root) in self.chain_held or
+                                  unowned.within_a_buffer(self, a, root))
 
     def check_device_computed(self, kind, a):
         """The CuPy counterpart of ``untrace`` for a node's attribute."""

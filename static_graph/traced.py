@@ -375,9 +375,11 @@ class TracedArray(numpy.ndarray):
     # a number a value read). ``mean``, ``std`` and ``var`` divide their
     # sum in place, which would be a write into a traced array.
     # (``repeat``, ``nonzero`` and ``compress`` give a result whose shape
-    # may follow the values: the functions' check, numpy_rules.)
+    # may follow the values: the functions' check, numpy_rules. ``ravel``
+    # of a transposed array copies, in C.)
     for _name in ('argmax', 'argmin', 'argsort', 'round', 'searchsorted',
-                  'take', 'dot', 'mean', 'std', 'var', 'repeat', 'nonzero'):
+                  'take', 'dot', 'mean', 'std', 'var', 'repeat', 'nonzero',
+                  'ravel'):
         locals()[_name] = _as_function(_name)
     del _name
 

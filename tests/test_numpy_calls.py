@@ -192,6 +192,21 @@ def reshaped_constant(self, x):
     return self.l2(h * F.broadcast_to(w, h.shape))
 
 
+def views_of_numpys_own_memory(self, x):
+    """Views within arrays NumPy hands out as views of memory it made
+    (``numpy.tile``'s reshape of its repeat, a fancy index along the
+    second axis, a Variable's array that is a reshape of a transposed
+    one): fell back, 'computed with NumPy from input values'; now views
+    of a buffer made static. ``x.T.ravel()`` copies in C: an op (it fell
+    back too)."""
+    h = self.l1(x)
+    w = numpy.tile(x[0, :4], (6, 1)).reshape(h.shape)
+    f = x[:, [0, 1, 0, 1]].reshape(6, 4)
+    r = x.T.ravel()[:24].reshape(6, 4)
+    v = F.reshape(F.transpose(F.reshape(h, (6, 2, 2)), (0, 2, 1)), (6, 4))
+    return self.l2(h * w + f * r + h * v.array[0])
+
+
 def sign_of_a_mean(self, x):
     """F.sign, F.floor, F.ceil and F.fix compute on their argument's array
     outside any node: a one-element result was taken for a constant and
@@ -245,7 +260,7 @@ REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             array_of_rows, masked_sum,
             gumbel, categorical_log_prob, greedy_log_prob,
             exponential_log_prob, tiled_index, chosen_rows,
-            reshaped_constant]
+            reshaped_constant, views_of_numpys_own_memory]
 
 
 def train_twins(body, steps=6, base=Base, before=None, after=None):

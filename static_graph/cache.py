@@ -173,6 +173,7 @@ class Cache(object):
         # gradient, and the key replays; {key: reason} where that cannot
         # be done: their calls run define-by-run.
         self._no_backward = {}
+        self._let_go = {}     # keys whose recording was let go unbuilt
         self.forward_only = {}
         # {key: calls that recorded while an earlier one waited for its
         # backward} (decorator: warned once at WAITING_WARN)
@@ -247,7 +248,19 @@ class Cache(object):
         recording of a new key over RECORDING_WINDOW such recordings), a
         new key records only at its SIGHTINGS-th call: keys that repeat
         (bucketed lengths, the last batch) still replay, keys that never
-        do (every batch of another length) run define-by-run."""
+        do (every batch of another length) run define-by-run.
+
+        A key whose last recording was let go without a backward (a
+        generator sampled under ``train=False`` at every step, backprop
+        on: recorded twice, then from a stand-in gradient) is not a new
+        key again: counted, its own recordings put a GAN's sampling on
+        probation in its third step (gans31 hunt); unless other new keys
+        came in between (more such keys than the cache holds, cycling), or
+        once on probation (it waits for its sightings as any key)."""
+        at = self._let_go.pop(key, None)
+        if at is not None and self.probation is None and \
+                self.new_keys - at < RECORDING_WINDOW:
+            return None
         if self.probation is None:
             if self.new_keys < self._window_end:
                 self.new_keys += 1
@@ -359,6 +372,10 @@ class Cache(object):
                 return
             e.move('discarded')
             self.discard(key, e)
+            # (Its next recording is this key's again, not a new key's:
+            # must_repeat.)
+            self._let_go[key] = self.new_keys
+            bound(self._let_go)
             n = self._no_backward.pop(key, 0) + 1
             self._no_backward[key] = n
             bound(self._no_backward)

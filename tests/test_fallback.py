@@ -745,6 +745,37 @@ def test_calls_that_raise_are_no_keys_that_did_not_repeat():
     assert c.recordings == 3 and c.fallback_calls == 0
 
 
+def test_a_gans_sampling_calls_are_not_new_keys_again():
+    """A GAN's loop: the generator's output for the discriminator's step
+    cut (``unchain_backward``), the generator's step, and a sample under
+    ``train=False`` with backprop on at every step, which gets no
+    backward. The sampling key records, is let go, records again and
+    then from a stand-in gradient: each counted as a new key, which put
+    the method on probation at its third step ("its keys do not repeat",
+    two define-by-run calls; gans31 hunt)."""
+    class Gen(Base):
+        @static_graph.static_graph
+        def forward(self, z):
+            return F.tanh(self.l2(F.relu(self.l1(z))))
+
+    g = Gen()
+    opt = chainer.optimizers.Adam(2e-4, beta1=0.5).setup(g)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for i in range(8):
+            fake = g(data(6, 4))
+            fake.unchain_backward()
+            loss = F.mean(g(data(6, 4)) ** 2)
+            g.cleargrads()
+            loss.backward()
+            opt.update()
+            with chainer.using_config('train', False):
+                g(data(3, 4))
+    assert not [w for w in caught if 'do not repeat' in str(w.message)]
+    c = list(caches_of(g).values())[0]
+    assert c.fallback_calls == 0 and c.replays >= 8 * 3 - 6
+
+
 @pytest.mark.parametrize('what', ['cleargrad', 'set'])
 def test_an_arguments_gradient_changed_before_a_backward_inside(what):
     """The method clears or sets the gradient of a Variable argument (that

@@ -17,6 +17,7 @@ from chainer import optimizers
 from chainer.optimizer_hooks import gradient_clipping
 
 from schedules import update_rules as K
+from static_graph.arrayutil import is_array
 
 
 class Unsupported(Exception):
@@ -285,6 +286,13 @@ def hook_scalars(hook, kernel, loss_scale):
         rate = hook.rate
         if loss_scale is not None:
             rate *= loss_scale
+            if is_array(rate):
+                # Chainer's ``rate *= param._loss_scale`` multiplied the
+                # hook's own array, in place, before each parameter's
+                # decay: this parameter's value now, not the array, which
+                # the next parameters multiply again before the kernels
+                # run (optim31 hunt: a 0-d rate, 19.8 off at step 2).
+                rate = rate.copy()
         return (rate,)
     if kernel is K.LASSO:
         return (hook.rate,)

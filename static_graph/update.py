@@ -295,6 +295,9 @@ class _Capture(object):
             st = self.structure = update_plan.Structure(
                 opt, params, self.threads, self.min_split, self.block,
                 self.native)
+        why = R.array_rate_scaled(st, params)
+        if why is not None:
+            raise R.Unsupported(why)
         if opt._loss_scaling_is_dynamic:
             # Chainer's order: gradients of None become zeros, then the
             # overflow check (which decides whether parameters update).

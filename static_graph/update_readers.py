@@ -286,13 +286,6 @@ def hook_scalars(hook, kernel, loss_scale):
         rate = hook.rate
         if loss_scale is not None:
             rate *= loss_scale
-            if is_array(rate):
-                # Chainer's ``rate *= param._loss_scale`` multiplied the
-                # hook's own array, in place, before each parameter's
-                # decay: this parameter's value now, not the array, which
-                # the next parameters multiply again before the kernels
-                # run (optim31 hunt: a 0-d rate, 19.8 off at step 2).
-                rate = rate.copy()
         return (rate,)
     if kernel is K.LASSO:
         return (hook.rate,)
@@ -301,6 +294,27 @@ def hook_scalars(hook, kernel, loss_scale):
     if kernel is K.GRADIENT_CLIPPING:
         return (None, None)
     return (hook.weight_decay, None)
+
+
+def array_rate_scaled(st, params):
+    """Why the step runs Chainer's update where a WeightDecay hook's rate
+    is an array and a parameter has a loss scale, else None. Chainer's
+    ``rate *= param._loss_scale`` multiplies that array in place, once per
+    hook call, each parameter decaying with the value it has then, in
+    Chainer's order of hooks and parameters (each optimizer hook over all
+    parameters in turn; a parameter without a gradient skipped): optim31
+    and review37 found the captured update's own order 19.8 off."""
+    if not any(p._loss_scale is not None for p in params):
+        return None
+    items = st.opt_pre_items + st.opt_post_items
+    for rule_items in st.rule_pre_items + st.rule_post_items:
+        items = items + rule_items
+    for hook, kernel in items:
+        if kernel is K.WEIGHT_DECAY and is_array(hook.rate):
+            return ('WeightDecay\'s rate is an array, under loss scaling: '
+                    'Chainer multiplies it in place by each parameter\'s '
+                    'loss scale in turn')
+    return None
 
 
 def clip_rate(hook, params):

@@ -11,14 +11,17 @@ could not repeat (recorder.Recording.on_apply): each a reason, or None.
   the data (the result's shape follows the values);
 * ``kept_arrays``: a list or tuple of arrays a node keeps for its backward
   (``F.tree_lstm``'s gates): one for all calls, where a second call's
-  forward before the first's backward would hand the first the second's.
+  forward before the first's backward would hand the first the second's;
+* ``sizes_from_data``: sizes a node is built with, from the data
+  (``F.split_axis(h, numpy.cumsum(sizes)[:-1])``): its results' shapes
+  follow the values.
 """
 import numpy
 
 from chainer.utils import type_check
 
 from static_graph import traced
-from static_graph.arrayutil import is_array
+from static_graph.arrayutil import is_array, root_of
 
 # Exceptions of a Chainer function that its inputs' shapes and dtypes decide
 # (part of the key), not their values.
@@ -105,3 +108,25 @@ def nested_arrays(rec, kind, value):
         out.append(y)
         changed = changed or y is not x
     return type(value)(out) if changed else value
+
+
+# Attributes of Chainer's nodes that give the shapes of their results,
+# arrays where the caller may pass one (F.split_axis's split points,
+# F.pad's widths).
+_SIZES = {'SplitAxis': ('indices',), 'Pad': ('pad_width', 'pad_bw')}
+
+
+def sizes_from_data(rec, kind, name, value):
+    """A reason where node ``kind``'s attribute ``name`` (a traced array
+    or a KeyConstant, ``value``) gives the shapes of its results and is
+    computed from the data: replay would run the op with the new values,
+    and its recorded backward with the recording's shapes (graph31 hunt:
+    per-graph pooling by ``numpy.cumsum`` of the graph sizes, gradients
+    17.3 off, or a ValueError)."""
+    if name not in _SIZES.get(kind, ()) or \
+            getattr(value, 'key_constant', False) and \
+            id(root_of(value)) in rec.shape_made:
+        return None
+    return ('%s takes its sizes (%s) from the data at %s: the shapes of '
+            'its results follow the values, which replay would not'
+            % (kind, name, traced.user_location(3)))

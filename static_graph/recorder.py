@@ -431,6 +431,9 @@ class Recording(object):
             if t is TracedArray or t is KeyConstant:
                 # Handed to the constructor, not as an input (F.where's
                 # condition): a view of a buffer is fine, derived is not.
+                reason = apply_reasons.sizes_from_data(self, kind, k, v)
+                if reason is not None:
+                    self.add_reason(reason)
                 d[k] = pre[k] = self.untrace(v, kind)
             elif t is tuple or t is list:
                 v = apply_reasons.nested_arrays(self, kind, v)

@@ -331,6 +331,18 @@ def test_the_printout_names_each_call_and_its_constants():
     assert not calls[1].attrs.get('draws')
 
 
+def split_by_sizes(self, x):
+    """Per-graph pooling of a GNN: ``F.split_axis`` at split points that
+    ``numpy.cumsum`` of the data gives. Replay split the new way and ran
+    the recorded backward with the recording's shapes (graph31 hunt:
+    gradients 17.3 off, or a ValueError)."""
+    h = self.l1(x)
+    cut = numpy.sort((numpy.abs(x[:3, 0]) * 2).astype(numpy.int32) % 6)
+    pieces = F.split_axis(h, cut, 0)
+    return self.l2(F.concat([F.sum(p, 0, keepdims=True) for p in pieces],
+                            0))
+
+
 def scalar_draw(self, x):
     return self.l2(self.l1(x) * numpy.random.uniform(0.5, 1.5))
 
@@ -415,11 +427,13 @@ if hasattr(numpy.ndarray, 'tostring'):     # (gone in NumPy 2)
     (scalar_draw, 'draws random numbers'),
     (value_read, 'reads array values'),
     (values_shaped, 'reads array values'),
+    (split_by_sizes, 'takes its sizes (indices) from the data'),
 ] + [(_reading(read), 'writes values computed from the data'
        # (into an array numpy.empty made: key_constants.py)
        if name in ('ufunc out=', 'numpy.copyto') else 'reads array values')
       for name, read in C_READS.items()],
-    ids=['scalar draw', 'value read', 'shape from values'] + list(C_READS))
+    ids=['scalar draw', 'value read', 'shape from values',
+         'split points from values'] + list(C_READS))
 def test_what_cannot_replay_still_falls_back(body, reason):
     """A number drawn and used in Python, a value read (however it is
     read), a result whose shape depends on the values: the recording call

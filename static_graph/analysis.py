@@ -558,9 +558,14 @@ def _check_reruns(rec, by_node):
         step = inside.get(b)
         if step is not None and b not in step.gx:
             step.rerun = False
+    # (Static buffers of the forward: refreshed before any backward step;
+    # a node holding one, ModifiedXLogX's ``_logx``, reads this call's.)
+    forward_static = set(b for op in rec.forward_ops
+                         for b in op.outputs + op.inputs if bufs[b].static)
     for step in steps:
         fop = by_node[id(step.node)]
         given = set(b for b in step.gy if b is not None)
+        given.update(forward_static)
         given.update(b for _, b in step.retained_in)
         given.update(step.retained_out)
         given.update(b for _, b in fop.state)

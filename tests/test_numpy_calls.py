@@ -156,6 +156,18 @@ def greedy_log_prob(self, x):
     return self.l2(h * _by_row(d.log_prob(F.argmax(h * 2, axis=1)), 4))
 
 
+def categorical_entropy(self, x):
+    """An A2C or PPO loss's entropy bonus, ``Categorical.entropy``:
+    ModifiedXLogX's backward builds its mask in Python and reads the
+    ``log x`` Variable its node holds. Calling that backward again at
+    replay was refused (the held Variable's array was taken for one it
+    would not see), so the whole loss fell back (rl31 hunt). That array
+    is a static buffer of the forward, refreshed before the backward."""
+    h = self.l1(x)
+    d = D.Categorical(logit=h * 30)    # (some probabilities underflow)
+    return self.l2(h * _by_row(d.entropy, 4))
+
+
 def exponential_log_prob(self, x):
     """``Exponential.log_prob`` masks with ``x.array >= 0``."""
     h = self.l1(x)
@@ -259,7 +271,8 @@ REPLAYED = [dcgan_noise, normal_sample, input_arithmetic,
             numpy_internals, argmax_per_row, top_two_by_methods,
             array_of_rows, masked_sum,
             gumbel, categorical_log_prob, greedy_log_prob,
-            exponential_log_prob, tiled_index, chosen_rows,
+            exponential_log_prob, categorical_entropy, tiled_index,
+            chosen_rows,
             reshaped_constant, views_of_numpys_own_memory]
 
 

@@ -158,6 +158,8 @@ class _Replayed(object):
     aside while a later call used them; ``done`` once no backward can come
     any more."""
 
+    whole_call = True     # (nstep_loop: the method's own use of a link)
+
     def unchain(self):
         """A cut through this call (cuts.py): Chainer's, or an error while
         a backward may still come through it."""

@@ -20,7 +20,8 @@ runs define-by-run, and its NStep LSTMs and RNNs (``n_step_lstm``,
 ``n_step_rnn``, tanh or ReLU, and their bidirectional forms) then cost one
 node each. Not where one node cannot give define-by-run's order: weights
 used twice before one backward (the first use of a link is only
-watched); not for GRUs (their step's
+watched), or taken by another function too (an L2 term, a tied weight:
+``_other_use``, told of every application by patches.py); not for GRUs (their step's
 ops and the order of its gradient sums are not written here), CuPy.
 """
 import contextlib
@@ -38,6 +39,7 @@ from chainer.functions.rnn import n_step_rnn as n_step_rnn_module
 
 from static_graph import diagnostics
 from static_graph import nstep_steps
+from static_graph import patches
 from static_graph import recorder
 
 _state = threading.local()
@@ -352,6 +354,66 @@ def _rnn_step_code():
 _RNN_STEP = _rnn_step_code()
 
 
+# id(a weight or bias of a watched NStep link) -> (a weak reference to it,
+# its _uses key)
+_watched = {}
+
+
+def _watch(ws, bs, key):
+    """Note the link's weights and biases: an application of any other
+    function to one of them (an L2 term over the link's params, a tied
+    weight ``F.linear(x, rnn.ws[0][0])``, inside the method or in the
+    caller) adds to their gradients in define-by-run's order among the
+    unrolled steps, which one node cannot give (nstep31 hunt: 4.7e-10 to
+    9.5e-7 off): the link stays unrolled from then on (_other_use)."""
+    for group in list(ws) + list(bs):
+        for v in group:
+            if id(v) not in _watched:
+                _watched[id(v)] = (weakref.ref(
+                    v, lambda _, k=id(v): _watched.pop(k, None)), key)
+    if _other_use not in patches.apply_watchers:
+        patches.apply_watchers.append(_other_use)
+
+
+def _other_use(node, inputs):
+    # (Under backprop off, a backward's own nodes among them, no
+    # application adds to a gradient.)
+    if not _watched or getattr(_state, 'inside', False) or \
+            getattr(node, 'whole_call', False) or \
+            not chainer.config.enable_backprop:
+        return
+    for x in inputs:
+        hit = _watched.get(id(x))
+        if hit is None or hit[0]() is not x:
+            continue
+        use = _uses.get(hit[1])
+        if use is None or use[2]:
+            continue
+        use[2] = True
+        if use[1] > 0:
+            warnings.warn(
+                'static_graph: the weights of an NStep RNN that ran as one '
+                'node are used by another function too (%s: an L2 term, a '
+                'tied weight); that use adds to their gradients at a place '
+                'among the unrolled steps one node cannot give, so the '
+                'gradients of calls that ran as one node since it began '
+                'can differ from define-by-run in the last bits. Its loops '
+                'stay unrolled from now on.' % type(node).__name__,
+                diagnostics.StaticGraphWarning)
+
+
+@contextlib.contextmanager
+def _inside():
+    """The NStep call's own applications (its unrolled steps, or the
+    node): no other use."""
+    was = getattr(_state, 'inside', False)
+    _state.inside = True
+    try:
+        yield
+    finally:
+        _state.inside = was
+
+
 def _once_per_backward(ws):
     """Whether these NStep weights have been used once per backward so far
     (at least once before, with a backward since each use), noting this
@@ -411,16 +473,20 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
     if chainer.config.enable_backprop:
         # (every use counts, fused or not)
         fuse = _once_per_backward(ws) and fuse
+        _watch(ws, bs, id(ws[0][0]))
     if not fuse:
-        return _outputs_noted(ws, _original_impl(
-            f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction))
+        with _inside():
+            return _outputs_noted(ws, _original_impl(
+                f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
+                use_bi_direction))
     node = NStepLoop(cell, n_layers, dropout_ratio, use_bi_direction,
                      bool(chainer.config.train),
                      (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
     states = [hx] if cx is None else [hx, cx]
     args = states + [v for group in ws for v in group] + \
         [v for group in bs for v in group] + list(xs)
-    outs = node.apply(args)
+    with _inside():
+        outs = node.apply(args)
     if cx is None:
         return _outputs_noted(ws, (outs[0], None, tuple(outs[1:])))
     return _outputs_noted(ws, (outs[0], outs[1], tuple(outs[2:])))
@@ -447,6 +513,11 @@ def fused():
     if n_step_rnn_module.n_step_rnn_impl is not _impl:
         n_step_rnn_module.n_step_rnn_impl = _impl
         chainer._backprop._backprop_to_all = _counting_backprop
+        # (FunctionNode.apply's wrapper, which stays once installed, tells
+        # _other_use of every application; a decorated method's recordings
+        # have put it in already)
+        patches.install()
+        patches.uninstall()
     try:
         yield
     finally:

@@ -79,8 +79,16 @@ def current():
     return getattr(_local, 'recording', None)
 
 
+# Callables ``watch(node, inputs)`` told of every function application once
+# the wrapper is in (nstep_loop.py's: other uses of an NStep link's weights).
+apply_watchers = []
+
+
 def _patched_apply(self, inputs):
     rec = getattr(_local, 'recording', None)
+    if apply_watchers:
+        for watch in apply_watchers:
+            watch(self, inputs)
     if rec is None or rec.depth:
         return _orig_apply(self, inputs)
     return rec.on_apply(self, inputs)

@@ -86,6 +86,8 @@ def constant(rec, out):
         rec.shape_made[id(out)] = out
         root = arrayutil.root_of(out)
         rec.shape_made[id(root)] = root
+        if id(root) not in rec.made_values:
+            rec.made_values[id(root)] = (root, root.copy())
         return rec.trace(out, check=False, kind=KeyConstant)
     if type(out) in (tuple, list):
         return type(out)(constant(rec, o) for o in out)
@@ -106,19 +108,44 @@ def _active():
     return rec if rec is not None and not rec.depth else None
 
 
+def unseen(rec, *arrays):
+    """Were the constants among ``arrays`` written where no hook sees
+    (``rec.made_values``: their memory's values when made, while no seen
+    write changed them)? C code filling one (scipy.ndimage's output, the
+    ``numpy.zeros`` it allocates or one the method hands it as
+    ``output=``; cv31 hunt: a blurred batch replayed frozen) leaves values
+    of the data: such a constant is demoted (``demote``)."""
+    for c in arrays:
+        if type(c) is KeyConstant:
+            root = arrayutil.root_of(c)
+            made = rec.made_values.get(id(root))
+            if made is not None and arrayutil.changed(made[1], made[0]):
+                del rec.made_values[id(root)]
+                demote(rec, c)
+
+
+def _written(rec, c):
+    """A write into constant ``c`` the hooks see: from then on its
+    values are not checked against the ones made (unseen)."""
+    unseen(rec, c)
+    rec.made_values.pop(id(arrayutil.root_of(c)), None)
+
+
 def entering(rec, a, plain, kind):
     """KeyConstant ``a`` (``plain``, its plain array) enters ``kind`` (a
     Chainer function, as an input or the node's attribute): its values as
     the op takes them, to tell whether they change later (check_taken); a
     demoted one of values not all equal is a reason (a node keeps an
     attribute as it is, unchecked)."""
+    unseen(rec, a)
     if id(plain) not in rec.constants_taken:
         rec.constants_taken[id(plain)] = (plain, plain.copy())
     if not live(rec, a) and not arrayutil.uniform(plain):
         rec.add_reason(
             'an array the method made holds values of unknown origin '
-            '(written through its memory, .flat or a plain view, or from '
-            'an array not produced by a Chainer function) and enters %s at '
+            '(written through its memory, .flat or a plain view, by code '
+            'no hook sees, or from an array not produced by a Chainer '
+            'function) and enters %s at '
             '%s; replay would freeze them' % (kind, traced.user_location(4)))
 
 
@@ -128,6 +155,7 @@ def _writing(c, what, values):
     unknown origin make ``c`` such an array (``demote``)."""
     rec = _active()
     if rec is not None:
+        _written(rec, c)
         kind = _kind(values, rec)
         if kind == 'traced':
             traced.data_written(what)
@@ -178,8 +206,10 @@ def _read(name):
 
     def method(self, *args, **kwargs):
         rec = _active()
-        if rec is not None and not live(rec, self):
-            traced.flag(name)
+        if rec is not None:
+            unseen(rec, self)
+            if not live(rec, self):
+                traced.flag(name)
         return op(traced.plain(self), *args, **kwargs)
 
     method.__name__ = name
@@ -210,6 +240,8 @@ class KeyConstant(TracedArray):
 
     def __getitem__(self, key):
         rec = _active()
+        if rec is not None:
+            unseen(rec, self, *_flat(key))
         kind = _kind((self, key), rec) if rec is not None else None
         plain = traced.plain(self)
         if kind == 'traced' and traced.has_traced_mask(key):
@@ -256,6 +288,11 @@ class KeyConstant(TracedArray):
         rec = _active()
         out = kwargs.get('out') or ()
         into = out + (inputs[:1] if method == 'at' else ())
+        if rec is not None:
+            unseen(rec, *_flat(inputs + (kwargs.get('where'),)))
+            for o in into:
+                if type(o) is KeyConstant:
+                    _written(rec, o)
         kind = _kind(inputs + (kwargs.get('where'),), rec) \
             if rec is not None else None
         if kind == 'traced':
@@ -281,6 +318,15 @@ class KeyConstant(TracedArray):
 
     def __array_function__(self, func, types, args, kwargs):
         rec = _active()
+        if rec is not None:
+            unseen(rec, *_flat((args, kwargs)))
+            into = [kwargs.get('out')]
+            if func.__name__ in numpy_rules.INTO:
+                into += list(args[:1]) + [
+                    kwargs.get(numpy_rules.INTO[func.__name__])]
+            for o in _flat(into):
+                if type(o) is KeyConstant:
+                    _written(rec, o)
         kind = _kind((args, kwargs), rec) if rec is not None else None
         if kind == 'traced':
             first = next(x for x in _flat((args, kwargs))
@@ -310,6 +356,8 @@ class KeyConstant(TracedArray):
     def astype(self, dtype, order='K', casting='unsafe', subok=True,
                copy=True):
         rec = _active()
+        if rec is not None:
+            unseen(rec, self)
         if rec is not None and not live(rec, self):
             return TracedArray.astype(self, dtype, order, casting, subok,
                                       copy)
@@ -322,6 +370,8 @@ class KeyConstant(TracedArray):
 
     def copy(self, order='C'):
         rec = _active()
+        if rec is not None:
+            unseen(rec, self)
         if rec is not None and not live(rec, self):
             return TracedArray.copy(self, order)
         out = _ndarray.copy(traced.plain(self), order)
@@ -383,6 +433,8 @@ class KeyConstant(TracedArray):
 
     def __iter__(self):
         rec = _active()
+        if rec is not None:
+            unseen(rec, self)
         if rec is None or self.ndim < 2 or not live(rec, self):
             return _read('__iter__')(self)
         return iter([_view(rec, row) for row in

@@ -228,6 +228,8 @@ class Recording(object):
         # constants of the key ops took: {id: (array, its values then)}
         # (key_constants.check_taken)
         self.constants_taken = {}
+        # their memory's values when made: {id(root): (root, copy)}
+        self.made_values = {}
         self.call_frame = None    # id of capture._forward's frame
         # ids of traced 0-d arrays that stand for the NumPy scalars a ufunc
         # of 0-d arrays gives (numpy_calls.compute)

@@ -376,16 +376,17 @@ def _watch(ws, bs, key):
 
 
 def _other_use(node, inputs):
-    # (Under backprop off, a backward's own nodes among them, no
-    # application adds to a gradient.)
-    if not _watched or getattr(_state, 'inside', False) or \
-            getattr(node, 'whole_call', False) or \
-            not chainer.config.enable_backprop:
-        return
+    # (Called at every application: the inputs looked up first. Under
+    # backprop off, a backward's own nodes among them, no application adds
+    # to a gradient.)
     for x in inputs:
         hit = _watched.get(id(x))
         if hit is None or hit[0]() is not x:
             continue
+        if getattr(_state, 'inside', False) or \
+                getattr(node, 'whole_call', False) or \
+                not chainer.config.enable_backprop:
+            return
         use = _uses.get(hit[1])
         if use is None or use[2]:
             continue

@@ -536,9 +536,10 @@ def _returned_by(rec):
 def _check_reruns(rec, by_node):
     """A step replayed by calling backward() again must touch nothing but
     what that call is handed (the output gradients, the node's retained
-    arrays and state, the chain's arrays, constants) and leave behind
-    nothing but the gradients it returns; otherwise the recording falls
-    back."""
+    arrays and state, the chain's arrays, constants, the forward's static
+    buffers: refreshed before any backward step, a node holding one,
+    ModifiedXLogX's ``_logx``, reads this call's) and leave behind nothing
+    but the gradients it returns; otherwise the recording falls back."""
     steps = [s for s in rec.steps if s.rerun]
     if not steps:
         return
@@ -558,8 +559,6 @@ def _check_reruns(rec, by_node):
         step = inside.get(b)
         if step is not None and b not in step.gx:
             step.rerun = False
-    # (Static buffers of the forward: refreshed before any backward step;
-    # a node holding one, ModifiedXLogX's ``_logx``, reads this call's.)
     forward_static = set(b for op in rec.forward_ops
                          for b in op.outputs + op.inputs if bufs[b].static)
     for step in steps:

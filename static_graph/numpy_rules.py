@@ -36,7 +36,9 @@ def by_values(name, func, args):
     exponent, which inverts), or the dtype of ``real_if_close``'s and
     ``numpy.emath``'s results (complex where emath.sqrt meets a negative
     number)."""
-    module = getattr(func, '__module__', '') or ''
+    module = getattr(func, '__module__', '')
+    if type(module) is not str:
+        module = ''
     if name in RAISES_BY_VALUES and 'linalg' in module and not (
             name == 'matrix_power' and len(args) > 1 and
             isinstance(args[1], int) and args[1] >= 0):

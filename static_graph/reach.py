@@ -62,13 +62,21 @@ def global_names(method, only_globals=False):
     return names
 
 
+def _module(cls):
+    """``cls.__module__`` where a string, else '' (a descriptor on Cython
+    3's fused function types, sklearn's: libs31 hunt, an AttributeError
+    in the recording)."""
+    module = getattr(cls, '__module__', None)
+    return module if type(module) is str else ''
+
+
 def user_classes(classes):
     """The classes in the MROs of ``classes`` defined outside Chainer,
     once each."""
     seen, out = set(), []
     for c in classes:
         for cls in c.__mro__:
-            module = getattr(cls, '__module__', None) or ''
+            module = _module(cls)
             if cls in seen or cls is object or module == 'chainer' or \
                     module.startswith('chainer.'):
                 continue
@@ -123,7 +131,7 @@ def user_class(cls):
     Python's own library (in a script, a notebook, an installed package)?"""
     known = _user_class_memo.get(cls)
     if known is None:
-        name = getattr(cls, '__module__', None) or 'builtins'
+        name = _module(cls) or 'builtins'
         module = sys.modules.get(name)
         filename = getattr(module, '__file__', None)
         if filename is None:    # interactive __main__; builtins
@@ -196,7 +204,7 @@ def _project_class(cls):
     notebook, a module of its own), not in an installed package."""
     if not user_class(cls):
         return False
-    module = sys.modules.get(getattr(cls, '__module__', None) or '')
+    module = sys.modules.get(_module(cls))
     filename = getattr(module, '__file__', None) or ''
     return 'site-packages' not in filename and \
         'dist-packages' not in filename

@@ -423,3 +423,20 @@ def test_a_global_whose_metaclass_refuses_attributes():
         m.cleargrads()
         m(numpy.ones((4, 5), 'f'), numpy.zeros(4, 'i')).backward()
     assert ' 2 replays' in static_graph.explain(m)
+
+
+def test_a_cython_fused_function_on_the_chain():
+    """A chain holding one of sklearn's Cython 3 fused functions (whose
+    type's ``__module__`` is a descriptor, not a string): the recording
+    raised AttributeError while it looked for the classes the method
+    reaches, where define-by-run ran (libs31 hunt; also from
+    ``label_binarize`` or ``compute_class_weight`` called in the
+    method)."""
+    fast = pytest.importorskip('sklearn.utils.sparsefuncs_fast')
+    Net = _plain(static, lambda self: 1.0)
+    m = Net()
+    m.norms = fast._sqeuclidean_row_norms_sparse
+    for i in range(3):
+        m.cleargrads()
+        m(numpy.ones((4, 5), 'f'), numpy.zeros(4, 'i')).backward()
+    assert ' 2 replays' in static_graph.explain(m)

@@ -17,7 +17,6 @@ from chainer import optimizers
 from chainer.optimizer_hooks import gradient_clipping
 
 from schedules import update_rules as K
-from static_graph.arrayutil import is_array
 
 
 class Unsupported(Exception):
@@ -310,7 +309,9 @@ def array_rate_scaled(st, params):
     for rule_items in st.rule_pre_items + st.rule_post_items:
         items = items + rule_items
     for hook, kernel in items:
-        if kernel is K.WEIGHT_DECAY and is_array(hook.rate):
+        if kernel is K.WEIGHT_DECAY and (
+                isinstance(hook.rate, numpy.ndarray) or
+                hasattr(hook.rate, '__cuda_array_interface__')):
             return ('WeightDecay\'s rate is an array, under loss scaling: '
                     'Chainer multiplies it in place by each parameter\'s '
                     'loss scale in turn')

@@ -318,15 +318,16 @@ class KeyConstant(TracedArray):
 
     def __array_function__(self, func, types, args, kwargs):
         rec = _active()
+        # (the constants it writes into: out=, an INTO function's target)
+        into = [kwargs.get('out')]
+        if func.__name__ in numpy_rules.INTO:
+            into += list(args[:1]) + [
+                kwargs.get(numpy_rules.INTO[func.__name__])]
+        into = [o for o in _flat(into) if type(o) is KeyConstant]
         if rec is not None:
             unseen(rec, *_flat((args, kwargs)))
-            into = [kwargs.get('out')]
-            if func.__name__ in numpy_rules.INTO:
-                into += list(args[:1]) + [
-                    kwargs.get(numpy_rules.INTO[func.__name__])]
-            for o in _flat(into):
-                if type(o) is KeyConstant:
-                    _written(rec, o)
+            for o in into:
+                _written(rec, o)
         kind = _kind((args, kwargs), rec) if rec is not None else None
         if kind == 'traced':
             first = next(x for x in _flat((args, kwargs))
@@ -341,11 +342,9 @@ class KeyConstant(TracedArray):
             return traced.plain_all(result)
         if kind == 'plain':
             # (written into, or handed out as a plain view)
-            for a in tuple(_flat(args))[1:] + (kwargs.get('out'),):
-                if type(a) is KeyConstant and (
-                        _shares(result, a) or
-                        func.__name__ in numpy_rules.INTO):
-                    demote(rec, a)
+            for a in into + [a for a in _flat(args)
+                             if type(a) is KeyConstant and _shares(result, a)]:
+                demote(rec, a)
             return traced.plain_all(result)
         result = traced.plain_all(result)
         if any(_shares(result, traced.untraced(a)) for a in _flat(args)

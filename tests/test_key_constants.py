@@ -260,7 +260,22 @@ def mask_from_the_labels(self, x, t):
     return F.mean(self.l(x)[numpy.arange(N)[t > 2]])
 
 
+_PICKLED = pickle.dumps(numpy.arange(N * K, dtype=numpy.float32).reshape(
+    N, K))
+
+
+def copied_from_unknown(self, x, t):
+    """An array of unknown origin (made in C, by pickle) copied into one
+    the method made: ``numpy.copyto`` skipped its target (the first
+    argument) when it looked for constants written with such values, and
+    the constant replayed as one."""
+    m = numpy.zeros((N, K), numpy.float32)
+    numpy.copyto(m, pickle.loads(_PICKLED))
+    return F.mean(self.l(x) * m)
+
+
 FELL_BACK = [(scattered_one_hot, 'writes values computed from the data'),
+             (copied_from_unknown, 'values of unknown origin'),
              (through_flat, 'values of unknown origin'),
              (through_a_plain_view, 'values of unknown origin'),
              (element_at_a_label, 'reads array values'),

@@ -132,7 +132,8 @@ def classify_unknown(rec, chain_map):
     as [(buffer id, path, Parameter)] and persist as [(id, path, array)]."""
     params, persists = [], []
     unknown, rec.unknown = rec.unknown, []
-    grads = siblings = None
+    grads = None
+    siblings = unowned.lazy_views(rec)
     for bid, phase, kind, source in unknown:
         buf = rec.buffers[bid]
         a = buf.storage
@@ -160,9 +161,7 @@ def classify_unknown(rec, chain_map):
             # (Only buffers made before this one entered the recording:
             # a later one showing that memory, F.broadcast_to's result,
             # is a view of this array, not where its values came from.)
-            if siblings is None:
-                siblings = unowned.per_call_views(rec)
-            rbid, shown = unowned.shown_by(rec, siblings, a, root, bid)
+            rbid, shown = unowned.shown_by(rec, siblings(), a, root, bid)
             if rbid is None and shown:
                 rec.add_reason(
                     'an array that shares memory with %%%d, a result of '
@@ -333,12 +332,7 @@ def mark_captured(rec, chain_map):
     # forward ops are visited, before any backward op reads it.
     forward_numbers = set()
     referenced = set()   # ids of nodes another node holds
-    views = []
-
-    def siblings():
-        if not views:
-            views.append(unowned.per_call_views(rec))
-        return views[0]
+    siblings = unowned.lazy_views(rec)
     for i, op in enumerate(ops):
         # What the forward itself sets (self.x = x) is refreshed by every
         # replay; what the node was constructed with (ctor arguments) is a

@@ -32,6 +32,18 @@ def per_call_views(rec):
     return out
 
 
+def lazy_views(rec):
+    """A function giving per_call_views(rec), computed at its first call
+    (most recordings never ask)."""
+    memo = []
+
+    def views():
+        if not memo:
+            memo.append(per_call_views(rec))
+        return memo[0]
+    return views
+
+
 def shown_by(rec, siblings, a, root, before=None):
     """(the buffer among ``siblings`` (per_call_views') that is the very
     view ``a`` is of memory no buffer owns, or whose array, one block of
@@ -67,9 +79,5 @@ def held_buffer(rec, a, siblings):
 def within_a_buffer(rec, a, root):
     """Does a per-call buffer's array, a view of ``root`` (memory no
     buffer owns), hold all of ``a``'s elements?"""
-    for buf in rec.buffers.values():
-        s = buf.storage
-        if buf.role in PER_CALL_ROLES and arrayutil.is_array(s) and \
-                arrayutil.root_of(s) is root and arrayutil.within(a, s):
-            return True
-    return False
+    return any(arrayutil.within(a, rec.buffers[b].storage)
+               for b in per_call_views(rec).get(id(root), ()))

@@ -61,6 +61,7 @@ class Capture(object):
         self.failed = False        # its recorded backward raised
         self.unreachable = False   # its key lacks slots it found (cache.kept)
         self.carries_state = False
+        self.on_probation = False  # (recorded as calls waited: decorator)
         self.base = None           # (its key's arguments, config): decorator
         self.method = method
         self.name = name
@@ -317,6 +318,7 @@ class Capture(object):
         weakref.finalize(node, self.cache.recording_died, self.key, e,
                          self.seen, self if self.stand_in else None)
         weakref.finalize(node, self.patched.release)
+        e.dissolvable = weakref.ref(node) if self.on_probation else None
         e.rank_depth = nodes.output_depth(inner_outs)
         e.cut_reach = cuts.reach_of(inner_outs,
                                     list(inner) + self.param_objs)

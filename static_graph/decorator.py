@@ -18,6 +18,7 @@ if compat.UNSUPPORTED is None:
     from static_graph import recorder
     from static_graph import replay
     from static_graph import signature
+    from static_graph import splice
     from static_graph import stand_in
 
 from static_graph.cache import caches_of  # NOQA  (public: tests, explain)
@@ -168,6 +169,7 @@ def static_graph(method=None, **options):
         why = None
         stale = 0
         counted = False      # (a new key counted by cache.must_repeat)
+        probation = None
         wait = cache.backoff.get(key) if cache.backoff else None
         if wait is not None and wait[0] > 0 and not cache.calls_waiting():
             wait[0] -= 1      # (a key whose recordings went stale)
@@ -193,7 +195,8 @@ def static_graph(method=None, **options):
             before = cache.new_keys
             probation = cache.must_repeat(key)
             counted = cache.new_keys != before
-            if probation is not None and not cache.calls_waiting():
+            if probation is not None and (not cache.calls_waiting() or
+                                          splice.let_go_waiting(cache)):
                 diagnostics.warn_once(
                     (type(self), name, 'must repeat'),
                     '%s.%s: %s' % (type(self).__name__, name,
@@ -261,6 +264,7 @@ def static_graph(method=None, **options):
             return _define_by_run(method, self, args, kwargs)
         cap = capture.Capture(self, method, name, cache, key, why, e)
         cap.entry.stale = stale
+        cap.on_probation = probation is not None
         cap.base = base, config
         return _record(cap, method, self, args, kwargs, leaves, paths,
                        counted)

@@ -122,6 +122,9 @@ class Entry(object):
         self.cuda_graph = True
         self.quiet = True            # no earlier call waits for its backward
         self.pending = weakref.WeakSet()   # calls that wait for it
+        # A recording made on probation (cache.must_repeat), waiting for
+        # its backward: a weakref to its RecordNode (splice.let_go_waiting).
+        self.dissolvable = None
         self.graph_static = []       # the forward graph's saved activations
         # A call's backward may run twice (the DCGAN updater backpropagates
         # two losses through one call): calls keep their saved activations

@@ -516,10 +516,9 @@ class RecordNode(_Replayed, function_node.FunctionNode):
         grads = self.again.backward(grad_outputs, held)
         return tuple(grads[i] for i in indexes), set(held)
 
-    def backward(self, indexes, grad_outputs):
-        capture, self.capture = self.capture, None
-        if capture is None:
-            return self.backward_from(indexes, grad_outputs)[0]
+    def take_caller_writes(self, capture):
+        """What the caller did to the outputs since the call, the
+        recorded nodes see as define-by-run's would."""
         new = replaced_outputs(self, dict(enumerate(self.handed)))
         for i, (mine, out) in enumerate(zip(self.handed, self.out_arrays)):
             if i in new:
@@ -537,6 +536,12 @@ class RecordNode(_Replayed, function_node.FunctionNode):
                 # define-by-run, and in replay (the same array).
                 arrayutil.copyto_for((out,))(out, mine)
         self.handed = None
+
+    def backward(self, indexes, grad_outputs):
+        capture, self.capture = self.capture, None
+        if capture is None:
+            return self.backward_from(indexes, grad_outputs)[0]
+        self.take_caller_writes(capture)
         # With more than one output alive, another backward may come
         # through other outputs than this one's (feature matching: ``y``,
         # then ``h``), which the schedules built from this one would not

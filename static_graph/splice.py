@@ -150,6 +150,87 @@ def outputs_onto(node, inner_outs, nodes):
             f.inputs = tuple(moves.get(id(vn), vn) for vn in f.inputs)
 
 
+def let_go_waiting(cache):
+    """Calls of ``cache``'s method wait for their backward
+    (``cache.calls_waiting``) only as recordings made while its new keys
+    were on probation (``cache.must_repeat``; an earlier call's output
+    alive, no backward yet: evaluation with backprop on, over keys that do
+    not repeat): each becomes the define-by-run call it stands for
+    (``dissolve``), so that a call can run define-by-run next to them.
+    False where calls still wait (a replay, another recording)."""
+    with cache.lock:
+        waiting = [e for e in cache.entries.values()
+                   if e.state == 'recording' or e.pending]
+    if any(e.pending or e.dissolvable is None for e in waiting):
+        return False
+    for e in waiting:
+        node = e.dissolvable()
+        if node is not None and not dissolve(node):
+            return False
+    return not cache.calls_waiting()
+
+
+def _ranks_kept(node, nodes, pairs, inner_outs):
+    """Would each of ``node``'s outputs keep its rank, once the recorded
+    nodes read the caller's Variables (``into_caller``) and make them
+    (``outputs_onto``)? The caller's nodes built on an output since took
+    their ranks from it; the node gives every output the deepest one's
+    (``nodes.deepen``), so a shallower output of a call with several
+    would leave them above define-by-run's, and its backward would take
+    nodes in another order (review40: gradients 3.8e-6 off)."""
+    rank = dict((id(copy.node), caller.node.rank) for copy, caller in pairs
+                if copy is not caller and
+                isinstance(caller, chainer.Variable))
+    for f in nodes:
+        if f.inputs is None:
+            continue
+        f_rank = max([rank.get(id(vn), vn.rank) for vn in f.inputs] or [0])
+        for ref in f.outputs:
+            out = ref()
+            if out is not None:
+                rank[id(out)] = f_rank + 1
+    for ref, inner in zip(node.outputs, inner_outs):
+        outer = ref()
+        if outer is not None and \
+                rank.get(id(inner.node), inner.node.rank) != outer.rank:
+            return False
+    return True
+
+
+def dissolve(node):
+    """The recording node ``node`` (nodes.RecordNode), whose call waits for
+    its backward, becomes the define-by-run call it stands for: its
+    recorded nodes read the caller's Variables (``into_caller``) and make
+    its outputs (``outputs_onto``), with what the caller did to the
+    outputs since; the recording is let go (its key records again). So a
+    call that is to run define-by-run (``let_go_waiting``) does so next
+    to define-by-run's graph, summing gradients where define-by-run does.
+    False, changing nothing, where it cannot: a stand-in recording, one
+    that carries state from earlier calls, outputs not ``movable``, a
+    backward that came already."""
+    from static_graph import entry as entry_module
+    capture = node.capture
+    if capture is None or node.handed is None or capture.stand_in or \
+            capture.carries_state or capture.entry.recurrent or \
+            not movable(capture.inner_outs):
+        return False
+    made = [op.node for op in capture.rec.forward_ops]
+    pairs = list(zip(capture.inner, capture.leaves))
+    if not _ranks_kept(node, made, pairs, capture.inner_outs) or \
+            not into_caller(made, pairs, capture.inner_outs):
+        return False
+    node.take_caller_writes(capture)
+    outputs_onto(node, capture.inner_outs, made)
+    node.capture = None
+    capture.patched.release()
+    e, cache = capture.entry, capture.cache
+    with cache.lock:
+        if e.state == entry_module.RECORDING:
+            e.move(entry_module.DISCARDED)
+        cache.discard(capture.key, e)
+    return True
+
+
 class Made(chainer.FunctionHook):
     """The nodes applied while it is on (in this thread), in order: those a
     double backpropagation through the recorded nodes makes."""

@@ -26,7 +26,7 @@ from static_graph import recorder
 from static_graph import unowned
 from static_graph import user_nodes
 
-_SCAN_DEPTH = 4
+SCAN_DEPTH = 4
 # Buffers whose arrays are new on every call (not the chain's, not
 # constants): a reference to one must be refreshed (static) or rebound.
 _PER_CALL_ROLES = unowned.PER_CALL_ROLES
@@ -36,7 +36,7 @@ _ATOMIC = frozenset((type(None), bool, int, str, bytes))
 _NOTHING = frozenset()
 
 
-def _own_attrs(d):
+def own_attrs(d):
     """(key, value) of a node's attributes other than those
     FunctionNode.apply manages, and other than plain ints, bools, strings
     and None: what ``mark_captured`` looks at, in the node's order."""
@@ -217,7 +217,7 @@ def _parameter_gradients(chain_map):
     return out
 
 
-def _scan(obj, depth, arrays, nodes):
+def scan(obj, depth, arrays, nodes):
     if arrayutil.is_array(obj):
         arrays.append(obj)
         return
@@ -225,10 +225,10 @@ def _scan(obj, depth, arrays, nodes):
         return
     if isinstance(obj, (list, tuple, set, frozenset)):
         for o in obj:
-            _scan(o, depth - 1, arrays, nodes)
+            scan(o, depth - 1, arrays, nodes)
     elif isinstance(obj, dict):
         for o in obj.values():
-            _scan(o, depth - 1, arrays, nodes)
+            scan(o, depth - 1, arrays, nodes)
     elif isinstance(obj, function_node.FunctionNode):
         nodes.append(obj)
     elif isinstance(obj, chainer.Variable):
@@ -241,7 +241,7 @@ def _scan(obj, depth, arrays, nodes):
             callable(obj) and not hasattr(obj, '__dict__'):
         return
     elif hasattr(obj, '__dict__'):
-        _scan(vars(obj), depth - 1, arrays, nodes)
+        scan(vars(obj), depth - 1, arrays, nodes)
 
 
 def _rebindable(rec, op, v):
@@ -354,14 +354,14 @@ def mark_captured(rec, chain_map):
                 op.restore = [(kk, v) for kk, v in op.restore if kk != k]
                 continue
             found = []
-            _scan(pre, _SCAN_DEPTH, found, nodes)
+            scan(pre, SCAN_DEPTH, found, nodes)
             arrays.extend((a, False) for a in found)
-        own_attrs = _own_attrs(d)
-        if i < n_forward and own_attrs:
+        attrs = own_attrs(d)
+        if i < n_forward and attrs:
             forward_numbers.update([
-                id(v) for k, v in own_attrs
+                id(v) for k, v in attrs
                 if isinstance(v, numpy.generic) and k not in set_by_forward])
-        for k, v in own_attrs:
+        for k, v in attrs:
             if i >= n_forward and k not in set_by_forward and \
                     _rebindable(rec, op, v):
                 # A backward node built with a recorded array (ReLUGrad2's
@@ -390,7 +390,7 @@ def mark_captured(rec, chain_map):
             if type(v) is float:
                 continue
             found = []
-            _scan(v, _SCAN_DEPTH, found, nodes)
+            scan(v, SCAN_DEPTH, found, nodes)
             if found:
                 refreshed = k in set_by_forward
                 arrays.extend([(a, refreshed) for a in found])

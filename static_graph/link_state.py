@@ -22,6 +22,7 @@ from static_graph import entry as entry_module
 from static_graph import frozen_values
 from static_graph import kept_memory
 from static_graph import link_values
+from static_graph import node_attrs
 from static_graph import traced
 
 
@@ -160,7 +161,21 @@ def _read_by(rec, old):
         return False
     return id(a) in rec.by_id or any(
         arrayutil.root_of(buf.storage) is a for buf in rec.buffers.values()
-        if arrayutil.is_array(buf.storage))
+        if arrayutil.is_array(buf.storage)) or _held_by_nodes(rec, a)
+
+
+def _held_by_nodes(rec, a):
+    """Does a recorded node hold ``a`` or a view of it in an attribute
+    (``Scale(self.prev).apply(...)``: a read replay keeps the recorded
+    array for; review38), also as the node was built (``restore``)?"""
+    for op in rec.forward_ops:
+        found = []
+        values = [v for _, v in analysis.own_attrs(node_attrs.attrs(op.node))]
+        values += [v for _, v in op.restore or ()]
+        analysis.scan(values, analysis.SCAN_DEPTH, found, [])
+        if any(f is a or arrayutil.root_of(f) is a for f in found):
+            return True
+    return False
 
 
 def attr_changes(rec, snapshot, detached=(), helpers=()):
@@ -309,6 +324,12 @@ def reattach(rec, detached):
     put_back(detached)
     read = []
     for d, k, v, leaf, path in detached:
+        if _held_by_nodes(rec, leaf.raw_array):
+            # (``Scale(self.prev.array)``: the node keeps the recorded
+            # array, where an input would be fed; review40.)
+            rec.add_reason(
+                'a node is built with the array of %r, state carried from '
+                'an earlier call; replay would keep the recorded one' % k)
         bid = rec.by_id.get(id(leaf.raw_array))
         if bid is not None:
             buf = rec.buffers[bid]

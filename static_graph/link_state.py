@@ -310,6 +310,7 @@ def detach_link_variables(chain, rec, slots=()):
                 # (Its rank, for arguments._caller_rank: not the Variable,
                 # which holds the earlier call's node and recording.)
                 rec.detached_from[id(leaf)] = v.node._rank
+                rec.detached_arrays[id(leaf)] = leaf.raw_array
                 d[k] = leaf
                 out.append((d, k, v, leaf, '%s/%s' % (path.rstrip('/'), k)))
     return out
@@ -324,6 +325,14 @@ def reattach(rec, detached):
     put_back(detached)
     read = []
     for d, k, v, leaf, path in detached:
+        if leaf.raw_array is not rec.detached_arrays[id(leaf)]:
+            # ``self.prev.array = h.array``: define-by-run's Variable
+            # holds the new array after the call (review41).
+            v.array = leaf.raw_array
+            rec.add_reason(
+                'it gives the Variable of attribute %r another array '
+                '(.array = ...): state carried from call to call, which '
+                'replay would freeze at the recorded value' % k)
         if _held_by_nodes(rec, leaf.raw_array):
             # (``Scale(self.prev.array)``: the node keeps the recorded
             # array, where an input would be fed; review40.)

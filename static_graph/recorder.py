@@ -197,8 +197,8 @@ class Recording(object):
         # caller's Variables (arguments.onto_caller)
         self.arguments_spliced = False
         # id(a detached leaf) -> the rank of the link's Variable it stands
-        # for
-        self.detached_from = {}
+        # for; -> the array it was made with
+        self.detached_from, self.detached_arrays = {}, {}
         self.handed_out = {}      # id(array) -> (array, copy when traced)
         self.chain_held = set()   # ids of the links' array attributes
         self.container_held = set()   # of arrays in watched containers

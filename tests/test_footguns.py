@@ -3179,6 +3179,31 @@ def test_variable_state_read_by_a_node_it_is_built_with_falls_back():
     assert 'a node is built with the array of' in states_reason(models[1])
 
 
+@pytest.mark.parametrize('read', ['input', 'node'])
+def test_state_kept_by_giving_a_variable_another_array_falls_back(read):
+    """``self.s.array = F.tanh(h).array`` on a Variable attribute: the
+    recording ran on a detached copy of it and dropped the write, and the
+    key replayed with the state frozen (review41: loss 2.36 against 0.16
+    at the second step). The call leaves define-by-run's array on the
+    Variable and the key falls back."""
+    def init(self):
+        _mlp(self)
+        self.s = chainer.Variable(numpy.ones((4, 2), 'f'))
+
+    def body(self, x):
+        h = self.l2(self.l1(x))
+        h = h * self.s if read == 'input' else \
+            _ScaleBy(self.s.array).apply((h,))[0]
+        self.s.array = F.tanh(h).array
+        return F.sum(h * h)
+
+    models = make_twins(body, init)
+    train_alike(models, [(data(4, 3),) for _ in range(5)], **EXACT)
+    assert numpy.array_equal(models[0].s.array, models[1].s.array)
+    assert set(states(models[1])) == {'fallback'}
+    assert 'another array' in states_reason(models[1])
+
+
 def states_reason(chain):
     return list(cache(chain).entries.values())[0].reason
 

@@ -419,3 +419,32 @@ def test_an_evaluation_with_backprop_on_between_steps_keeps_the_node():
     assert all(kinds[1:])
     for a, b in zip(ours, theirs):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_shared_encoder_under_chainer_grad_stays_unrolled():
+    """The shared encoder of the test above, its gradients taken with
+    ``chainer.grad`` (which counts as no backward pass) and each step's
+    outputs gone before the next: the link's loops stay unrolled and the
+    bits are define-by-run's at every step (a guard for a change of when
+    two uses count as one backward's: review41)."""
+    def train(fused):
+        numpy.random.seed(0)
+        link = L.NStepLSTM(1, 3, 3, 0.0)
+        rs = numpy.random.RandomState(1)
+        kinds, grads = [], []
+
+        def step(a, b):     # (its outputs gone before the next step)
+            with nstep_loop.fused() if fused else contextlib.suppress():
+                ha, _, _ = link(None, None, a)
+                hb, _, _ = link(None, None, b)
+            kinds.extend([_loop_node(ha), _loop_node(hb)])
+            grads.extend(chainer.grad([F.sum(ha * hb)], list(link.params())))
+        for _ in range(4):
+            step([rs.randn(n, 3).astype('f') for n in (4, 2)],
+                 [rs.randn(n, 3).astype('f') for n in (3, 3)])
+        return [g.array for g in grads], kinds
+    ours, kinds = train(True)
+    theirs, _ = train(False)
+    assert not any(kinds)
+    for a, b in zip(ours, theirs):
+        assert a.tobytes() == b.tobytes()

@@ -21,7 +21,8 @@ import numpy
 from static_graph import numpy_rules
 from static_graph.user_code import (  # NOQA  (re-exported)
     CHAINER_DIR, INTERNAL_DIRS, LIBRARY_DIRS, OWN_DIR, USER_LIKE,
-    cupy_module, internal_file, reads_as_user, user_frame, user_location)
+    cupy_module, internal_file, read_reason, reads_as_user, user_frame,
+    user_location)
 
 
 # The active recording of this thread is published here by patches.begin.
@@ -54,8 +55,7 @@ def flag(what):
             # it: that backward runs again at every replay (user_nodes).
             rec.held_reads.add(id(rec.reading_held))
             return
-        rec.add_reason('user code reads array values (%s) at %s; replay '
-                       'would freeze them' % (what, user_location(2)))
+        rec.add_reason(read_reason(what, 3))
 
 
 def _flag_write(array, what):

@@ -92,3 +92,35 @@ def user_location(depth=2):
     if f is None:
         return None
     return '%s:%d' % (f.f_code.co_filename, f.f_lineno)
+
+
+_NUMPY_OR_OWN = (_dir_of(numpy),) + OWN_DIR
+_CHAINER_ROOT = os.path.dirname(CHAINER_DIR) + os.sep
+
+
+def chainer_location(depth=2):
+    """Where Chainer's own code made the call that reached here (its
+    innermost frame outside NumPy and this package, where that is
+    Chainer's: a link hook's power iteration calling
+    ``numpy.linalg.norm``), as 'chainer/...py:line'; else None."""
+    f = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename.startswith(_NUMPY_OR_OWN):
+        f = f.f_back
+    if f is None or not f.f_code.co_filename.startswith(CHAINER_DIR):
+        return None
+    return '%s:%d' % (f.f_code.co_filename[len(_CHAINER_ROOT):],
+                      f.f_lineno)
+
+
+def read_reason(what, depth=2):
+    """The reason to fall back where code reads array values (``what``:
+    'numpy.norm()', '.item()'), naming Chainer's code where that is what
+    reads them (SpectralNormalization's power iteration; gans31 hunt: the
+    reason named the user's line alone)."""
+    inner = chainer_location(depth)
+    if inner is not None:
+        return ("Chainer's code reads array values (%s at %s, reached from "
+                '%s); replay would freeze them'
+                % (what, inner, user_location(depth)))
+    return ('user code reads array values (%s) at %s; replay would freeze '
+            'them' % (what, user_location(depth)))

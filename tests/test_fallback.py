@@ -988,3 +988,32 @@ def test_the_graph_of_an_argument_used_inside_the_method(use, first):
     for p, q in zip(a.params(), b.params()):
         assert numpy.array_equal(p.grad, q.grad)
     assert 'fallback' in static_graph.explain(b)
+
+
+def test_a_link_hook_reading_values_is_named_in_the_reason():
+    """A discriminator whose links carry SpectralNormalization: the hook's
+    power iteration calls numpy.linalg.norm on the weights, so the key
+    falls back. The reason named the user's line alone ("user code reads
+    array values (numpy.norm()) at <the forward's line>"; gans31 hunt);
+    it names the hook's line in Chainer, reached from the user's."""
+    from chainer.link_hooks import SpectralNormalization
+
+    class D(chainer.Chain):
+        def __init__(self):
+            super(D, self).__init__()
+            with self.init_scope():
+                self.l1 = L.Linear(8, 4).add_hook(SpectralNormalization())
+
+        @static_graph.static_graph
+        def forward(self, x):
+            return F.sum(self.l1(x))
+
+    d = D()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', StaticGraphWarning)
+        for _ in range(2):
+            d(numpy.ones((2, 8), 'f')).backward()
+    text = static_graph.explain(d)
+    assert "Chainer's code reads array values (numpy.norm() at " \
+        'chainer/link_hooks/spectral_normalization.py:' in text, text
+    assert 'reached from %s:' % __file__ in text, text

@@ -7,6 +7,7 @@ import weakref
 
 from static_graph import diagnostics
 from static_graph import compat
+from static_graph import instances
 
 if compat.UNSUPPORTED is None:
     import chainer
@@ -26,11 +27,12 @@ class _Holder(dict):
     """{name: Cache} of the chain ``owner()``: a decorated method's name, or
     another decorated function's qualified name (cache_for)."""
 
-    __slots__ = ('owner',)
+    __slots__ = ('owner', 'copied')
 
-    def __init__(self, owner=None):
+    def __init__(self, owner=None, copied=False):
         dict.__init__(self)
         self.owner = owner
+        self.copied = copied   # one of a copy (deepcopy, pickle): instances
 
     def __copy__(self):
         return _Holder()
@@ -48,7 +50,7 @@ def _holder(chain, make):
     if h is None or h.owner is None or h.owner() is not chain:
         if not make:
             return None
-        h = d[HOLDER] = _Holder(weakref.ref(chain))
+        h = d[HOLDER] = _Holder(weakref.ref(chain), h is not None)
     return h
 
 DEFAULT_CACHE_SIZE = 16
@@ -128,12 +130,11 @@ class Cache(object):
         self.cuda_graph = cuda_graph
         self.entries = collections.OrderedDict()
         self.lock = threading.RLock()
-        self.recordings = 0
+        self.tally = [0, 0, 1]    # recordings, replays: instances.py
         # Of them, recordings of a key whose earlier recording still waited
         # for its backward (not counted by the retrace warning).
         self.repeats = 0
         self.new_keys = 0       # recordings of keys not in the cache
-        self.replays = 0
         self.fallback_calls = 0
         self.last_recorded_key = None
         # Set when every later call runs define-by-run, with the reason.
@@ -213,6 +214,9 @@ class Cache(object):
                 old_key, _ = self.entries.popitem(last=False)
                 diagnostics.logger.info('%s: evicted a cached schedule',
                                         self.owner_name)
+
+    recordings = instances.counter(0)
+    replays = instances.counter(1)
 
     def calls_waiting(self):
         """Do calls of this method wait for their backward as one node each
@@ -548,6 +552,9 @@ def cache_for(chain, name, options, method, wrapper):
                       options['recompute'], options['plan_memory'],
                       options['cuda_graph'], options.get('threads'))
         cache.method, cache.wrapper = method, wrapper
+        if per_chain.copied:
+            instances.starting(cache, chain, method, SIGHTINGS,
+                               SIGHTINGS_MAX, REPLAYS_PER_RECORDING)
         per_chain[key] = cache
         return cache
 

@@ -207,7 +207,7 @@ class Capture(object):
                         inner_outs.append(v)
                     self.out_slots.append((i, d, k))
         rec.phase = 'done'
-        self.cache.recordings += 1
+        self.cache.tally[0] += 1     # (Cache.recordings)
         if self.repeat:
             self.cache.repeats += 1
         else:

@@ -198,7 +198,7 @@ def static_graph(method=None, **options):
             if probation is not None and (not cache.calls_waiting() or
                                           splice.let_go_waiting(cache)):
                 diagnostics.warn_once(
-                    (type(self), name, 'must repeat'),
+                    (type(self), name, 'must repeat', cache.probation[:24]),
                     '%s.%s: %s' % (type(self).__name__, name,
                                    cache.probation))
                 cache.fallback_calls += 1
@@ -225,7 +225,7 @@ def static_graph(method=None, **options):
                 if e.recheck is None and e.matches(self):
                     if cache.waiting:
                         cache.waiting.pop(key, None)
-                    cache.replays += 1
+                    cache.tally[1] += 1     # (Cache.replays)
                     e.replays += 1
                     if e.recurrent:
                         leaves = leaves + [d[k] for d, k in e.recurrent]

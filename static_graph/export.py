@@ -54,7 +54,9 @@ def inference_schedule(chain, args, method='forward', kwargs=None):
     if entry is None or entry.state != 'complete':
         reason = entry.reason if entry is not None else \
             "Chainer's debug mode is on" if chainer.is_debug() else \
-            'nothing was recorded'
+            'nothing was recorded' + (
+                ': ' + cache.probation if cache is not None and
+                cache.probation else '')
         raise ValueError('cannot export %s.%s: its call runs define-by-run '
                          '(%s)' % (type(chain).__name__, method, reason))
     return entry

@@ -143,7 +143,8 @@ class Cache(object):
         # with the reason; calls of each such key not recorded yet.
         self.probation = None
         self.sightings = SIGHTINGS    # a new key's calls before it records
-        self._sightings = collections.OrderedDict()
+        self.sightings_of = collections.OrderedDict()
+        self.glances = collections.OrderedDict()    # glance.py
         # The window of recordings: replays when it began, and the count
         # of recordings that closes it.
         self._window_replays = 0
@@ -190,8 +191,7 @@ class Cache(object):
         # unchain_backward() they have no graph).
         self.state_slots = []
         self.written = []
-        # (dict, name) of the arrays and Variables calls keep (on links, on
-        # helpers): whether each holds one now is part of the key
+        # (dict, name) where calls keep arrays and Variables: key part
         self.kept = []
         self.kept_epoch = 0
         # Keys a recording of which saw a parameter array replaced between
@@ -284,7 +284,7 @@ class Cache(object):
                 'replay), and then records'
                 % (RECORDING_WINDOW, replays, SIGHTINGS))
         with self.lock:
-            n = self._sightings.pop(key, 0) + 1
+            n = self.sightings_of.pop(key, 0) + 1
             if n >= self.sightings:
                 self.new_keys += 1
                 if self.new_keys >= self._window_end:
@@ -297,9 +297,9 @@ class Cache(object):
                     else:
                         self.sightings = max(self.sightings // 2, SIGHTINGS)
                 return None
-            self._sightings[key] = n
-            while len(self._sightings) > KEYS_REMEMBERED:
-                self._sightings.popitem(last=False)
+            self.sightings_of[key] = n
+            while len(self.sightings_of) > KEYS_REMEMBERED:
+                self.sightings_of.popitem(last=False)
         return self.probation
 
     def fell_back(self, key, reason):

@@ -13,6 +13,7 @@ if compat.UNSUPPORTED is None:
     # the pass-through decorator below and never import it.
     from static_graph import capture
     from static_graph import entry as entry_module
+    from static_graph import glance
     from static_graph import link_state
     from static_graph import nstep_loop
     from static_graph import recorder
@@ -126,6 +127,12 @@ def static_graph(method=None, **options):
         if cache.define_by_run is not None:
             cache.fallback_calls += 1
             return _define_by_run(method, self, args, kwargs)
+        glanced = sig = None     # (glance.py: calls on probation)
+        if cache.probation is not None and not cache.calls_waiting():
+            glanced, sig = glance.look(cache, args, kwargs)
+            if glanced is True:
+                cache.fallback_calls += 1
+                return _define_by_run(method, self, args, kwargs)
         config = signature.config_key()
         if cache.shortcuts and (config, signature.outline(
                 args, kwargs)) in cache.shortcuts and \
@@ -192,6 +199,8 @@ def static_graph(method=None, **options):
             if only:
                 return _forward_only(method, self, name, cache, key, args,
                                      kwargs, leaves, paths)
+            if sig is not None:
+                glance.keyed(cache, sig, key, glanced)
             before = cache.new_keys
             probation = cache.must_repeat(key)
             counted = cache.new_keys != before
@@ -201,6 +210,8 @@ def static_graph(method=None, **options):
                     (type(self), name, 'must repeat', cache.probation[:24]),
                     '%s.%s: %s' % (type(self).__name__, name,
                                    cache.probation))
+                if sig is None:
+                    glance.counted(cache, args, kwargs, key)
                 cache.fallback_calls += 1
                 return _define_by_run(method, self, args, kwargs)
             if only is None:

@@ -153,29 +153,40 @@ def added_or_deleted(snapshot):
     return out
 
 
-def _read_by(rec, old):
+def _read_by(rec, old, node_held):
     """Did an op of the recording read ``old`` (an array or a Variable's
-    array), whole or through a view?"""
+    array), whole or through a view, or a node hold it (``node_held()``,
+    _held_by_nodes')?"""
     a = old.raw_array if isinstance(old, chainer.Variable) else old
     if not arrayutil.is_array(a):
         return False
     return id(a) in rec.by_id or any(
         arrayutil.root_of(buf.storage) is a for buf in rec.buffers.values()
-        if arrayutil.is_array(buf.storage)) or _held_by_nodes(rec, a)
+        if arrayutil.is_array(buf.storage)) or id(a) in node_held()
 
 
-def _held_by_nodes(rec, a):
-    """Does a recorded node hold ``a`` or a view of it in an attribute
-    (``Scale(self.prev).apply(...)``: a read replay keeps the recorded
-    array for; review38), also as the node was built (``restore``)?"""
-    for op in rec.forward_ops:
-        found = []
-        values = [v for _, v in analysis.own_attrs(node_attrs.attrs(op.node))]
-        values += [v for _, v in op.restore or ()]
-        analysis.scan(values, analysis.SCAN_DEPTH, found, [])
-        if any(f is a or arrayutil.root_of(f) is a for f in found):
-            return True
-    return False
+def _held_by_nodes(rec):
+    """A function giving the ids of the arrays recorded nodes hold in
+    attributes, also as they were built (``restore``), and of their roots:
+    a read that replay keeps the recorded array for
+    (``Scale(self.prev).apply(...)``; review38). Computed at its first
+    call, once for all the attributes asked about."""
+    memo = []
+
+    def held():
+        if not memo:
+            out = set()
+            for op in rec.forward_ops:
+                found = []
+                values = [v for _, v in
+                          analysis.own_attrs(node_attrs.attrs(op.node))]
+                values += [v for _, v in op.restore or ()]
+                analysis.scan(values, analysis.SCAN_DEPTH, found, [])
+                out.update(id(f) for f in found)
+                out.update(id(arrayutil.root_of(f)) for f in found)
+            memo.append(out)
+        return memo[0]
+    return held
 
 
 def attr_changes(rec, snapshot, detached=(), helpers=()):
@@ -197,9 +208,10 @@ def attr_changes(rec, snapshot, detached=(), helpers=()):
                 changed.append((d, k, v, old))
     # Before the writes below add buffers (``self.a, self.b = self.b,
     # self.a`` reads neither).
+    node_held = _held_by_nodes(rec)
     for d, k, v, old in changed:
         if old is not arrayutil.MISSING and id(old) not in detached and \
-                _read_by(rec, old):
+                _read_by(rec, old, node_held):
             rec.carries_state = True
             rec.add_reason(
                 'it reads attribute %r and then assigns it a new value: '
@@ -324,6 +336,7 @@ def reattach(rec, detached):
     gradients reach the earlier call once, as in define-by-run."""
     put_back(detached)
     read = []
+    node_held = _held_by_nodes(rec)
     for d, k, v, leaf, path in detached:
         if leaf.raw_array is not rec.detached_arrays[id(leaf)]:
             # ``self.prev.array = h.array``: define-by-run's Variable
@@ -333,7 +346,7 @@ def reattach(rec, detached):
                 'it gives the Variable of attribute %r another array '
                 '(.array = ...): state carried from call to call, which '
                 'replay would freeze at the recorded value' % k)
-        if _held_by_nodes(rec, leaf.raw_array):
+        if id(leaf.raw_array) in node_held():
             # (``Scale(self.prev.array)``: the node keeps the recorded
             # array, where an input would be fed; review40.)
             rec.add_reason(

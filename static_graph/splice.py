@@ -32,10 +32,7 @@ def into_caller(nodes, pairs, roots):
     that the method reached otherwise, through a Variable it found
     elsewhere, are define-by-run's already.)
     """
-    to_caller = {}
-    for copy, caller in pairs:
-        if copy is not caller and isinstance(caller, chainer.Variable):
-            to_caller[id(copy.node)] = caller.node
+    to_caller = _to_caller(pairs)
     recorded = set(map(id, nodes))
     seen, stack = set(), [v.creator_node for v in roots
                           if v.creator_node is not None]
@@ -49,6 +46,7 @@ def into_caller(nodes, pairs, roots):
                 return False
             if vn.creator_node is not None:
                 stack.append(vn.creator_node)
+    ranks = _caller_ranks(nodes, to_caller)
     for node in nodes:
         inputs = node.inputs
         if inputs is None:       # (applied without backprop)
@@ -63,14 +61,37 @@ def into_caller(nodes, pairs, roots):
                     vn = caller
                 new.append(vn)
             node.inputs = tuple(new)
-        # (FunctionNode.apply's ranks, from the caller's.)
-        node.rank = max([vn.rank for vn in node.inputs]) \
-            if node.inputs else 0
+        node.rank = ranks[id(node)]
         for ref in node.outputs:
             out = ref()
             if out is not None:
                 out._rank = node.rank + 1
     return True
+
+
+def _to_caller(pairs):
+    """{id(a copy's node): the caller's Variable's node}."""
+    return dict((id(copy.node), caller.node) for copy, caller in pairs
+                if copy is not caller and isinstance(caller, chainer.Variable))
+
+
+def _caller_ranks(nodes, to_caller):
+    """{id: rank} of the recorded ``nodes`` and their outputs' nodes once
+    they read the caller's Variables (``to_caller``): FunctionNode.apply's
+    ranks, from the caller's (into_caller sets them; _ranks_kept compares
+    them first)."""
+    rank = {}
+    for f in nodes:
+        if f.inputs is None:     # (applied without backprop)
+            continue
+        rank[id(f)] = f_rank = max(
+            [to_caller[id(vn)].rank if id(vn) in to_caller else
+             rank.get(id(vn), vn.rank) for vn in f.inputs] or [0])
+        for ref in f.outputs:
+            out = ref()
+            if out is not None:
+                rank[id(out)] = f_rank + 1
+    return rank
 
 
 def outside_graph(rec, own):
@@ -178,17 +199,7 @@ def _ranks_kept(node, nodes, pairs, inner_outs):
     (``nodes.deepen``), so a shallower output of a call with several
     would leave them above define-by-run's, and its backward would take
     nodes in another order (review40: gradients 3.8e-6 off)."""
-    rank = dict((id(copy.node), caller.node.rank) for copy, caller in pairs
-                if copy is not caller and
-                isinstance(caller, chainer.Variable))
-    for f in nodes:
-        if f.inputs is None:
-            continue
-        f_rank = max([rank.get(id(vn), vn.rank) for vn in f.inputs] or [0])
-        for ref in f.outputs:
-            out = ref()
-            if out is not None:
-                rank[id(out)] = f_rank + 1
+    rank = _caller_ranks(nodes, _to_caller(pairs))
     for ref, inner in zip(node.outputs, inner_outs):
         outer = ref()
         if outer is not None and \

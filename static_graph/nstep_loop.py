@@ -20,7 +20,8 @@ runs define-by-run, and its NStep LSTMs and RNNs (``n_step_lstm``,
 ``n_step_rnn``, tanh or ReLU, and their bidirectional forms) then cost one
 node each. Not where one node cannot give define-by-run's order: weights
 used twice before one backward (the first use of a link is only
-watched), or taken by another function too (an L2 term, a tied weight:
+watched; two of its nodes that meet in one backward pass unroll it:
+nstep_passes.py), or taken by another function too (an L2 term, a tied weight:
 ``_other_use``, told of every application by patches.py); not for GRUs (their step's
 ops and the order of its gradient sums are not written here), CuPy.
 """
@@ -38,6 +39,7 @@ from chainer.functions.rnn import n_step_lstm as n_step_lstm_module
 from chainer.functions.rnn import n_step_rnn as n_step_rnn_module
 
 from static_graph import diagnostics
+from static_graph import nstep_passes
 from static_graph import nstep_steps
 from static_graph import patches
 from static_graph import recorder
@@ -45,10 +47,14 @@ from static_graph import recorder
 _state = threading.local()
 _original_impl = n_step_rnn_module.n_step_rnn_impl
 _original_backprop = chainer._backprop._backprop_to_all
+_original_grad_backprop = function_node._backprop    # (chainer.grad's)
 _backwards = [0]     # backward passes run since the patches went in
 # Per NStep link, by id of its first weight (Parameters are unhashable):
 # [backward count at its last use, uses that came after a backward, whether
-# it was used twice before one, a weak reference to the weight]
+# it was used twice before one, a weak reference to the weight, weak
+# references to its last use's output nodes, the backward pass its nodes'
+# backward last ran in and those nodes (nstep_passes), whether its last use
+# ran as one node, whether any did]
 _uses = {}
 
 
@@ -137,6 +143,7 @@ class NStepLoop(function_node.FunctionNode):
             else:
                 xs_next, ranks_next = h_forward, f_ranks
         self._widths = [h.shape[1] for h in hy]
+        self.top_rank = max(loop.top_rank for loop in self._loops)
         states = (numpy.stack(hy),)
         if cx is not None:
             states += (numpy.stack(cy),)
@@ -160,6 +167,10 @@ class NStepLoop(function_node.FunctionNode):
         if chainer.config.enable_backprop:
             return self._unrolled_grads(target_input_indexes, grad_outputs,
                                         grad_inputs)
+        use = _uses.get(getattr(self, 'use_key', None))
+        if use is not None and not use[2] and \
+                nstep_passes.backward_ran(self, use):
+            use[2] = True
         held = dict((i, g.array) for i, g in
                     zip(target_input_indexes, grad_inputs) if g is not None)
         grads = self._grads(target_input_indexes,
@@ -391,7 +402,7 @@ def _other_use(node, inputs):
         if use is None or use[2]:
             continue
         use[2] = True
-        if use[1] > 0:
+        if use[7]:
             warnings.warn(
                 'static_graph: the weights of an NStep RNN that ran as one '
                 'node are used by another function too (%s: an L2 term, a '
@@ -428,7 +439,8 @@ def _once_per_backward(ws):
     now = _backwards[0]
     if use is None or use[3]() is not first:
         _uses[key] = [now, 0, False, weakref.ref(
-            first, lambda _, key=key: _uses.pop(key, None)), ()]
+            first, lambda _, key=key: _uses.pop(key, None)), (), (None, []),
+            False, False]
         return False
     if use[0] == now and not any(r() is not None for r in use[4]):
         # (The earlier use's outputs are all gone: an evaluation with
@@ -436,7 +448,7 @@ def _once_per_backward(ws):
         # nlp30 hunt.)
         use[0] = now - 1
     if use[0] == now:
-        if not use[2] and use[1] > 0:
+        if not use[2] and use[6]:
             warnings.warn(
                 'static_graph: an NStep RNN used once per backward until '
                 'now was used twice before one backward; the earlier use '
@@ -474,6 +486,9 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
     if chainer.config.enable_backprop:
         # (every use counts, fused or not)
         fuse = _once_per_backward(ws) and fuse
+        use = _uses[id(ws[0][0])]
+        use[6] = fuse       # (this use runs as one node)
+        use[7] = use[7] or fuse
         _watch(ws, bs, id(ws[0][0]))
     if not fuse:
         with _inside():
@@ -483,6 +498,7 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
     node = NStepLoop(cell, n_layers, dropout_ratio, use_bi_direction,
                      bool(chainer.config.train),
                      (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
+    node.use_key = id(ws[0][0])
     states = [hx] if cx is None else [hx, cx]
     args = states + [v for group in ws for v in group] + \
         [v for group in bs for v in group] + list(xs)
@@ -514,6 +530,7 @@ def fused():
     if n_step_rnn_module.n_step_rnn_impl is not _impl:
         n_step_rnn_module.n_step_rnn_impl = _impl
         chainer._backprop._backprop_to_all = _counting_backprop
+        function_node._backprop = _counting_grad_backprop
         # (FunctionNode.apply's wrapper, which stays once installed, tells
         # _other_use of every application; a decorated method's recordings
         # have put it in already)
@@ -527,4 +544,10 @@ def fused():
 
 def _counting_backprop(*args, **kwargs):
     _backwards[0] += 1
-    return _original_backprop(*args, **kwargs)
+    return nstep_passes.in_pass(_original_backprop, args, kwargs)
+
+
+def _counting_grad_backprop(*args, **kwargs):
+    # (chainer.grad: a backward pass that counts as none for
+    # _once_per_backward)
+    return nstep_passes.in_pass(_original_grad_backprop, args, kwargs)

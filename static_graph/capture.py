@@ -263,6 +263,7 @@ class Capture(object):
         e.n_outs = n_outs   # the method's outputs; hidden ones follow
         e.no_grad_outs = tuple(i for i, v in enumerate(inner_outs)
                                if not v.requires_grad)
+        e.leaf_outs = outputs.leaves(rec, inner_outs, out_bids)
         e.sibling_outputs = reloads.sibling_outputs(rec, inner_outs,
                                                     out_bids)
         self.leaves, self.inner, self.leaf_bids = leaves, inner, leaf_bids
@@ -325,7 +326,7 @@ class Capture(object):
         with chainer.force_backprop_mode():  # (forced inside: see above)
             applied = node.apply(list(leaves) + self.param_objs)
         outs = nodes.retain_outputs(nodes.deepen(node, applied, e.rank_depth))
-        outs = nodes.detach_outputs(outs, e.no_grad_outs)
+        outs = nodes.detach_outputs(outs, e.no_grad_outs, e.leaf_outs)
         # An argument's array returned (``return loss, z``): the caller's
         # own, as define-by-run and replay hand it back, not the copy the
         # recording ran on.

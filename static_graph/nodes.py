@@ -85,15 +85,19 @@ def retain_outputs(outs, which=None):
     return outs
 
 
-def detach_outputs(outs, which):
+def detach_outputs(outs, which, leaves=()):
     """Outputs that needed no gradient at recording (computed from arrays
-    alone: ``F.identity(x)``) as Variables that do not require one, as
-    define-by-run gives them; a gradient for them is dropped there."""
-    if not which:
+    alone: ``F.identity(x)``) as Variables that do not require one, and
+    outputs ``leaves`` (outputs.leaves: no graph behind them) as Variables
+    of no graph that do, as define-by-run gives them; a gradient for them
+    is dropped there (or left on them, as on any leaf)."""
+    if not which and not leaves:
         return outs
     outs = list(outs)
     for i in which:
         outs[i] = chainer.Variable(outs[i].raw_array, requires_grad=False)
+    for i in leaves:
+        outs[i] = chainer.Variable(outs[i].raw_array)
     return outs
 
 

@@ -34,6 +34,7 @@ import numpy
 
 import chainer
 
+from schedules import ir
 from static_graph import arrayutil
 from static_graph import reach
 
@@ -382,6 +383,30 @@ def recorded(rec, out, live):
             inner_outs.append(chainer.Variable(a, requires_grad=False))
         out_bids.append(rec.buffer_of(a, 'the return value'))
     return out_spec, inner_outs, out_bids, out_kinds
+
+
+def leaves(rec, inner_outs, out_bids):
+    """The positions of the returned Variables with no graph behind them
+    that the call made (``chainer.Variable(h.array)``, a result computed
+    under ``no_backprop_mode()``, ``h.unchain_backward()``): define-by-run
+    hands them out as leaves, which a caller's backward stops at (a frozen
+    feature extractor decorated on its own; until 2026-11-29 replay handed
+    them out of its node, and the caller's backward raised there:
+    hunt33a). Not an argument or a parameter returned (their memory is
+    no result of the call's), which the caller's graph reaches through
+    the call."""
+    out = []
+    for i, (v, b) in enumerate(zip(inner_outs, out_bids)):
+        if not v.requires_grad or v.creator is not None:
+            continue
+        # (``Variable(h.array)``: the traced view user code read, of the
+        # result's buffer)
+        base = rec.traced_views.get(id(v.raw_array))
+        if base is not None:
+            b = rec.by_id.get(id(base), b)
+        if rec.buffers[b].role == ir.TEMP:
+            out.append(i)
+    return tuple(out)
 
 
 # A Variable's own fields: a fresh one's, and those Chainer's Variable

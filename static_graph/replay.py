@@ -14,7 +14,7 @@ def replay(e, leaves):
     outs = node.apply(list(leaves) + e.params)
     if node.handed:
         nodes.retain_outputs(outs, e.saved_outputs)
-    outs = nodes.detach_outputs(outs, e.no_grad_outs)
+    outs = nodes.detach_outputs(outs, e.no_grad_outs, e.leaf_outs)
     exposed = node.exposed
     node.exposed = None
     vals = []

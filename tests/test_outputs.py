@@ -499,3 +499,67 @@ def test_an_argument_refilled_through_its_array_replays():
         m.cleargrads()
         m(x).backward()
     assert ' 3 replays' in static_graph.explain(m)
+
+
+class _Extractor(chainer.Chain):
+    """Features with no graph behind them (``how``), or a result and such
+    features (a probe's input)."""
+
+    def __init__(self, how):
+        super(_Extractor, self).__init__()
+        self.how = how
+        with self.init_scope():
+            self.l1 = L.Linear(6, 5)
+
+    def forward(self, x):
+        if self.how == 'no_backprop_mode':
+            with chainer.no_backprop_mode():
+                return F.relu(self.l1(x))
+        h = F.relu(self.l1(x))
+        if self.how == 'unchain_backward':
+            h.unchain_backward()
+            return h
+        if self.how == 'probe':
+            return h, chainer.Variable(h.array * 2)
+        return chainer.Variable(h.array)
+
+
+@pytest.mark.parametrize('how', ['no_backprop_mode', 'unchain_backward',
+                                 'Variable(h.array)', 'probe'])
+def test_a_returned_variable_without_a_graph_is_a_leaf(how):
+    """A frozen feature extractor decorated on its own, a head trained on
+    its features (and, for 'probe', a linear probe on detached features
+    with its own backward beside the main loss's): the caller's backward
+    stops at the features, which get their gradient, as under
+    define-by-run; the key replays (hunt33a: every replayed backward
+    raised 'backward ran twice', and the probe's key fell back)."""
+    class Static(_Extractor):
+        forward = static_graph.static_graph(_Extractor.forward)
+
+    def train(cls):
+        numpy.random.seed(0)
+        ext, head = cls(how), L.Linear(5, 3)
+        rs = numpy.random.RandomState(1)
+        seen = []
+        for _ in range(5):
+            ext.cleargrads()
+            head.cleargrads()
+            x = rs.randn(4, 6).astype('f')
+            t = rs.randint(0, 3, size=4).astype('i')
+            out = ext(x)
+            feat = out[1] if how == 'probe' else out
+            loss = F.softmax_cross_entropy(head(feat), t)
+            loss.backward()
+            if how == 'probe':
+                F.sum(out[0] * out[0]).backward()
+            assert feat.creator is None
+            seen += [loss.array, feat.grad, head.W.grad, ext.l1.W.grad]
+        return seen, ext
+    ours, ext = train(Static)
+    theirs, _ = train(_Extractor)
+    for a, b in zip(ours, theirs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.tobytes() == b.tobytes()
+    cache, = caches_of(ext).values()
+    assert cache.replays == 4

@@ -11,8 +11,8 @@ same NumPy operations on the same operands in the same order as the
 unrolled graph, and its backward the same gradient operations, adding
 each weight's contributions in the order Chainer's backward would reach
 the unrolled steps (highest rank first, then the order they joined its
-heap; the node computes the ranks those nodes would have), so the results
-are the same bits.
+heap; the node computes the ranks those nodes would have, and gives its
+outputs theirs), so the results are the same bits.
 
 Used for the define-by-run calls of a decorated method (``fused()``): a
 method whose keys do not repeat (sentences of new lengths in every batch)
@@ -87,6 +87,10 @@ class NStepLoop(function_node.FunctionNode):
         b0 = w0 + self.n_w * n
         return n, w0, b0, b0 + self.n_w * n
 
+    def steps_in(self):
+        """The nodes of the time steps' inputs (nstep_passes)."""
+        return self.inputs[self._layout()[3]:]
+
     def _split(self, inputs):
         """(hx, cx or None, ws, bs, xs) of the node's flat inputs."""
         n, w0, b0, x0 = self._layout()
@@ -143,7 +147,14 @@ class NStepLoop(function_node.FunctionNode):
             else:
                 xs_next, ranks_next = h_forward, f_ranks
         self._widths = [h.shape[1] for h in hy]
-        self.top_rank = max(loop.top_rank for loop in self._loops)
+        # The ranks of the unrolled graph's outputs: hy and cy stacked from
+        # the loops' last states, ys the top layer's (``_impl`` gives them
+        # to the outputs' nodes).
+        finals = [loop.final_ranks for loop in self._loops]
+        self.out_ranks = [max(h for h, _ in finals) + 1]
+        if cx is not None:
+            self.out_ranks.append(max(c for _, c in finals) + 1)
+        self.out_ranks += list(ranks_next)
         states = (numpy.stack(hy),)
         if cx is not None:
             states += (numpy.stack(cy),)
@@ -483,6 +494,7 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
                               use_bi_direction)
     fuse = getattr(_state, 'active', False) and \
         recorder.current() is None and _usable(hx, cx, ws, bs, xs)
+    use = None
     if chainer.config.enable_backprop:
         # (every use counts, fused or not)
         fuse = _once_per_backward(ws) and fuse
@@ -492,9 +504,13 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
         _watch(ws, bs, id(ws[0][0]))
     if not fuse:
         with _inside():
-            return _outputs_noted(ws, _original_impl(
-                f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
-                use_bi_direction))
+            outs = _original_impl(f, n_layers, dropout_ratio, hx, cx, ws, bs,
+                                  xs, use_bi_direction)
+        if use is not None and use[7] and not use[2]:
+            # (a link that runs as one node elsewhere: this use's backward
+            # is watched too)
+            nstep_passes.watch_unrolled(use, cell, hx, cx, ws, bs, xs, outs)
+        return _outputs_noted(ws, outs)
     node = NStepLoop(cell, n_layers, dropout_ratio, use_bi_direction,
                      bool(chainer.config.train),
                      (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
@@ -504,6 +520,11 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
         [v for group in bs for v in group] + list(xs)
     with _inside():
         outs = node.apply(args)
+    for v, rank in zip(outs, node.out_ranks):
+        # (rank where define-by-run's outputs do, not just above the
+        # inputs: the nodes after them, and Chainer's backward order among
+        # them, are define-by-run's then; review45)
+        v.node._rank = max(v.node.rank, rank)
     if cx is None:
         return _outputs_noted(ws, (outs[0], None, tuple(outs[1:])))
     return _outputs_noted(ws, (outs[0], outs[1], tuple(outs[2:])))

@@ -1,5 +1,4 @@
-"""Two ``NStepLoop`` nodes of one link that meet in one backward pass
-(nstep_loop.py).
+"""NStep loops of one link that meet in one backward pass (nstep_loop.py).
 
 A link runs as one node only while it is used once per backward (its
 first use watched: ``nstep_loop._once_per_backward``). That rule counts
@@ -10,25 +9,31 @@ later backward that also reaches the second. Define-by-run then adds the
 two uses' unrolled steps' gradient contributions to the weights
 interleaved, in the order its backward reaches them, which two nodes
 cannot give: 1.5e-8 to 2.4e-7 off, at every step, unwarned, until this
-module. A use whose state comes from the other's (truncated BPTT, the
-state carried without ``unchain_backward()``) reaches its steps only
-after the other's, and the two nodes give define-by-run's bits.
+module.
 
 So each backward pass (``loss.backward()`` and ``chainer.grad``: both are
-counted) notes the nodes of each link whose backward ran in it; a second
-one whose steps define-by-run would not reach wholly before or wholly
-after the other's warns once, and the link stays unrolled from then on. The pass where that is first seen has run as two
-nodes (its weights' gradients possibly off in the last bits); so has one
-in which the link's first, watched, use was unrolled and the second ran
-as one node."""
+counted) notes the ``NStepLoop`` nodes of each link whose backward ran in
+it, and the unrolled uses of a link that runs as one node elsewhere
+(``watch_unrolled``: undecorated code calling it too). Two of them that
+meet there, one a node, warn once, and the link stays unrolled from then
+on; but not a use whose h starts from the other's final state (truncated
+BPTT, the state carried without ``unchain_backward()``) with inputs no
+deeper than the other's: define-by-run reaches all its steps first, and
+the two nodes give its bits (``_reached_after``). The pass where a
+meeting is first seen has run as before (the weights' gradients possibly
+off in the last bits); so has the one before it, where the link's first,
+watched, use was unrolled and the second ran as one node."""
 import threading
 import warnings
 import weakref
+
+import chainer
 
 from static_graph import diagnostics
 
 _state = threading.local()
 _count = [0]      # passes begun (any thread)
+
 
 def in_pass(fn, args, kwargs):
     """``fn(*args, **kwargs)``, a backward pass: the passes it runs inside
@@ -51,7 +56,7 @@ def current():
 
 
 def backward_ran(node, use):
-    """``node``'s (an NStepLoop's) backward runs in the current pass;
+    """``node``'s (an NStepLoop's, or an Unrolled use's) backward runs in the current pass;
     ``use``: its link's record in nstep_loop._uses (index 5: the pass and
     weak references to the nodes whose backward ran in it). True where
     another node of the link met it there without either feeding the
@@ -63,9 +68,12 @@ def backward_ran(node, use):
     if seen != now:
         use[5] = (now, [weakref.ref(node)])
         return False
+    if any(r() is node for r in nodes):
+        return False      # (an unrolled use: one of its nodes did)
     for r in nodes:
         other = r()
-        if other is None or other is node or \
+        if other is None or isinstance(other, Unrolled) and \
+                isinstance(node, Unrolled) or \
                 _reached_after(other, node) or _reached_after(node, other):
             continue
         warnings.warn(
@@ -100,11 +108,37 @@ def _reached_after(first, later):
     the graph than ``later``'s (review44). (The nodes' own ranks are no
     guide: one node's outputs rank where its inputs do, not where its
     unrolled steps would.)"""
+    if isinstance(later, Unrolled):
+        # (Its input linears rank where its inputs do, and ``first``'s
+        # node, if one, where its own inputs do: either may come first.)
+        return False
     w = 2 if later.cell == 'lstm' else 0   # (the stacked weights' rank)
     if min(max(r, w) for r in later.in_ranks[2]) < \
             max(max(r, w) for r in first.in_ranks[2]):
         return False
-    return _from_state(first, later)
+    return _from_state(first, later) and _true_ranks(first) and \
+        _true_ranks(later)
+
+
+def _true_ranks(use):
+    """Are the ranks of ``use``'s inputs (its time steps') define-by-run's,
+    within _MAX_NODES nodes back? Not behind a decorated call's node,
+    whose outputs all rank where its deepest would. (An NStepLoop's
+    outputs rank where the unrolled loop's do, since review45 found
+    inputs read from another link's node ranked just above its inputs:
+    4.8e-7 to 9.5e-7 off at every step.)"""
+    todo = list(use.steps_in())
+    seen = set()
+    while todo:
+        f = todo.pop().creator_node
+        if f is None or id(f) in seen:
+            continue
+        if len(seen) >= _MAX_NODES or getattr(f, 'use_key', None) is None \
+                and type(f).__module__.startswith('static_graph'):
+            return False
+        seen.add(id(f))
+        todo.extend(f.inputs)
+    return True
 
 
 def _from_state(first, later):
@@ -127,3 +161,63 @@ def _from_state(first, later):
         todo.extend(f.inputs[:f.n_state] if isinstance(f, type(later))
                     else f.inputs)
     return False
+
+
+class Unrolled(object):
+    """A use of a link that ran as Chainer's unrolled loop while the link
+    runs as one node elsewhere (undecorated code of the chain calling it
+    too, a recording call): what backward_ran and _reached_after read of
+    an NStepLoop node (review44: such a use meeting one node in a pass was
+    1.5e-8 to 6e-8 off at every step, unwarned)."""
+
+    def __init__(self, cell, hx, cx, xs, hy, cy):
+        self.cell = cell
+        self.n_state = 1 if cx is None else 2
+        self.in_ranks = (_rank(hx), _rank(cx), [_rank(x) for x in xs])
+        self.xs = [x.node for x in xs if isinstance(x, chainer.Variable)]
+        self.outputs = tuple(weakref.ref(v.node)
+                             for v in (hy, cy) if v is not None)
+
+    def steps_in(self):
+        return self.xs
+
+
+def _rank(v):
+    return v.rank if isinstance(v, chainer.Variable) else 0
+
+
+def watch_unrolled(use, cell, hx, cx, ws, bs, xs, outs):
+    """Watch the backward of an unrolled use (``outs``: hy, cy, ys) of a
+    link (``use``: its record): each of its nodes that takes a weight or
+    bias (a step's Stack of the gates' weights, a Linear) tells the pass
+    when its backward runs."""
+    hy, cy, ys = outs
+    record = Unrolled(cell, hx, cx, xs, hy, cy)
+    params = set(id(v.node) for group in list(ws) + list(bs)
+                 for v in group)
+    inside = params | set(id(v.node) for v in [hx, cx] + list(xs)
+                          if isinstance(v, chainer.Variable))
+    todo = [v.creator_node for v in (hy, cy) + tuple(ys) if v is not None]
+    seen = set()
+    while todo:
+        f = todo.pop()
+        if f is None or id(f) in seen:
+            continue
+        seen.add(id(f))
+        if any(id(x) in params for x in f.inputs):
+            _tell(f, record, use)
+        todo.extend(x.creator_node for x in f.inputs if id(x) not in inside)
+
+
+def _tell(f, record, use):
+    """``f``'s backward (by its class), telling backward_ran first. (The
+    node weakly: its own attribute would hold it otherwise.)"""
+    backward = type(f).backward
+    ref = weakref.ref(f)
+
+    def told(indexes, grad_outputs):
+        if not use[2] and backward_ran(record, use):
+            use[2] = True
+        return backward(ref(), indexes, grad_outputs)
+
+    f.backward = told

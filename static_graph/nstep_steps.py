@@ -106,8 +106,7 @@ class Loop(object):
             else:
                 h, c = h_new, c_new
                 h_rank = c_rank = step_rank
-        # (the highest rank of the loop's nodes: nstep_passes)
-        self.top_rank = max(out_ranks + [h_rank, c_rank])
+        self.final_ranks = (h_rank, c_rank)
         return out, h, c, out_ranks
 
     def x_path_order(self, contributions):

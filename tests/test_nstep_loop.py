@@ -67,7 +67,7 @@ def _train(cfg, seed, fused, steps=3):
     emb = L.EmbedID(30, 5)
     rs = numpy.random.RandomState(seed + 1)
     numpy.random.seed(seed + 2)
-    seen, kinds = [], []
+    seen, kinds, ranks = [], [], []
     for s in range(steps):
         if not keep or s == 0:
             link.cleargrads()
@@ -82,6 +82,7 @@ def _train(cfg, seed, fused, steps=3):
         with chainer.using_config('train', train):
             hy, cy, ys = _call(link, cell, hx, exs, fused)
         kinds.append(_loop_node(hy))
+        ranks.append([v.rank for v in (hy, cy) + tuple(ys) if v is not None])
         loss = 0
         if 'h' in outputs:
             loss = loss + F.sum(hy * hy)
@@ -96,7 +97,7 @@ def _train(cfg, seed, fused, steps=3):
         seen.extend(_snapshot(y.array) for y in ys)
     seen.extend(_snapshot(p.grad) for p in link.params())
     seen.extend(_snapshot(p.grad) for p in emb.params())
-    return seen, kinds
+    return seen, kinds, ranks
 
 
 def _configs(n):
@@ -121,11 +122,15 @@ def test_the_loop_node_gives_the_unrolled_loops_bits(cfg):
     any order (the link sorts them), which outputs get gradients, given
     initial states, dropout between layers, training or not, gradients
     accumulated over steps: losses, outputs, every gradient (values,
-    dtype and strides) equal."""
-    ours, kinds = _train(cfg, 3, True)
-    theirs, _ = _train(cfg, 3, False)
+    dtype and strides) equal; and the outputs' ranks, which order the
+    backward of what comes after them (review45: ranked just above the
+    node's inputs, a second link's uses on them were summed in another
+    order)."""
+    ours, kinds, ranks = _train(cfg, 3, True)
+    theirs, _, their_ranks = _train(cfg, 3, False)
     # The first use of a link is only noted; later ones run as one node.
     assert kinds == [False, True, True]
+    assert ranks == their_ranks
     assert len(ours) == len(theirs)
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert _same(a, b), (cfg, i)
@@ -510,27 +515,36 @@ def _backward_between(variant, fused, steps=5):
     reading the first's outputs; with ``chainer.grad`` for the loss and
     another model's backward after it), or carrying the first use's state into
     the second ('state'; in c alone: 'c'; from a first use whose inputs
-    sit deeper in the graph: 'deep'); per step: the link's gradients, and whether each
+    sit deeper in the graph: 'deep', there another link's outputs:
+    'stacked'), or with the first use unrolled, made
+    outside (undecorated code calling the link too: 'mixed'); per step: the link's gradients, and whether each
     use ran as one node."""
     numpy.random.seed(0)
     link = L.NStepLSTM(1, 3, 3, 0.0)
     other = L.Linear(3, 3)
+    below = L.NStepLSTM(1, 3, 3, 0.0)
     rs = numpy.random.RandomState(1)
     grads, kinds = [], []
     for _ in range(steps):
-        link.cleargrads()
-        other.cleargrads()
+        for m in (link, other, below):
+            m.cleargrads()
         a = [rs.randn(n, 3).astype('f') for n in (4, 2)]
         b = [rs.randn(n, 3).astype('f') for n in (3, 3)]
         if variant == 'deep':
             a = [F.tanh(F.tanh(F.tanh(x))) for x in a]
-        with nstep_loop.fused() if fused else contextlib.suppress():
+        if variant == 'mixed':     # (its first use outside: unrolled)
             h, c, ys = link(None, None, a)
+        with nstep_loop.fused() if fused else contextlib.suppress():
+            if variant == 'stacked':
+                a = list(below(None, None, a)[2])
+                b = [F.tanh(F.tanh(F.tanh(x))) for x in b]
+            if variant != 'mixed':
+                h, c, ys = link(None, None, a)
             if variant == 'other':
                 F.sum(other(rs.randn(2, 3).astype('f'))).backward()
             else:
                 F.sum(h * 0.5).backward()
-            if variant in ('state', 'deep'):
+            if variant in ('state', 'deep', 'stacked'):
                 h2, _, _ = link(h, c, b)
             elif variant == 'c':
                 h2, _, _ = link(None, c, b)
@@ -553,7 +567,7 @@ def _backward_between(variant, fused, steps=5):
 
 
 @pytest.mark.parametrize('variant', ['other', 'loss', 'outputs', 'grad',
-                                     'c', 'deep'])
+                                     'c', 'deep', 'stacked', 'mixed'])
 def test_two_uses_that_meet_in_one_backward_warn_and_unroll(variant):
     """A backward between a shared encoder's two uses that leaves the first
     use's graph to the later backward (found 2026-11-29: 1.5e-8 to 2.4e-7
@@ -562,12 +576,15 @@ def test_two_uses_that_meet_in_one_backward_warn_and_unroll(variant):
     bits are define-by-run's. Also where the second use starts from the
     first's state, but define-by-run's backward still interleaves their
     steps: the state carried in c alone, or the first use's inputs deeper
-    in the graph than the second's (review44)."""
+    in the graph than the second's, also where those are another link's
+    outputs (review45); the first use unrolled, made outside the loops
+    run as one node (review44)."""
     (ours, kinds), (theirs, _), w = _both(
         lambda fused: _backward_between(variant, fused))
     met = [x for x in w if 'met another use of its weights' in x]
     assert len(met) == 1
-    assert kinds[1] == (True, True)     # (both as one node: the pass met)
+    # (both as one node, or the second, where the pass met)
+    assert kinds[1] == (variant != 'mixed', True)
     assert not any(any(k) for k in kinds[2:])
     for step in range(2, len(ours)):
         for a, b in zip(ours[step], theirs[step]):

@@ -357,7 +357,9 @@ def _bn_grad_in_x(x, gamma, gy, mean, inv_std, expander, axis):
         gx = numpy.subtract(gy, t, out=t)
     else:
         gx = numpy.subtract(gy, t)
-    gx *= (gamma * inv_std)[expander]
+    # (its operands in Chainer's order: where both are NaN, NumPy's loops
+    # keep one operand's payload; hunt33c)
+    numpy.multiply((gamma * inv_std)[expander], gx, out=gx)
     return gx, ggamma, gbeta
 
 

@@ -8,7 +8,9 @@ element-wise time at 200 units. Here the same arithmetic runs in C loops
 (``schedules/native.py``: ``+ - *`` correctly rounded, no contraction into
 fused multiply-adds) and every tanh is NumPy's, on the same values (its
 results do not depend on the operand's strides), so the results are the
-same bits:
+same bits (but for which NaN an op of two NaN operands returns, as in the
+captured update's loops, docs/captured_update.md: NumPy's own SIMD loops
+keep one operand's payload, the C loop another's; NaN stays NaN, hunt33c):
 
 * forward: ``t = x`` with the i, f, o gates times 0.5 (C), ``tanh(t)``
   (NumPy, in place), ``c = a*i + f*c_prev`` with ``s = t*0.5 + 0.5`` for

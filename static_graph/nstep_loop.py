@@ -40,6 +40,7 @@ from chainer.functions.rnn import n_step_rnn as n_step_rnn_module
 
 from static_graph import diagnostics
 from static_graph import nstep_passes
+from static_graph import nstep_ranks
 from static_graph import nstep_steps
 from static_graph import patches
 from static_graph import recorder
@@ -87,9 +88,12 @@ class NStepLoop(function_node.FunctionNode):
         b0 = w0 + self.n_w * n
         return n, w0, b0, b0 + self.n_w * n
 
+    ranks_as_unrolled = True     # (nstep_passes._true_ranks)
+
     def steps_in(self):
-        """The nodes of the time steps' inputs (nstep_passes)."""
-        return self.inputs[self._layout()[3]:]
+        """The nodes of the time steps' inputs (nstep_passes), before
+        nstep_ranks.staged."""
+        return self.step_nodes
 
     def _split(self, inputs):
         """(hx, cx or None, ws, bs, xs) of the node's flat inputs."""
@@ -515,10 +519,12 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
                      bool(chainer.config.train),
                      (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
     node.use_key = id(ws[0][0])
+    node.step_nodes = [x.node for x in xs if isinstance(x, chainer.Variable)]
     states = [hx] if cx is None else [hx, cx]
-    args = states + [v for group in ws for v in group] + \
-        [v for group in bs for v in group] + list(xs)
     with _inside():
+        xs = nstep_ranks.staged(xs, 2 if cell == 'lstm' else 0)
+        args = states + [v for group in ws for v in group] + \
+            [v for group in bs for v in group] + list(xs)
         outs = node.apply(args)
     for v, rank in zip(outs, node.out_ranks):
         # (rank where define-by-run's outputs do, not just above the

@@ -133,8 +133,9 @@ def _true_ranks(use):
         f = todo.pop().creator_node
         if f is None or id(f) in seen:
             continue
-        if len(seen) >= _MAX_NODES or getattr(f, 'use_key', None) is None \
-                and type(f).__module__.startswith('static_graph'):
+        if len(seen) >= _MAX_NODES or \
+                type(f).__module__.startswith('static_graph') and \
+                not getattr(f, 'ranks_as_unrolled', False):
             return False
         seen.add(id(f))
         todo.extend(f.inputs)

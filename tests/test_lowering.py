@@ -643,3 +643,35 @@ def test_kernel_checks_compare_bits_not_values():
     assert kernel_checks._same((float('nan'),), (float('nan'),))
     strided = numpy.arange(12, dtype=numpy.float16).reshape(3, 4)[:, ::2]
     assert kernel_checks._same_bits(strided, strided.copy())
+
+
+def test_batch_normalization_gradient_keeps_chainers_nan():
+    """The in-place BatchNormalizationGrad kernel (lowering._bn_grad_in_x)
+    against Chainer's, with a NaN gamma and a NaN gradient of other
+    payloads: where both operands of the last product are NaN, NumPy keeps
+    one operand's payload, so the kernel multiplies in Chainer's operand
+    order (hunt33c: it kept the other's)."""
+    from chainer.functions.normalization import batch_normalization as bn
+    from static_graph import lowering
+
+    def nan(payload):
+        return numpy.array([0x7fc00000 | payload], numpy.uint32).view(
+            numpy.float32)[0]
+    rs = numpy.random.RandomState(0)
+    x = rs.randn(16, 8).astype('f')
+    gamma = rs.randn(8).astype('f')
+    gamma[2] = nan(0x11)
+    gy = rs.randn(16, 8).astype('f')
+    gy[:, 2] = nan(0x22)
+    mean = x.mean(axis=0)
+    inv_std = (1 / numpy.sqrt(x.var(axis=0) + 2e-5)).astype('f')
+    expander = (None, slice(None))
+    with numpy.errstate(all='ignore'):
+        gx, _, ggamma, gbeta = bn.GeneralBatchNormalizationImpl().backward(
+            (0,), gamma, gy, x, None, numpy, expander, mean, inv_std, 2e-5,
+            None, None)
+        ours = lowering._bn_grad_in_x(x.copy(), gamma, gy, mean, inv_std,
+                                      expander, (0,))
+    assert numpy.isnan(gx[:, 2]).all()
+    for a, b in zip(ours, (gx, ggamma, gbeta)):
+        assert a.tobytes() == b.tobytes()

@@ -658,3 +658,47 @@ def test_a_link_that_never_ran_as_one_node_is_not_warned_about():
             F.sum(h).backward()
             kept.append(link(None, None, [rs.randn(4, 3).astype('f')])[0])
     assert not [x for x in w if 'static_graph' in str(x.message)]
+
+
+@pytest.mark.parametrize('middle', [3, 8, 20])
+def test_inputs_used_elsewhere_get_their_gradients_in_order(middle):
+    """A decoder started from an encoder's state (its node ranks above
+    that deep state) whose inputs other functions use too, one ranking
+    above the node, one between the node and the decoder's unrolled input
+    linears: each input gets its three gradients in define-by-run's order
+    (nstep_ranks.StepInputs; review46: 1.2e-7 off at every step, in a
+    window of depths that moved with the ranks of the encoder's
+    outputs)."""
+    def train(fused):
+        numpy.random.seed(0)
+        enc = L.NStepLSTM(1, 3, 3, 0.0)
+        dec = L.NStepLSTM(1, 3, 3, 0.0)
+        rs = numpy.random.RandomState(3)
+        seen, kinds = [], []
+        for _ in range(4):
+            enc.cleargrads()
+            dec.cleargrads()
+            src = [rs.randn(n, 3).astype('f') for n in (6, 5, 3)]
+            tgt = [chainer.Variable(rs.randn(n, 3).astype('f'))
+                   for n in (4, 3, 2)]
+            with nstep_loop.fused() if fused else contextlib.suppress():
+                hx, cx, _ = enc(None, None, src)
+                hy, _, ys = dec(hx, cx, tgt)
+            kinds.append(_loop_node(hy))
+            loss = F.sum(F.concat(ys, axis=0))
+            for x in tgt:
+                deep = med = chainer.Variable(numpy.full(x.shape, .7, 'f'))
+                for _ in range(60):
+                    deep = deep * 1.001
+                for _ in range(middle):
+                    med = med * 1.01
+                loss = loss + F.sum(F.tanh(x) * deep) + \
+                    F.sum(F.sigmoid(x) * med)
+            loss.backward()
+            seen += [x.grad for x in tgt]
+            seen += [p.grad for link in (enc, dec) for p in link.params()]
+        return seen, kinds
+    (ours, kinds), (theirs, _), w = _both(train)
+    assert kinds[1:] == [True] * 3
+    for a, b in zip(ours, theirs):
+        assert a.tobytes() == b.tobytes()

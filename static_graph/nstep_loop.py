@@ -12,7 +12,11 @@ unrolled graph, and its backward the same gradient operations, adding
 each weight's contributions in the order Chainer's backward would reach
 the unrolled steps (highest rank first, then the order they joined its
 heap; the node computes the ranks those nodes would have, and gives its
-outputs theirs), so the results are the same bits.
+outputs theirs), so the results are the same bits; not always where the
+steps' inputs or the initial states have other users too, whose
+gradients Chainer's backward adds in an order one node cannot give in
+general (nstep_ranks.py, docs/fallbacks.md; ``enabled = False`` keeps
+the loops unrolled).
 
 Used for the define-by-run calls of a decorated method (``fused()``): a
 method whose keys do not repeat (sentences of new lengths in every batch)
@@ -57,6 +61,10 @@ _backwards = [0]     # backward passes run since the patches went in
 # backward last ran in and those nodes (nstep_passes), whether its last use
 # ran as one node, whether any did]
 _uses = {}
+# False: NStep RNNs stay unrolled in define-by-run calls too (where their
+# inputs or initial states are used by other functions as well, one node
+# can add their gradients in another order: docs/fallbacks.md).
+enabled = True
 
 
 class NStepLoop(function_node.FunctionNode):
@@ -496,7 +504,7 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
     if cell is None:
         return _original_impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs,
                               use_bi_direction)
-    fuse = getattr(_state, 'active', False) and \
+    fuse = enabled and getattr(_state, 'active', False) and \
         recorder.current() is None and _usable(hx, cx, ws, bs, xs)
     use = None
     if chainer.config.enable_backprop:
@@ -520,9 +528,14 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
                      (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
     node.use_key = id(ws[0][0])
     node.step_nodes = [x.node for x in xs if isinstance(x, chainer.Variable)]
-    states = [hx] if cx is None else [hx, cx]
+    w_rank = 2 if cell == 'lstm' else 0     # (the stacked weights')
     with _inside():
-        xs = nstep_ranks.staged(xs, 2 if cell == 'lstm' else 0)
+        # (h's first taker a step's recurrent linear, c's the cell, or a
+        # split of either where the batch shrinks at once)
+        states = [nstep_ranks.staged_state(hx, max(_rank(hx) + 1, w_rank))]
+        if cx is not None:
+            states.append(nstep_ranks.staged_state(cx, _rank(cx) + 1))
+        xs = nstep_ranks.staged(xs, w_rank)
         args = states + [v for group in ws for v in group] + \
             [v for group in bs for v in group] + list(xs)
         outs = node.apply(args)

@@ -261,9 +261,8 @@ class Capture(object):
 
         e.recheck = recheck
         e.n_outs = n_outs   # the method's outputs; hidden ones follow
-        e.no_grad_outs = tuple(i for i, v in enumerate(inner_outs)
-                               if not v.requires_grad)
-        e.leaf_outs = outputs.leaves(rec, inner_outs, out_bids)
+        e.no_grad_outs, e.leaf_outs = outputs.detached(rec, inner_outs,
+                                                       out_bids)
         e.sibling_outputs = reloads.sibling_outputs(rec, inner_outs,
                                                     out_bids)
         self.leaves, self.inner, self.leaf_bids = leaves, inner, leaf_bids

@@ -94,7 +94,7 @@ class Entry(object):
         # changes them at every call (then it falls back).
         self.recheck = None
         self.no_grad_outs = ()
-        self.leaf_outs = ()      # (outputs.leaves)
+        self.leaf_outs = ()      # (outputs.detached)
         # Outputs an inner node made together with others (F.split_axis):
         # define-by-run may use a gradient Chainer takes from their .grad
         # (reloads.sibling_outputs).

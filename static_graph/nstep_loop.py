@@ -25,9 +25,10 @@ runs define-by-run, and its NStep LSTMs and RNNs (``n_step_lstm``,
 node each. Not where one node cannot give define-by-run's order: weights
 used twice before one backward (the first use of a link is only
 watched; two of its nodes that meet in one backward pass unroll it:
-nstep_passes.py), or taken by another function too (an L2 term, a tied weight:
-``_other_use``, told of every application by patches.py); not for GRUs (their step's
-ops and the order of its gradient sums are not written here), CuPy.
+nstep_passes.py), or taken by another function too (an L2 term, a tied
+weight: ``_other_use``, told of every application by patches.py); not for
+GRUs (their step's ops and the order of its gradient sums are not written
+here), CuPy.
 """
 import contextlib
 import threading
@@ -191,9 +192,8 @@ class NStepLoop(function_node.FunctionNode):
             return self._unrolled_grads(target_input_indexes, grad_outputs,
                                         grad_inputs)
         use = _uses.get(getattr(self, 'use_key', None))
-        if use is not None and not use[2] and \
-                nstep_passes.backward_ran(self, use):
-            use[2] = True
+        if use is not None:
+            nstep_passes.backward_ran(self, use)
         held = dict((i, g.array) for i, g in
                     zip(target_input_indexes, grad_inputs) if g is not None)
         grads = self._grads(target_input_indexes,
@@ -372,10 +372,6 @@ def _usable(hx, cx, ws, bs, xs):
         sizes[0] <= hx.shape[1]
 
 
-def _rank(v):
-    return v.rank if isinstance(v, chainer.Variable) else 0
-
-
 def _rnn_step_code():
     """The code of ``n_step_rnn_base``'s step function (a closure)."""
     for c in n_step_rnn_module.n_step_rnn_base.__code__.co_consts:
@@ -523,27 +519,30 @@ def _impl(f, n_layers, dropout_ratio, hx, cx, ws, bs, xs, use_bi_direction):
             # is watched too)
             nstep_passes.watch_unrolled(use, cell, hx, cx, ws, bs, xs, outs)
         return _outputs_noted(ws, outs)
+    rank = nstep_ranks.rank
     node = NStepLoop(cell, n_layers, dropout_ratio, use_bi_direction,
                      bool(chainer.config.train),
-                     (_rank(hx), _rank(cx), [_rank(x) for x in xs]), f)
+                     (rank(hx), rank(cx), [rank(x) for x in xs]), f)
     node.use_key = id(ws[0][0])
     node.step_nodes = [x.node for x in xs if isinstance(x, chainer.Variable)]
-    w_rank = 2 if cell == 'lstm' else 0     # (the stacked weights')
+    w_rank = nstep_ranks.weight_rank(cell)
     with _inside():
-        # (h's first taker a step's recurrent linear, c's the cell, or a
-        # split of either where the batch shrinks at once)
-        states = [nstep_ranks.staged_state(hx, max(_rank(hx) + 1, w_rank))]
+        # (h's first taker: a step's recurrent linear; c's is its cell,
+        # but c's second identity ranks just above c itself: at the
+        # cell's rank it handed h's and c's gradients over in another
+        # order elsewhere, review48)
+        states = [nstep_ranks.staged_state(hx, max(rank(hx) + 1, w_rank))]
         if cx is not None:
-            states.append(nstep_ranks.staged_state(cx, _rank(cx) + 1))
+            states.append(nstep_ranks.staged_state(cx, rank(cx) + 1))
         xs = nstep_ranks.staged(xs, w_rank)
         args = states + [v for group in ws for v in group] + \
             [v for group in bs for v in group] + list(xs)
         outs = node.apply(args)
-    for v, rank in zip(outs, node.out_ranks):
+    for v, r in zip(outs, node.out_ranks):
         # (rank where define-by-run's outputs do, not just above the
         # inputs: the nodes after them, and Chainer's backward order among
         # them, are define-by-run's then; review45)
-        v.node._rank = max(v.node.rank, rank)
+        v.node._rank = max(v.node.rank, r)
     if cx is None:
         return _outputs_noted(ws, (outs[0], None, tuple(outs[1:])))
     return _outputs_noted(ws, (outs[0], outs[1], tuple(outs[2:])))

@@ -30,6 +30,7 @@ import weakref
 import chainer
 
 from static_graph import diagnostics
+from static_graph import nstep_ranks
 
 _state = threading.local()
 _count = [0]      # passes begun (any thread)
@@ -56,20 +57,22 @@ def current():
 
 
 def backward_ran(node, use):
-    """``node``'s (an NStepLoop's, or an Unrolled use's) backward runs in the current pass;
-    ``use``: its link's record in nstep_loop._uses (index 5: the pass and
-    weak references to the nodes whose backward ran in it). True where
-    another node of the link met it there without either feeding the
-    other's state: the link is to stay unrolled (warned here)."""
+    """``node``'s (an NStepLoop's, or an Unrolled use's) backward runs in
+    the current pass; ``use``: its link's record in nstep_loop._uses
+    (index 2: whether the link stays unrolled; index 5: the pass and weak
+    references to the nodes whose backward ran in it). Where another of
+    the link's met it there, their steps interleaved in define-by-run's
+    backward (_reached_after), the link is to stay unrolled: warned, and
+    noted in ``use[2]``."""
     now = current()
-    if now is None:
-        return False
+    if now is None or use[2]:
+        return
     seen, nodes = use[5]
     if seen != now:
         use[5] = (now, [weakref.ref(node)])
-        return False
+        return
     if any(r() is node for r in nodes):
-        return False      # (an unrolled use: one of its nodes did)
+        return      # (an unrolled use: one of its nodes did)
     for r in nodes:
         other = r()
         if other is None or isinstance(other, Unrolled) and \
@@ -85,12 +88,12 @@ def backward_ran(node, use):
             'gradients of this backward can differ from define-by-run in '
             'the last bits. Its loops stay unrolled from now on.',
             diagnostics.StaticGraphWarning)
-        return True
+        use[2] = True
+        return
     nodes.append(weakref.ref(node))
-    return False
 
 
-# How many nodes back a node's initial h is followed to find the other.
+# How many nodes back the graph is followed (_true_ranks, _from_state).
 _MAX_NODES = 200
 
 
@@ -112,7 +115,7 @@ def _reached_after(first, later):
         # (Its input linears rank where its inputs do, and ``first``'s
         # node, if one, where its own inputs do: either may come first.)
         return False
-    w = 2 if later.cell == 'lstm' else 0   # (the stacked weights' rank)
+    w = nstep_ranks.weight_rank(later.cell)
     if min(max(r, w) for r in later.in_ranks[2]) < \
             max(max(r, w) for r in first.in_ranks[2]):
         return False
@@ -174,17 +177,14 @@ class Unrolled(object):
     def __init__(self, cell, hx, cx, xs, hy, cy):
         self.cell = cell
         self.n_state = 1 if cx is None else 2
-        self.in_ranks = (_rank(hx), _rank(cx), [_rank(x) for x in xs])
+        rank = nstep_ranks.rank
+        self.in_ranks = (rank(hx), rank(cx), [rank(x) for x in xs])
         self.xs = [x.node for x in xs if isinstance(x, chainer.Variable)]
         self.outputs = tuple(weakref.ref(v.node)
                              for v in (hy, cy) if v is not None)
 
     def steps_in(self):
         return self.xs
-
-
-def _rank(v):
-    return v.rank if isinstance(v, chainer.Variable) else 0
 
 
 def watch_unrolled(use, cell, hx, cx, ws, bs, xs, outs):
@@ -217,8 +217,7 @@ def _tell(f, record, use):
     ref = weakref.ref(f)
 
     def told(indexes, grad_outputs):
-        if not use[2] and backward_ran(record, use):
-            use[2] = True
+        backward_ran(record, use)
         return backward(ref(), indexes, grad_outputs)
 
     f.backward = told

@@ -34,6 +34,18 @@ class AtRank(function_node.FunctionNode):
         return grad_outputs
 
 
+def rank(v):
+    """The rank of ``v`` (a Variable; 0 for an array or None)."""
+    return v.rank if isinstance(v, chainer.Variable) else 0
+
+
+def weight_rank(cell):
+    """The rank of the weights a step's linears take unrolled: an LSTM's
+    stacked anew at every step (``_stack_weight``: Stack, then Reshape),
+    the weights themselves otherwise."""
+    return 2 if cell == 'lstm' else 0
+
+
 def _at(variables, rank):
     """``variables`` through one AtRank node of rank ``rank``."""
     node = AtRank()
@@ -66,9 +78,10 @@ def staged(xs, w_rank):
 
 def staged_state(v, first_rank):
     """Initial state ``v`` (hx or cx) through an AtRank node where
-    Chainer's ``Separate`` of it ranks (its own rank), then one where the
-    first node that takes Separate's output ranks (``first_rank``: a
-    step's recurrent linear for h, its LSTM cell for c)."""
+    Chainer's ``Separate`` of it ranks (its own rank), then one at
+    ``first_rank`` (for h, the rank of the first node that takes
+    Separate's output, a step's recurrent linear; for c, just above c:
+    nstep_loop._impl)."""
     if not _needs(v):
         return v
     separated, = _at((v,), v.rank)

@@ -10,6 +10,7 @@ from chainer.functions.activation import relu as relu_module
 from chainer.functions.activation import tanh as tanh_module
 
 from static_graph import lstm_kernels
+from static_graph import nstep_ranks
 
 GATE_ORDER = (2, 0, 1, 3)     # n_step_lstm._lstm's stacking of the gates
 
@@ -49,16 +50,15 @@ class Loop(object):
 
     def __init__(self, cell, w, b):
         self.cell = cell
+        self.w_rank = nstep_ranks.weight_rank(cell)
         if cell == 'lstm':
             self.xw = stacked([w[i] for i in GATE_ORDER])
             self.hw = stacked([w[4 + i] for i in GATE_ORDER])
             self.xb = stacked([b[i] for i in GATE_ORDER])
             self.hb = stacked([b[4 + i] for i in GATE_ORDER])
-            self.w_rank = 2
         else:
             self.xw, self.hw = w
             self.xb, self.hb = b
-            self.w_rank = 0
         self.steps = []
 
     def run(self, xs, h, c, x_ranks, h_rank, c_rank):

@@ -385,6 +385,15 @@ def recorded(rec, out, live):
     return out_spec, inner_outs, out_bids, out_kinds
 
 
+def detached(rec, inner_outs, out_bids):
+    """(the positions of the returned Variables that need no gradient,
+    those of ``leaves``): both handed out without the call's node
+    (nodes.detach_outputs)."""
+    return (tuple(i for i, v in enumerate(inner_outs)
+                  if not v.requires_grad),
+            leaves(rec, inner_outs, out_bids))
+
+
 def leaves(rec, inner_outs, out_bids):
     """The positions of the returned Variables with no graph behind them
     that the call made (``chainer.Variable(h.array)``, a result computed
